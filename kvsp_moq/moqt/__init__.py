@@ -1,0 +1,1 @@
+"""kvsp_moq.moqt (DESIGN.md §2)."""
