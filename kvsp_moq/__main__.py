@@ -1,0 +1,5 @@
+import sys
+
+from kvsp_moq.cli import main
+
+sys.exit(main())

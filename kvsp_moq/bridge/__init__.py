@@ -1,0 +1,1 @@
+"""kvsp_moq.bridge (DESIGN.md §2)."""

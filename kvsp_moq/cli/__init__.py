@@ -1,0 +1,35 @@
+"""The ``kvsp`` command: argument parsing and dispatch. Each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import bench, core, demo
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvsp", description="KV Cache Storage Protocol over MOQT")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    core.register(sub)
+    bench.register(sub)
+    demo.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except (core.UsageError, OSError) as exc:
+        print(f"kvsp: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvsp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

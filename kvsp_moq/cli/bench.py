@@ -1,0 +1,36 @@
+"""``kvsp bench ...``: run a benchmark and print its figures (kvsp_moq.bench.report)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..bench import report
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from ..bench import keys
+
+    report.emit(keys.run(tokens=args.tokens, block_tokens=args.block_tokens, repeat=args.repeat))
+    return 0
+
+
+def _container(args: argparse.Namespace) -> int:
+    from ..bench import container
+
+    report.emit(container.run(layers=args.layers, layer_bytes=args.layer_mib << 20, repeat=args.repeat))
+    return 0
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("bench", help="benchmarks: JSON figures on stdout, a table on stderr")
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    q = bsub.add_parser("keys", help="Block Keys/s vs a bare HMAC loop")
+    q.add_argument("--tokens", type=int, default=131072)
+    q.add_argument("--block-tokens", type=int, default=16)
+    q.add_argument("--repeat", type=int, default=5)
+    q.set_defaults(handler=_keys)
+    q = bsub.add_parser("container", help="KVB1 decode + digests GB/s vs a numpy copy")
+    q.add_argument("--layers", type=int, default=32)
+    q.add_argument("--layer-mib", type=int, default=1)
+    q.add_argument("--repeat", type=int, default=5)
+    q.set_defaults(handler=_container)

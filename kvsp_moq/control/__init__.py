@@ -1,0 +1,1 @@
+"""kvsp_moq.control (DESIGN.md §2)."""

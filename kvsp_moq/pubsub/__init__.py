@@ -1,0 +1,1 @@
+"""kvsp_moq.pubsub (DESIGN.md §2)."""

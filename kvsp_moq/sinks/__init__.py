@@ -1,0 +1,1 @@
+"""kvsp_moq.sinks (DESIGN.md §2)."""

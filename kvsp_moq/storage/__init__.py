@@ -1,0 +1,1 @@
+"""kvsp_moq.storage (DESIGN.md §2)."""

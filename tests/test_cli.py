@@ -1,0 +1,144 @@
+"""The ``kvsp`` command, run as a real process, against pinned vectors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+VECTORS = Path(__file__).parent / "vectors"
+CORE = json.loads((VECTORS / "core/core.json").read_text())
+CONTAINERS = json.loads((VECTORS / "container/container.json").read_text())
+RAW3 = next(v for v in CONTAINERS["valid"] if v["name"] == "raw-fp16-3layers")
+
+
+def kvsp(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    # The console script when installed (as the README does), else the module.
+    script = shutil.which("kvsp", path=str(Path(sys.executable).parent))
+    cmd = [script] if script else [sys.executable, "-m", "kvsp_moq"]
+    proc = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_compat_id(tmp_path: Path) -> None:
+    vec = CORE["descriptors"]["llama-like"]
+    (tmp_path / "d.json").write_text(json.dumps(vec["descriptor"]))
+    assert kvsp("compat-id", str(tmp_path / "d.json")).stdout == vec["compat_id"] + "\n"
+
+
+def test_compat_id_names_the_bad_member(tmp_path: Path) -> None:
+    doc = dict(CORE["descriptors"]["llama-like"]["descriptor"], adapters=[])
+    (tmp_path / "d.json").write_text(json.dumps(doc))
+    proc = kvsp("compat-id", str(tmp_path / "d.json"), check=False)
+    assert proc.returncode == 2 and "adapters" in proc.stderr and proc.stdout == ""
+    (tmp_path / "bad.json").write_text("{not json")
+    assert kvsp("compat-id", str(tmp_path / "bad.json"), check=False).returncode == 2
+    assert kvsp("compat-id", str(tmp_path / "missing.json"), check=False).returncode == 2
+
+
+def test_keys_from_arguments_and_file(tmp_path: Path) -> None:
+    vec = CORE["block_keys"][0]
+    common = ["--scope-key", vec["scope_key"], "--compat-id", vec["compat_id"],
+              "--block-tokens", str(vec["block_tokens"])]
+    expected = "".join(k + "\n" for k in vec["keys"])
+    assert kvsp("keys", *common, *map(str, vec["tokens"])).stdout == expected
+    (tmp_path / "t.txt").write_text("\n".join(" ".join(map(str, vec["tokens"][i:i + 7]))
+                                              for i in range(0, len(vec["tokens"]), 7)))
+    assert kvsp("keys", *common, "--tokens-file", str(tmp_path / "t.txt")).stdout == expected
+
+
+@pytest.mark.parametrize("extra", [["--scope-key", "00" * 31], ["--compat-id", "zz" * 32], ["-1"],
+                                   [str(2**32)], ["abc"]])
+def test_keys_errors(extra: list[str]) -> None:
+    vec = CORE["block_keys"][0]
+    args = {"--scope-key": vec["scope_key"], "--compat-id": vec["compat_id"], "--block-tokens": "16"}
+    tokens = ["1"] * 16
+    if extra[0].startswith("--"):
+        args[extra[0]] = extra[1]
+    else:
+        tokens += extra
+    proc = kvsp("keys", *[x for kv in args.items() for x in kv], *tokens, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("kvsp: ")
+
+
+def test_container_inspect_matches_vector() -> None:
+    report = json.loads(kvsp("container", "inspect", str(VECTORS / "container" / RAW3["file"])).stdout)
+    assert report["version"] == 1 and report["codec"] == 1
+    assert (report["first_layer"], report["layer_count"], report["token_count"]) == (0, 3, 2)
+    assert report["layer_digests"] == RAW3["layer_digests"]
+    assert report["digest"] == "sha-256:" + RAW3["replica_digest"]
+
+
+def test_container_inspect_rejects_malformed(tmp_path: Path) -> None:
+    for bad in CONTAINERS["invalid"][:5]:
+        proc = kvsp("container", "inspect", str(VECTORS / "container" / bad["file"]), check=False)
+        assert proc.returncode == 2 and "KVB1" in proc.stderr
+
+
+def _record(layer_digests: list[str]) -> dict[str, object]:
+    digest = hashlib.sha256(b"".join(bytes.fromhex(d) for d in layer_digests)).hexdigest()
+    return {"block_key": "ab" * 32, "compat_id": "cd" * 32, "scope_id": "ef" * 16,
+            "holder": "https://h1.example/kvsp/", "codec": 1, "size": RAW3["size"],
+            "digest": "sha-256:" + digest, "layer_digests": layer_digests,
+            "residency": [{"tier": "host", "layers": [0, len(layer_digests) - 1]}], "ttl_ms": 60000}
+
+
+def test_container_verify_ok_and_layer_range(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps(_record(RAW3["layer_digests"])))
+    box = VECTORS / "container" / RAW3["file"]
+    assert "OK" in kvsp("container", "verify", str(box), "--record", str(tmp_path / "r.json")).stdout
+    from kvsp_moq.kvsp.container import extract_layers
+
+    (tmp_path / "part.bin").write_bytes(extract_layers(box.read_bytes(), 1, 2))
+    assert "layers 1-2" in kvsp("container", "verify", str(tmp_path / "part.bin"),
+                                "--record", str(tmp_path / "r.json")).stdout
+
+
+def test_container_verify_mismatch_exits_nonzero(tmp_path: Path) -> None:
+    digests = list(RAW3["layer_digests"])
+    digests[1] = "00" * 32
+    (tmp_path / "r.json").write_text(json.dumps(_record(digests)))
+    proc = kvsp("container", "verify", str(VECTORS / "container" / RAW3["file"]),
+                "--record", str(tmp_path / "r.json"), check=False)
+    assert proc.returncode == 1
+    assert "layer 1 digest" in proc.stderr
+    tampered = bytearray((VECTORS / "container" / RAW3["file"]).read_bytes())
+    tampered[-1] ^= 1
+    (tmp_path / "t.bin").write_bytes(tampered)
+    (tmp_path / "good.json").write_text(json.dumps(_record(RAW3["layer_digests"])))
+    proc = kvsp("container", "verify", str(tmp_path / "t.bin"), "--record", str(tmp_path / "good.json"), check=False)
+    assert proc.returncode == 1 and "layer 2 digest" in proc.stderr
+
+
+def test_container_verify_bad_record(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps({"block_key": "x"}))
+    proc = kvsp("container", "verify", str(VECTORS / "container" / RAW3["file"]),
+                "--record", str(tmp_path / "r.json"), check=False)
+    assert proc.returncode == 2 and "block_key" in proc.stderr
+
+
+@pytest.mark.parametrize("bench", [["keys", "--tokens", "4096"], ["container", "--layers", "4"]])
+def test_bench_prints_json_figures_and_a_table(bench: list[str]) -> None:
+    proc = kvsp("bench", *bench, "--repeat", "1")
+    lines = proc.stdout.splitlines()
+    assert lines
+    for line in lines:
+        fig = json.loads(line)
+        assert {"name", "unit", "value", "baseline_name", "baseline_value", "ratio"} <= fig.keys()
+        assert fig["value"] > 0 and fig["baseline_value"] > 0
+        assert fig["ratio"] == pytest.approx(fig["value"] / fig["baseline_value"], rel=1e-3)
+        assert fig["name"] in proc.stderr and fig["baseline_name"] in proc.stderr
+
+
+def test_demo_json_report() -> None:
+    report = json.loads(kvsp("demo", "--json").stdout)
+    assert report["ok"] is True
+    assert report["shared_blocks"] >= 1 and report["layers_verified"] == 4 * report["shared_blocks"]
+    assert report["tamper_detected"] and report["layer_range_verified"]
