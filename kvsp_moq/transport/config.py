@@ -1,0 +1,163 @@
+"""Transport configuration, backend-neutral (no QUIC library is imported here).
+
+Every knob DESIGN.md §6 asks for is a field: QUIC packet size (jumbo frames inside a
+datacenter, 1200 on the internet), flow-control windows, congestion control, plus the
+backpressure marks of the send path and the TLS material. A backend maps the fields onto its
+library (see ``aioquic_backend._quic_configuration``) and rejects what it cannot honour with a
+``ValueError`` when a connection or server is created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_ALPNS",
+    "MAX_UDP_PAYLOAD",
+    "MIN_QUIC_DATAGRAM_SIZE",
+    "TransportConfig",
+]
+
+#: MOQT versions in preference order; kept equal to ``kvsp_moq.moqt.version.SUPPORTED_ALPNS``
+#: (a test checks it) without the transport depending on MOQT for it.
+DEFAULT_ALPNS: tuple[str, ...] = ("moqt-22", "moqt-21", "moqt-20", "moqt-18")
+#: RFC 9000 §14: a QUIC endpoint must be able to send and receive 1200-byte UDP payloads.
+MIN_QUIC_DATAGRAM_SIZE = 1200
+#: The largest UDP payload over IPv4/IPv6 without jumbograms (RFC 9000 max_udp_payload_size).
+MAX_UDP_PAYLOAD = 65527
+#: Backends that ``connect``/``serve`` know.
+BACKENDS: tuple[str, ...] = ("aioquic",)
+
+_MiB = 1 << 20
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass
+class TransportConfig:
+    """How to set up QUIC connections. One instance may serve many connections."""
+
+    #: QUIC library behind the interface. Only ``"aioquic"`` exists today.
+    backend: str = "aioquic"
+
+    # -- negotiation ----------------------------------------------------------------------
+    #: ALPN tokens in preference order. A client offers them all; a server picks, by *its*
+    #: order, the first one the client offered. No common token fails the handshake
+    #: (TLS alert no_application_protocol, QUIC error 0x178).
+    alpn_protocols: Sequence[str] = DEFAULT_ALPNS
+    #: Advertise the QUIC DATAGRAM extension (RFC 9221) and require the peer to: MOQT says it
+    #: MUST be negotiated. A peer that does not advertise it is closed with
+    #: ``datagram_required_error_code``. False only for tests and non-MOQT uses.
+    datagrams: bool = True
+    #: ``max_datagram_frame_size`` transport parameter we advertise (the largest DATAGRAM
+    #: frame we accept). 65536 means "any frame that fits a packet".
+    max_datagram_frame_size: int = 65536
+
+    # -- TLS ------------------------------------------------------------------------------
+    #: PEM certificate (chain) and private key files; a server needs one of these pairs.
+    certificate_file: PathLike | None = None
+    private_key_file: PathLike | None = None
+    #: The same, in memory (e.g. from ``transport.tls.make_self_signed``).
+    certificate_pem: bytes | None = None
+    private_key_pem: bytes | None = None
+    #: Trust anchors for verifying the server (client side): a PEM file and/or PEM bytes.
+    #: Neither: the system/certifi roots.
+    ca_file: PathLike | None = None
+    ca_data: bytes | None = None
+    #: Skip certificate verification (tests and dev only).
+    insecure: bool = False
+    #: Name to verify the server certificate against and to send in SNI; default: the URL host.
+    server_name: str | None = None
+    #: Append TLS secrets in NSS key log format here (Wireshark); None: off.
+    keylog_file: PathLike | None = None
+
+    # -- packets, windows, congestion -----------------------------------------------------
+    #: Largest UDP payload we send, IP/UDP headers excluded. 1200 works on any path; on
+    #: loopback or a jumbo-frame LAN raise it (1452 for a 1500 MTU over IPv4 without
+    #: options, ~8952 for 9000-byte jumbo frames, up to 65527 on loopback). The client pads
+    #: its first Initial to this size, so the path (and the peer's socket) must carry it or
+    #: the handshake fails; aioquic does no path-MTU discovery and does not read the peer's
+    #: max_udp_payload_size, so set the same value on both ends.
+    max_datagram_size: int = MIN_QUIC_DATAGRAM_SIZE
+    #: Initial connection-level receive window (MAX_DATA) we grant the peer.
+    max_data: int = 16 * _MiB
+    #: Initial per-stream receive window (MAX_STREAM_DATA) we grant the peer. aioquic doubles
+    #: both windows as they fill (receive-side auto-tuning), so they are starting points.
+    max_stream_data: int = 4 * _MiB
+    #: ``"reno"`` or ``"cubic"`` (aioquic's names).
+    congestion_control_algorithm: str = "reno"
+    #: Initial RTT estimate, seconds (RFC 9002 uses 0.333; aioquic 0.1).
+    initial_rtt: float = 0.1
+    #: Close the connection after this many seconds without traffic.
+    idle_timeout: float = 60.0
+    #: ``connect`` gives up after this many seconds without a completed handshake.
+    handshake_timeout: float = 10.0
+    #: SO_RCVBUF / SO_SNDBUF asked for the UDP socket (bulk transfers drop packets with the
+    #: kernel's ~200 KiB default). None: leave the kernel default.
+    udp_buffer_size: int | None = 4 * _MiB
+
+    # -- send-side backpressure -----------------------------------------------------------
+    #: ``Connection.write`` keeps at most this many bytes of one stream buffered in the QUIC
+    #: library (unsent + unacknowledged). Bounds memory; must exceed the bandwidth-delay
+    #: product for full speed.
+    send_buffer_high_water: int = 4 * _MiB
+    #: ``Connection.wait_writable`` returns once a stream's buffered bytes are at most this.
+    #: None: half the high-water mark.
+    send_buffer_low_water: int | None = None
+
+    # -- close codes the transport itself uses --------------------------------------------
+    #: Application close code when the peer did not negotiate DATAGRAM (MOQT
+    #: PROTOCOL_VIOLATION, 0x3).
+    datagram_required_error_code: int = 0x3
+    #: Application close code when a handler callback raised (MOQT INTERNAL_ERROR, 0x1).
+    internal_error_code: int = 0x1
+
+    # -- event loop -----------------------------------------------------------------------
+    #: Whether ``transport.run`` / ``transport.new_event_loop`` use uvloop when it is
+    #: installed. Nothing is installed globally; a running loop is used as it is.
+    use_uvloop: bool = True
+
+    extra: dict[str, object] = field(default_factory=dict)
+    """Backend-specific options, passed through untouched (ignored by aioquic)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown transport backend {self.backend!r}; known: {BACKENDS}")
+        if isinstance(self.alpn_protocols, str):
+            raise ValueError("alpn_protocols must be a sequence of tokens, not one string")
+        self.alpn_protocols = tuple(self.alpn_protocols)
+        if not self.alpn_protocols:
+            raise ValueError("alpn_protocols must not be empty")
+        for token in self.alpn_protocols:
+            if not token or len(token.encode("ascii", "strict")) > 255:
+                raise ValueError(f"invalid ALPN token {token!r}")
+        if not MIN_QUIC_DATAGRAM_SIZE <= self.max_datagram_size <= MAX_UDP_PAYLOAD:
+            raise ValueError(
+                f"max_datagram_size must be in [{MIN_QUIC_DATAGRAM_SIZE}, {MAX_UDP_PAYLOAD}],"
+                f" got {self.max_datagram_size}")
+        for name in ("max_data", "max_stream_data", "send_buffer_high_water",
+                     "max_datagram_frame_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.send_buffer_low_water is not None and not (
+                0 <= self.send_buffer_low_water <= self.send_buffer_high_water):
+            raise ValueError("send_buffer_low_water must be in [0, send_buffer_high_water]")
+        if self.idle_timeout <= 0 or self.handshake_timeout <= 0 or self.initial_rtt <= 0:
+            raise ValueError("timeouts and initial_rtt must be positive")
+        if (self.certificate_pem is None) != (self.private_key_pem is None):
+            raise ValueError("certificate_pem and private_key_pem go together")
+
+    @property
+    def low_water(self) -> int:
+        """The effective low-water mark."""
+        if self.send_buffer_low_water is None:
+            return self.send_buffer_high_water // 2
+        return self.send_buffer_low_water
+
+    def replace(self, **changes: object) -> TransportConfig:
+        """A copy with some fields changed (``dataclasses.replace``, validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
