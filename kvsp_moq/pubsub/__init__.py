@@ -1,1 +1,31 @@
-"""kvsp_moq.pubsub (DESIGN.md §2)."""
+"""kvsp_moq.pubsub — the asyncio MOQT application API (DESIGN.md §2; docs/pubsub.md).
+
+``await connect("moqt://host:port/path", config)`` → :class:`Session`;
+``await serve(host, port, config, on_session=...)`` → :class:`MoqtServer`. Publish with a
+:class:`TrackPublisher` (``session.create_track`` or a shared :class:`Catalog`), subscribe
+with ``await session.subscribe(ns, name)``, fetch with ``await session.fetch(...)``.
+Failures raise :class:`MoqtError` carrying the MOQT code.
+"""
+
+from .errors import ErrorKind, MoqtError, SessionClosedError
+from .publish import Catalog, ObjectWriter, TrackPublisher
+from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Subscription
+from .session import MoqtServer, Session, connect, serve
+
+__all__ = [
+    "Catalog",
+    "ErrorKind",
+    "FetchStream",
+    "MoqtError",
+    "MoqtServer",
+    "ObjectStream",
+    "ObjectWriter",
+    "ReceiveStats",
+    "ReceivedObject",
+    "Session",
+    "SessionClosedError",
+    "Subscription",
+    "TrackPublisher",
+    "connect",
+    "serve",
+]

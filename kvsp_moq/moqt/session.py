@@ -1,0 +1,955 @@
+"""The sans-IO MOQT session state machine (drafts 18, 20/21, 22), one per connection.
+
+No asyncio, no QUIC library: the I/O layer (``kvsp_moq.pubsub``) feeds it what the
+transport delivered and carries out the actions it queues; see ``docs/moqt-session.md``.
+
+Inputs: :meth:`Session.start` (once, when the connection is up), :meth:`stream_data`,
+:meth:`stream_reset`, :meth:`stop_sending`, :meth:`datagram_received`,
+:meth:`connection_lost`; and the local API (``subscribe``, ``fetch``, ``accept_subscribe``,
+``reject``, ``publish_done``, ``cancel``, ``goaway``, ``open_subgroup_stream``, ...).
+Outputs: :meth:`next_event` / :meth:`events` and :meth:`next_action` / :meth:`actions`.
+
+Streams (draft-20 §"Session initialization", §"Request Streams"; same in 18):
+
+* a pair of unidirectional control streams, each starting with SETUP (type 0x2F00), then
+  carrying only GOAWAY; closing one → PROTOCOL_VIOLATION;
+* one bidirectional stream per request; its first message is the request, responses and
+  updates follow on it; cancellation is RESET_STREAM / STOP_SENDING (code CANCELLED);
+* unidirectional data streams (SUBGROUP_HEADER, routed by Track Alias; FETCH_HEADER, routed
+  by Request ID) and datagrams (by Track Alias).
+
+Every protocol error surfaces as a :class:`WireError` and is turned into a session close
+(or, for a local resource limit on one stream, a STOP_SENDING) in exactly one place,
+:meth:`Session._fail`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ..wire.buffer import Buffer
+from ..wire.errors import LimitExceeded, SessionErrorCode, StreamResetCode, WireError
+from ..wire.kvp import KeyValuePair
+from .data import DataStreamParser, encode_fetch_header, encode_subgroup_header, parse_datagram
+from .data import encode_datagram as _encode_datagram
+from .messages import (
+    ControlStreamReader,
+    Fetch,
+    FetchOk,
+    GoAway,
+    Location,
+    LocationFilter,
+    Message,
+    MessageParameters,
+    Namespace,
+    NamespaceDone,
+    Publish,
+    PublishDone,
+    PublishNamespace,
+    RequestError,
+    RequestOk,
+    RequestUpdate,
+    Setup,
+    StandaloneFetch,
+    StreamUse,
+    Subscribe,
+    SubscribeNamespace,
+    SubscribeOk,
+    TrackStatus,
+    check_redirect,
+    check_request_ok,
+    check_request_update,
+    encode_message,
+)
+from .messages._base import FETCH_TYPE, PUBLISH_TYPE, REQUEST_TYPES, SUBSCRIBE_TYPE, Sender
+from .messages._fields import violation
+from .messages.params import ParamContext
+from .objects import (
+    FetchHeader,
+    GroupOrder,
+    ObjectDatagram,
+    PaddingStreamHeader,
+    StreamKind,
+    SubgroupHeader,
+)
+from .requests import INITIAL_RESPONSES, OK_CONTEXT, Request, RequestIdAllocator, RequestIdChecker
+from .session_events import (
+    Action,
+    CloseSession,
+    DataEvent,
+    DatagramReceived,
+    DataStreamClosed,
+    DataStreamStopped,
+    Event,
+    GoawayReceived,
+    OpenStream,
+    RequestCancelled,
+    RequestFinished,
+    RequestMessage,
+    RequestReceived,
+    ResetStream,
+    ResponseReceived,
+    SendDatagram,
+    SendStream,
+    SessionClosed,
+    SetupComplete,
+    StopSending,
+    UpdateAnswered,
+    UpdateReceived,
+)
+from .version import Version
+
+__all__ = ["Role", "Session", "SessionConfig", "SessionState"]
+
+PV = SessionErrorCode.PROTOCOL_VIOLATION
+
+# RFC 3986 path-abempty [ "?" query ] (PATH option, §"PATH"): pchar / "/" and "?" in query.
+_PCHAR = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
+_PATH_RE = re.compile(rf"^(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?$")
+# RFC 3986 authority: [ userinfo "@" ] host [ ":" port ], loosely (no spaces, no "/?#").
+_AUTHORITY_RE = re.compile(r"^(?:[^@/?#\s]*@)?(?:\[[0-9A-Fa-f:.]+\]|[^:@/?#\s\[\]]+)(?::[0-9]*)?$")
+
+
+class Role(Enum):
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class SessionState(Enum):
+    #: Our SETUP may be sent; the peer's has not arrived.
+    SETUP = "setup"
+    ESTABLISHED = "established"
+    #: GOAWAY sent or received: no new requests.
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+@dataclass
+class SessionConfig:
+    """Local settings of a session."""
+
+    #: Client: the PATH / AUTHORITY options to send (native QUIC only, §"PATH", §"AUTHORITY").
+    path: str | None = None
+    authority: str | None = None
+    #: Server: decides whether a PATH / AUTHORITY is served (False → INVALID_PATH /
+    #: INVALID_AUTHORITY). None accepts any well-formed value.
+    accept_path: Callable[[str | None], bool] | None = None
+    accept_authority: Callable[[str | None], bool] | None = None
+    implementation: str | None = "kvsp-moq"
+    #: MAX_REQUEST_UPDATES we advertise (draft 19+; None: not sent = unlimited).
+    max_request_updates: int | None = None
+    #: Bytes held per data stream whose Track Alias is not known yet, and in total before the
+    #: peer's SETUP; beyond them the stream is stopped with EXCESSIVE_LOAD.
+    max_pending_stream_bytes: int = 1 << 20
+    extra_setup_options: Sequence[tuple[int, int | bytes]] = ()
+
+
+@dataclass(eq=False)
+class _UniIn:
+    """A peer-opened unidirectional stream."""
+
+    head: bytearray = field(default_factory=bytearray)
+    kind: StreamKind | None = None
+    control: ControlStreamReader | None = None
+    parser: DataStreamParser | None = None
+    request_id: int | None = None
+    #: Track Alias waiting for SUBSCRIBE_OK / PUBLISH; events held meanwhile.
+    pending_alias: int | None = None
+    pending: list[object] = field(default_factory=list)
+    pending_bytes: int = 0
+    pending_end: bool = False
+
+
+def _stream_id(index: int, is_client: bool, uni: bool) -> int:
+    return (index << 2) | (0 if is_client else 1) | (2 if uni else 0)
+
+
+class Session:
+    """One MOQT session (client or server role), sans-IO."""
+
+    def __init__(self, role: Role, version: Version, config: SessionConfig | None = None) -> None:
+        self.role = role
+        self.version = version
+        self.config = config or SessionConfig()
+        self.is_client = role is Role.CLIENT
+        self.state = SessionState.SETUP
+        self.peer_setup: Setup | None = None
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.goaway_sent = False
+        self.peer_goaway: GoAway | None = None
+        self._events: deque[Event] = deque()
+        self._actions: deque[Action] = deque()
+        self._next_bidi = 0
+        self._next_uni = 0
+        self._control_out: int | None = None
+        self._control_in: int | None = None
+        self._control_goaway = False
+        self._ids = RequestIdAllocator(self.is_client)
+        self._peer_ids = RequestIdChecker(peer_is_client=not self.is_client)
+        self.requests: dict[int, Request] = {}
+        self._by_stream: dict[int, Request] = {}
+        self._uni_in: dict[int, _UniIn] = {}
+        #: Track Alias → request ID of the subscription receiving it.
+        self._alias_in: dict[int, int] = {}
+        self._alias_track: dict[int, tuple[tuple[bytes, ...], bytes]] = {}
+        #: Aliases / request IDs of ended subscriptions and fetches: late data is stopped.
+        self._retired_aliases: set[int] = set()
+        self._retired_requests: set[int] = set()
+        #: Our FETCH / SUBSCRIBE request IDs that fetch streams may name (kept after the
+        #: request stream ends, until :meth:`release` or :meth:`cancel`).
+        self._fetch_routes: set[int] = set()
+        self._finished_local: dict[int, int | None] = {}
+        #: Our data streams → request ID.
+        self._data_out: dict[int, int] = {}
+        #: Input held before the peer's SETUP (§"Session initialization": SHOULD buffer).
+        self._early: list[tuple[int, bytes, bool]] = []
+        self._early_bytes = 0
+        #: Streams stopped or discarded: later bytes are ignored.
+        self._dead_streams: set[int] = set()
+        #: Peer request streams whose first message is still incomplete.
+        self._partial_first: dict[int, ControlStreamReader] = {}
+
+    # ======================================================================================
+    # output queues
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    def events(self) -> list[Event]:
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    def next_action(self) -> Action | None:
+        return self._actions.popleft() if self._actions else None
+
+    def actions(self) -> list[Action]:
+        out = list(self._actions)
+        self._actions.clear()
+        return out
+
+    @property
+    def closed(self) -> bool:
+        return self.state is SessionState.CLOSED
+
+    # ======================================================================================
+    # start and SETUP (§"SETUP")
+    def start(self) -> None:
+        """Open our control stream and send SETUP (either side sends it at once)."""
+        if self._control_out is not None:
+            raise RuntimeError("session already started")
+        cfg = self.config
+        setup = Setup(
+            path=cfg.path if self.is_client else None,
+            authority=cfg.authority if self.is_client else None,
+            moqt_implementation=cfg.implementation,
+            max_request_updates=(cfg.max_request_updates
+                                 if self.version.has_range_filters else None),
+            unknown_options=tuple(KeyValuePair(t, v) for t, v in cfg.extra_setup_options),
+        )
+        self._control_out = self._open(uni=True)
+        self._send(self._control_out, encode_message(self.version, setup))
+
+    def _on_setup(self, setup: Setup) -> None:
+        if self.is_client:
+            # PATH and AUTHORITY are sent by the client only (§"PATH", §"AUTHORITY").
+            if setup.path is not None or setup.authority is not None:
+                raise violation("server sent PATH or AUTHORITY")
+        else:
+            if setup.path is not None and not _PATH_RE.match(setup.path):
+                raise WireError(SessionErrorCode.MALFORMED_PATH, f"malformed PATH {setup.path!r}")
+            if setup.authority is not None and not _AUTHORITY_RE.match(setup.authority):
+                raise WireError(SessionErrorCode.MALFORMED_AUTHORITY,
+                                f"malformed AUTHORITY {setup.authority!r}")
+            if self.config.accept_path is not None and not self.config.accept_path(setup.path):
+                raise WireError(SessionErrorCode.INVALID_PATH, f"PATH {setup.path!r} not served")
+            if (self.config.accept_authority is not None
+                    and not self.config.accept_authority(setup.authority)):
+                raise WireError(SessionErrorCode.INVALID_AUTHORITY,
+                                f"AUTHORITY {setup.authority!r} not served")
+        self.peer_setup = setup
+        if self.state is SessionState.SETUP:
+            self.state = SessionState.ESTABLISHED
+        self._events.append(SetupComplete(setup))
+        early, self._early = self._early, []
+        self._early_bytes = 0
+        for stream_id, data, end in early:
+            if self.closed:
+                return
+            self.stream_data(stream_id, data, end)
+
+    # ======================================================================================
+    # transport input
+    def stream_data(self, stream_id: int, data: Buffer, end_stream: bool = False) -> None:
+        if self.closed:
+            return
+        try:
+            self._stream_data(stream_id, data, end_stream)
+        except WireError as exc:
+            self._fail(exc, stream_id)
+
+    def _stream_data(self, stream_id: int, data: Buffer, end_stream: bool) -> None:
+        uni = bool(stream_id & 2)
+        local = (stream_id & 1 == 0) == self.is_client
+        if uni and local:
+            raise violation(f"data on our own unidirectional stream {stream_id}")
+        if uni:
+            self._uni_data(stream_id, data, end_stream)
+            return
+        req = self._by_stream.get(stream_id)
+        if req is None:
+            if local:
+                return  # a request we already forgot (cancelled): ignore late bytes
+            if self.peer_setup is None:
+                self._hold(stream_id, data, end_stream)
+                return
+            if stream_id in self._dead_streams:
+                return
+            self._new_peer_request(stream_id, data, end_stream)
+            return
+        self._request_data(req, data, end_stream)
+
+    def stream_reset(self, stream_id: int, error_code: int) -> None:
+        """The peer reset its send half of ``stream_id``."""
+        if self.closed:
+            return
+        try:
+            if stream_id == self._control_in:
+                raise violation("the peer reset its control stream")
+            req = self._by_stream.get(stream_id)
+            if req is not None:
+                self._cancelled(req, error_code)
+                return
+            uni = self._uni_in.pop(stream_id, None)
+            if uni is not None and uni.request_id is not None:
+                self._events.append(DataStreamClosed(uni.request_id, stream_id, error_code))
+        except WireError as exc:
+            self._fail(exc, stream_id)
+
+    def stop_sending(self, stream_id: int, error_code: int) -> None:
+        """The peer sent STOP_SENDING on ``stream_id`` (the transport reset our half)."""
+        if self.closed:
+            return
+        try:
+            if stream_id == self._control_out:
+                raise violation("the peer stopped our control stream")
+            req = self._by_stream.get(stream_id)
+            if req is not None:
+                self._cancelled(req, error_code)
+                return
+            rid = self._data_out.pop(stream_id, None)
+            if rid is not None:
+                owner = self.requests.get(rid)
+                if owner is not None:
+                    owner.data_streams.discard(stream_id)
+                self._events.append(DataStreamStopped(rid, stream_id, error_code))
+        except WireError as exc:
+            self._fail(exc, stream_id)
+
+    def datagram_received(self, data: Buffer) -> None:
+        if self.closed:
+            return
+        try:
+            dg = parse_datagram(self.version, data)
+        except WireError as exc:
+            self._fail(exc)
+            return
+        if isinstance(dg, ObjectDatagram):
+            rid = self._alias_in.get(dg.track_alias)
+            if rid is not None:
+                self._events.append(DatagramReceived(rid, dg))
+            # Unknown alias: the draft allows dropping (MAY buffer briefly); we drop.
+
+    def connection_lost(self, error_code: int = 0, reason: str = "") -> None:
+        if self.closed:
+            return
+        self.state = SessionState.CLOSED
+        self.close_code, self.close_reason = error_code, reason
+        self._events.append(SessionClosed(error_code, reason, local=False))
+
+    # ======================================================================================
+    # the one place where protocol errors become closes / resets
+    def _fail(self, exc: WireError, stream_id: int | None = None) -> None:
+        if isinstance(exc, LimitExceeded) and stream_id is not None and stream_id & 2:
+            # A local resource limit on one data stream: cancel just that stream
+            # (draft-20 §"Resource Exhaustion").
+            uni = self._uni_in.pop(stream_id, None)
+            self._actions.append(StopSending(stream_id, exc.stream_code))
+            if uni is not None and uni.request_id is not None:
+                self._events.append(DataStreamClosed(uni.request_id, stream_id, exc.stream_code))
+            return
+        self.close(exc.code, exc.reason)
+
+    def close(self, error_code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
+        """Close the session (CONNECTION_CLOSE with ``error_code``)."""
+        if self.closed:
+            return
+        self.state = SessionState.CLOSED
+        self.close_code, self.close_reason = int(error_code), reason
+        self._actions.append(CloseSession(int(error_code), reason))
+        self._events.append(SessionClosed(int(error_code), reason, local=True))
+
+    # ======================================================================================
+    # unidirectional streams: control and data
+    def _hold(self, stream_id: int, data: Buffer, end_stream: bool) -> None:
+        self._early_bytes += len(data)
+        if self._early_bytes > self.config.max_pending_stream_bytes:
+            self._actions.append(StopSending(stream_id, StreamResetCode.EXCESSIVE_LOAD))
+            self._dead_streams.add(stream_id)
+            return
+        self._early.append((stream_id, bytes(data), end_stream))
+
+    def _uni_data(self, stream_id: int, data: Buffer, end_stream: bool) -> None:
+        if stream_id in self._dead_streams:
+            return
+        st = self._uni_in.get(stream_id)
+        if st is None:
+            st = self._uni_in[stream_id] = _UniIn()
+        elif st.pending_end:
+            raise violation("data after the end of a stream")
+        if st.kind is None:
+            st.head += data
+            from .data import peek_stream_type
+
+            peeked = peek_stream_type(st.head, self.version)
+            if peeked is None:
+                if end_stream:
+                    raise violation("stream ended inside its type")
+                return
+            st.kind = peeked[0]
+            data, st.head = bytes(st.head), bytearray()
+            if st.kind is StreamKind.CONTROL:
+                if self._control_in is not None:
+                    raise violation("a second control stream")
+                self._control_in = stream_id
+                st.control = ControlStreamReader(self.version)
+            else:
+                if self.peer_setup is None:
+                    # Data before SETUP: hold the bytes (re-fed after SETUP).
+                    del self._uni_in[stream_id]
+                    self._hold(stream_id, data, end_stream)
+                    return
+                st.parser = DataStreamParser(self.version, group_order=self._fetch_order)
+        if st.control is not None:
+            self._control_data(st.control, data, end_stream)
+            return
+        assert st.parser is not None
+        events = st.parser.feed(data, end_stream)
+        self._route_data(stream_id, st, events, len(data), end_stream)
+
+    def _control_data(self, reader: ControlStreamReader, data: Buffer, end_stream: bool) -> None:
+        for msg in reader.feed(data):
+            self._control_message(msg)
+            if self.closed:
+                return
+        if end_stream:
+            raise violation("the peer closed its control stream")
+
+    def _control_message(self, msg: Message) -> None:
+        if self.peer_setup is None:
+            if not isinstance(msg, Setup):
+                raise violation(f"{msg.NAME} before SETUP on the control stream")
+            self._on_setup(msg)
+            return
+        if isinstance(msg, Setup):
+            raise violation("a second SETUP")
+        if not isinstance(msg, GoAway):
+            # Only SETUP and GOAWAY ride the control stream (§"Control Streams").
+            raise violation(f"{msg.NAME} on the control stream")
+        if self._control_goaway:
+            raise violation("a second GOAWAY on the control stream")
+        self._control_goaway = True
+        self._on_goaway(msg, None)
+
+    def _on_goaway(self, msg: GoAway, request_id: int | None) -> None:
+        # §"GOAWAY": a client MUST NOT send a New Session URI.
+        if not self.is_client and msg.new_session_uri:
+            raise violation("a client sent GOAWAY with a New Session URI")
+        self.peer_goaway = msg
+        if self.state is SessionState.ESTABLISHED:
+            self.state = SessionState.DRAINING
+        self._events.append(GoawayReceived(msg, request_id))
+
+    def _fetch_order(self, request_id: int) -> GroupOrder:
+        req = self.requests.get(request_id)
+        if req is not None and req.local and req.request_type == FETCH_TYPE:
+            order = req.message.parameters.group_order  # type: ignore[attr-defined]
+            if order is not None:
+                return GroupOrder(order)
+        return GroupOrder.ASCENDING
+
+    def _route_data(self, stream_id: int, st: _UniIn, events: list[object], nbytes: int,
+                    end_stream: bool) -> None:
+        for ev in events:
+            if st.request_id is None and st.pending_alias is None:
+                self._bind_data_stream(stream_id, st, ev)
+                if stream_id not in self._uni_in:
+                    return  # stopped
+            if st.request_id is None:
+                st.pending.append(ev)
+                continue
+            if not isinstance(ev, PaddingStreamHeader):
+                self._events.append(DataEvent(st.request_id, stream_id, ev))
+        if st.request_id is None and st.pending_alias is not None:
+            st.pending_bytes += nbytes
+            st.pending_end = st.pending_end or end_stream
+            if st.pending_bytes > self.config.max_pending_stream_bytes:
+                self._stop_data(stream_id, StreamResetCode.EXCESSIVE_LOAD)
+            return
+        if end_stream:
+            self._uni_in.pop(stream_id, None)
+            if st.request_id is not None:
+                self._events.append(DataStreamClosed(st.request_id, stream_id, None))
+
+    def _bind_data_stream(self, stream_id: int, st: _UniIn, header: object) -> None:
+        if isinstance(header, SubgroupHeader):
+            rid = self._alias_in.get(header.track_alias)
+            if rid is not None:
+                st.request_id = rid
+            elif header.track_alias in self._retired_aliases:
+                self._stop_data(stream_id, StreamResetCode.CANCELLED)
+            else:
+                # Unknown alias: SUBSCRIBE_OK / PUBLISH may still be on its way (MAY buffer).
+                st.pending_alias = header.track_alias
+        elif isinstance(header, FetchHeader):
+            if header.request_id in self._fetch_routes:
+                st.request_id = header.request_id
+            elif header.request_id in self._retired_requests:
+                self._stop_data(stream_id, StreamResetCode.CANCELLED)
+            else:
+                raise violation(f"fetch stream for unknown Request ID {header.request_id}")
+        elif isinstance(header, PaddingStreamHeader):
+            self._uni_in.pop(stream_id, None)
+            self._dead_streams.add(stream_id)  # discard the rest (§"Padding Streams")
+
+    def _stop_data(self, stream_id: int, code: int) -> None:
+        self._uni_in.pop(stream_id, None)
+        self._dead_streams.add(stream_id)
+        self._actions.append(StopSending(stream_id, code))
+
+    def _release_pending(self, alias: int, request_id: int) -> None:
+        for stream_id, st in list(self._uni_in.items()):
+            if st.pending_alias == alias and st.request_id is None:
+                st.request_id, st.pending_alias = request_id, None
+                pending, st.pending = st.pending, []
+                for ev in pending:
+                    self._events.append(DataEvent(request_id, stream_id, ev))
+                if st.pending_end:
+                    self._uni_in.pop(stream_id, None)
+                    self._events.append(DataStreamClosed(request_id, stream_id, None))
+
+    # ======================================================================================
+    # request streams (§"Request Streams")
+    def _new_peer_request(self, stream_id: int, data: Buffer, end_stream: bool) -> None:
+        reader = self._partial_first.pop(stream_id, None) or ControlStreamReader(self.version)
+        msgs = reader.feed(data, end_stream)
+        if not msgs:
+            if end_stream:
+                raise violation("request stream ended before its request")
+            # Keep the reader: the first message is incomplete.
+            self._partial_first[stream_id] = reader
+            return
+        self._open_peer_request(stream_id, reader, msgs, end_stream)
+
+    def _open_peer_request(self, stream_id: int, reader: ControlStreamReader,
+                           msgs: list[Message], end_stream: bool) -> None:
+        first = msgs[0]
+        if not (first.FIRST and first.STREAM is StreamUse.REQUEST
+                and first.TYPE in REQUEST_TYPES):
+            raise violation(f"{first.NAME} as the first message of a request stream")
+        rid: int = first.request_id  # type: ignore[attr-defined]
+        self._peer_ids.check(rid)
+        req = Request(rid, stream_id, first.TYPE, first, local=False, reader=reader)
+        self.requests[rid] = req
+        self._by_stream[stream_id] = req
+        if isinstance(first, Publish):
+            self._register_alias(req, first.track_alias, first.track_namespace, first.track_name)
+        if self.goaway_sent:
+            # We asked the peer to go away: refuse new work (REQUEST_ERROR GOING_AWAY).
+            self._events.append(RequestReceived(rid, first))
+            self.reject(rid, 0x6, "going away")
+        else:
+            self._events.append(RequestReceived(rid, first))
+        for msg in msgs[1:]:
+            self._request_message(req, msg)
+            if self.closed:
+                return
+        if end_stream:
+            self._peer_finished(req)
+
+    def _request_data(self, req: Request, data: Buffer, end_stream: bool) -> None:
+        if req.recv_finished:
+            # QUIC never delivers past a FIN (a final size error); defend anyway.
+            raise violation("data after the end of a request stream")
+        for msg in req.reader.feed(data, end_stream):
+            self._request_message(req, msg)
+            if self.closed or req.request_id not in self.requests:
+                return
+        if end_stream:
+            self._peer_finished(req)
+
+    def _request_message(self, req: Request, msg: Message) -> None:
+        if isinstance(msg, GoAway):
+            if req.goaway_received:
+                raise violation("a second GOAWAY on a request stream")
+            req.goaway_received = True
+            self._on_goaway(msg, req.request_id)
+            return
+        allowed = type(msg).ON_REQUESTS.get(req.request_type)
+        peer_is_requester = not req.local
+        if allowed is None or (allowed is Sender.REQUESTER and not peer_is_requester) or (
+                allowed is Sender.RESPONDER and peer_is_requester):
+            raise violation(f"{msg.NAME} on a {req.message.NAME} stream from the "
+                            f"{'requester' if peer_is_requester else 'responder'}")
+        if isinstance(msg, RequestUpdate):
+            check_request_update(self.version, msg, req.request_type)
+            self._peer_ids.check(msg.request_id)
+            req.updates_received += 1
+            limit = self.config.max_request_updates
+            if (self.version.has_range_filters and limit
+                    and req.updates_received > limit):
+                raise WireError(SessionErrorCode.TOO_MANY_REQUEST_UPDATES,
+                                f"more than {limit} REQUEST_UPDATEs")
+            self._events.append(UpdateReceived(req.request_id, msg))
+            return
+        if isinstance(msg, RequestOk | RequestError | SubscribeOk | FetchOk):
+            if req.local and not req.responded:
+                self._initial_response(req, msg)
+                return
+            if isinstance(msg, RequestOk | RequestError) and req.pending_updates:
+                if isinstance(msg, RequestOk):
+                    check_request_ok(self.version, msg, ParamContext.REQUEST_UPDATE_OK)
+                upd = req.pending_updates.popleft()
+                self._events.append(UpdateAnswered(req.request_id, upd, msg))
+                return
+            raise violation(f"unexpected {msg.NAME} on a {req.message.NAME} stream")
+        # NAMESPACE, NAMESPACE_DONE, PUBLISH_DONE, PUBLISH_STATE_NOTIFY, PUBLISH_SKIPPED.
+        if req.local and not req.responded and req.request_type != PUBLISH_TYPE:
+            # The OK/ERROR MUST be the first message on the response half.
+            raise violation(f"{msg.NAME} before the response to {req.message.NAME}")
+        self._events.append(RequestMessage(req.request_id, msg))
+
+    def _initial_response(self, req: Request, msg: Message) -> None:
+        if not isinstance(msg, INITIAL_RESPONSES[req.request_type]):
+            raise violation(f"{msg.NAME} answering {req.message.NAME}")
+        req.responded = True
+        if isinstance(msg, RequestOk):
+            check_request_ok(self.version, msg, OK_CONTEXT[req.request_type])
+        elif isinstance(msg, RequestError):
+            check_redirect(self.version, msg, req.request_type,
+                           receiver_is_server=not self.is_client)
+            req.failed = True
+            if not req.send_finished:  # the request is over: nothing more from us either
+                req.send_finished = True
+                self._send(req.stream_id, b"", True)
+        elif isinstance(msg, SubscribeOk):
+            sub = req.message
+            self._register_alias(req, msg.track_alias, sub.track_namespace,  # type: ignore[attr-defined]
+                                 sub.track_name)  # type: ignore[attr-defined]
+        self._events.append(ResponseReceived(req.request_id, msg))
+
+    def _register_alias(self, req: Request, alias: int, ns: tuple[bytes, ...],
+                        name: bytes) -> None:
+        # §"Track Alias": one alias for two different tracks → DUPLICATE_TRACK_ALIAS.
+        track = self._alias_track.get(alias)
+        if track is not None and track != (tuple(ns), bytes(name)):
+            raise WireError(SessionErrorCode.DUPLICATE_TRACK_ALIAS,
+                            f"Track Alias {alias} already names another track")
+        self._alias_track[alias] = (tuple(ns), bytes(name))
+        self._alias_in[alias] = req.request_id
+        req.track_alias = alias
+        self._retired_aliases.discard(alias)
+        self._release_pending(alias, req.request_id)
+
+    def _peer_finished(self, req: Request) -> None:
+        req.recv_finished = True
+        self._events.append(RequestFinished(req.request_id))
+        if req.local and not req.send_finished and (req.failed or req.request_type != PUBLISH_TYPE):
+            # The responder ended the request (e.g. PUBLISH_DONE + FIN): end ours too.
+            req.send_finished = True
+            self._send(req.stream_id, b"", True)
+        self._maybe_forget(req)
+
+    def _cancelled(self, req: Request, error_code: int) -> None:
+        self._forget(req, reset_code=StreamResetCode.CANCELLED)
+        self._events.append(RequestCancelled(req.request_id, error_code))
+
+    def _maybe_forget(self, req: Request) -> None:
+        if req.recv_finished and req.send_finished and not req.data_streams:
+            self._forget(req, reset_code=None)
+
+    def _forget(self, req: Request, reset_code: int | None) -> None:
+        """Drop a request's stream state. A normal end (``reset_code`` None) keeps the data
+        routing of a local subscription/fetch, whose data streams may still be arriving
+        (PUBLISH_DONE's Stream Count exists for that), until :meth:`release`."""
+        self.requests.pop(req.request_id, None)
+        self._by_stream.pop(req.stream_id, None)
+        if not req.local:
+            self._dead_streams.add(req.stream_id)  # late bytes are not a new request
+        if reset_code is None:
+            if req.local:
+                self._finished_local[req.request_id] = req.track_alias
+                return
+        else:
+            if not req.send_finished:
+                self._actions.append(ResetStream(req.stream_id, reset_code))
+            if not req.recv_finished:
+                self._actions.append(StopSending(req.stream_id, reset_code))
+            for sid in sorted(req.data_streams):
+                self._data_out.pop(sid, None)
+                self._actions.append(ResetStream(sid, reset_code))
+            req.data_streams.clear()
+        self._retire(req.request_id, req.track_alias)
+
+    def _retire(self, request_id: int, alias: int | None) -> None:
+        self._retired_requests.add(request_id)
+        self._fetch_routes.discard(request_id)
+        if alias is not None and self._alias_in.get(alias) == request_id:
+            del self._alias_in[alias]
+            self._retired_aliases.add(alias)
+
+    def release(self, request_id: int) -> None:
+        """The application is done with a finished local request: drop its data routing
+        (later data streams for it are stopped with CANCELLED)."""
+        if request_id in self._finished_local:
+            self._retire(request_id, self._finished_local.pop(request_id))
+
+    # ======================================================================================
+    # local API: requests we send
+    def _check_can_request(self) -> None:
+        if self.closed:
+            raise RuntimeError("session closed")
+        if self.peer_goaway is not None:
+            # §"GOAWAY": after receiving it, no new requests.
+            raise RuntimeError("the peer sent GOAWAY: no new requests")
+
+    def _request(self, build: Callable[[int], Message]) -> int:
+        self._check_can_request()
+        rid = self._ids.allocate()
+        msg = build(rid)
+        data = encode_message(self.version, msg)
+        stream_id = self._open(uni=False)
+        req = Request(rid, stream_id, msg.TYPE, msg, local=True,
+                      reader=ControlStreamReader(self.version))
+        self.requests[rid] = req
+        self._by_stream[stream_id] = req
+        if msg.TYPE in (FETCH_TYPE, SUBSCRIBE_TYPE):
+            self._fetch_routes.add(rid)
+        self._send(stream_id, data)
+        return rid
+
+    def subscribe(self, namespace: Sequence[bytes], name: bytes,
+                  parameters: MessageParameters = MessageParameters()) -> int:
+        return self._request(lambda rid: Subscribe(rid, tuple(namespace), name, parameters))
+
+    def fetch(self, namespace: Sequence[bytes], name: bytes, start: Location,
+              end: Location | None = None, *,
+              parameters: MessageParameters = MessageParameters()) -> int:
+        """FETCH objects ``start`` .. ``end`` inclusive (``end`` None: to the largest
+        object; ``end.object`` None-like whole group is not expressible here)."""
+        start = Location(*start)
+        if self.version.fetch_has_fetch_type:
+            # Draft 18: End Location is "the end Location, plus 1" (§"FETCH").
+            stop = Location((1 << 62) - 1, 0) if end is None else Location(end[0], end[1] + 1)
+
+            def build(rid: int) -> Message:
+                return StandaloneFetch(rid, tuple(namespace), name, start, stop, parameters)
+        else:
+            if end is None:
+                flt = LocationFilter.absolute(start)
+            else:
+                flt = LocationFilter.absolute(start, end[0], end[1])
+            params = _with(parameters, location_filter=flt)
+
+            def build(rid: int) -> Message:
+                return Fetch(rid, tuple(namespace), name, params)
+        return self._request(build)
+
+    def publish_namespace(self, namespace: Sequence[bytes],
+                          parameters: MessageParameters = MessageParameters()) -> int:
+        return self._request(lambda rid: PublishNamespace(rid, tuple(namespace), parameters))
+
+    def subscribe_namespace(self, prefix: Sequence[bytes],
+                            parameters: MessageParameters = MessageParameters()) -> int:
+        return self._request(lambda rid: SubscribeNamespace(rid, tuple(prefix), parameters))
+
+    def track_status(self, namespace: Sequence[bytes], name: bytes,
+                     parameters: MessageParameters = MessageParameters()) -> int:
+        return self._request(lambda rid: TrackStatus(rid, tuple(namespace), name, parameters))
+
+    def publish(self, namespace: Sequence[bytes], name: bytes, track_alias: int,
+                parameters: MessageParameters = MessageParameters(),
+                track_properties: Sequence[tuple[int, int | bytes]] = ()) -> int:
+        return self._request(lambda rid: Publish(rid, tuple(namespace), name, track_alias,
+                                                 parameters, tuple(track_properties)))
+
+    def request_update(self, request_id: int, parameters: MessageParameters) -> int:
+        """REQUEST_UPDATE on the stream of ``request_id``; returns the update's own ID."""
+        req = self._req(request_id)
+        if self.closed:
+            raise RuntimeError("session closed")
+        upd = self._ids.allocate()
+        msg = RequestUpdate(upd, parameters)
+        check_request_update(self.version, msg, req.request_type)
+        req.pending_updates.append(upd)
+        self._send(req.stream_id, encode_message(self.version, msg))
+        return upd
+
+    def cancel(self, request_id: int) -> None:
+        """Cancel a request (unsubscribe, fetch cancel, ...): RESET_STREAM and STOP_SENDING
+        with CANCELLED (§"Request Streams": there are no cancel messages since 17)."""
+        if self.closed:
+            return
+        for sid, st in list(self._uni_in.items()):
+            if st.request_id == request_id:
+                self._stop_data(sid, StreamResetCode.CANCELLED)
+        req = self.requests.get(request_id)
+        if req is None:
+            self.release(request_id)
+            return
+        self._forget(req, reset_code=StreamResetCode.CANCELLED)
+
+    # ======================================================================================
+    # local API: answering the peer's requests
+    def _req(self, request_id: int) -> Request:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise KeyError(f"no open request {request_id}")
+        return req
+
+    def _respond(self, request_id: int, msg: Message, *, end: bool = False) -> None:
+        req = self._req(request_id)
+        if req.local and req.request_type != PUBLISH_TYPE:
+            raise ValueError("cannot respond to our own request")
+        if req.responded and isinstance(msg, SubscribeOk | FetchOk):
+            raise ValueError("request already answered")
+        if self.closed:
+            return
+        req.responded = True
+        self._send(req.stream_id, encode_message(self.version, msg), end)
+        if end:
+            req.send_finished = True
+            self._maybe_forget(req)
+
+    def accept_subscribe(self, request_id: int, track_alias: int,
+                         parameters: MessageParameters = MessageParameters(),
+                         track_properties: Sequence[tuple[int, int | bytes]] = ()) -> None:
+        self._req(request_id).track_alias = track_alias
+        self._respond(request_id, SubscribeOk(track_alias, parameters, tuple(track_properties)))
+
+    def accept_fetch(self, request_id: int, end_location: Location, *, end_of_track: bool = False,
+                     track_properties: Sequence[tuple[int, int | bytes]] = ()) -> None:
+        self._respond(request_id, FetchOk(end_of_track, Location(*end_location),
+                                          MessageParameters(), tuple(track_properties)))
+
+    def request_ok(self, request_id: int, parameters: MessageParameters = MessageParameters(),
+                   track_properties: Sequence[tuple[int, int | bytes]] = (), *,
+                   end: bool = False) -> None:
+        """REQUEST_OK (PUBLISH_NAMESPACE_OK, TRACK_STATUS_OK, PUBLISH_OK, REQUEST_UPDATE_OK...)."""
+        self._respond(request_id, RequestOk(parameters, tuple(track_properties)), end=end)
+
+    def reject(self, request_id: int, error_code: int, reason: str = "", *,
+               retry_interval: int = 0) -> None:
+        """REQUEST_ERROR, then FIN: the request is over."""
+        req = self._req(request_id)
+        self._respond(request_id, RequestError(error_code, retry_interval, reason), end=True)
+        # The request is over: whatever else the requester sends on it is ignored.
+        self._forget(req, reset_code=None)
+
+    def namespace(self, request_id: int, suffix: Sequence[bytes]) -> None:
+        self._respond(request_id, Namespace(tuple(suffix)))
+
+    def namespace_done(self, request_id: int, suffix: Sequence[bytes]) -> None:
+        self._respond(request_id, NamespaceDone(tuple(suffix)))
+
+    def publish_done(self, request_id: int, status_code: int, stream_count: int,
+                     reason: str = "") -> None:
+        """PUBLISH_DONE then FIN (§"PUBLISH_DONE": after every data stream is closed)."""
+        req = self._req(request_id)
+        self._send(req.stream_id, encode_message(
+            self.version, PublishDone(status_code, stream_count, reason)), True)
+        req.send_finished = True
+        req.data_streams.clear()
+        self._maybe_forget(req)
+
+    def finish_request(self, request_id: int) -> None:
+        """FIN our half of a request stream ("nothing more from us")."""
+        req = self.requests.get(request_id)
+        if req is None or req.send_finished or self.closed:
+            return
+        req.send_finished = True
+        self._send(req.stream_id, b"", True)
+        self._maybe_forget(req)
+
+    # ======================================================================================
+    # local API: data streams and datagrams we send
+    def open_subgroup_stream(self, request_id: int, header: SubgroupHeader) -> int:
+        """Open a subgroup stream for subscription ``request_id`` and queue its header.
+        Objects are then written by the caller straight to the transport (encode them with
+        :class:`~kvsp_moq.moqt.data.SubgroupStreamEncoder`)."""
+        req = self._req(request_id)
+        stream_id = self._open(uni=True)
+        self._data_out[stream_id] = request_id
+        req.data_streams.add(stream_id)
+        self._send(stream_id, encode_subgroup_header(header, self.version))
+        return stream_id
+
+    def open_fetch_stream(self, request_id: int) -> int:
+        req = self._req(request_id)
+        stream_id = self._open(uni=True)
+        self._data_out[stream_id] = request_id
+        req.data_streams.add(stream_id)
+        self._send(stream_id, encode_fetch_header(request_id, self.version))
+        return stream_id
+
+    def data_stream_done(self, stream_id: int) -> None:
+        """The caller finished (or reset) one of our data streams."""
+        rid = self._data_out.pop(stream_id, None)
+        req = self.requests.get(rid) if rid is not None else None
+        if req is not None:
+            req.data_streams.discard(stream_id)
+            self._maybe_forget(req)
+
+    def send_datagram(self, datagram: ObjectDatagram) -> None:
+        if not self.closed:
+            self._actions.append(SendDatagram(_encode_datagram(datagram, self.version)))
+
+    # ======================================================================================
+    # GOAWAY (§"GOAWAY")
+    def goaway(self, new_session_uri: str = "", timeout_ms: int = 0) -> None:
+        if self.closed or self._control_out is None:
+            raise RuntimeError("session not started or closed")
+        if self.is_client and new_session_uri:
+            raise ValueError("a client's GOAWAY carries no New Session URI")
+        if self.goaway_sent:
+            raise RuntimeError("GOAWAY already sent")
+        self.goaway_sent = True
+        if self.state is SessionState.ESTABLISHED:
+            self.state = SessionState.DRAINING
+        self._send(self._control_out, encode_message(
+            self.version, GoAway(new_session_uri, timeout_ms)))
+
+    # ======================================================================================
+    # helpers
+    def _open(self, uni: bool) -> int:
+        if uni:
+            sid = _stream_id(self._next_uni, self.is_client, True)
+            self._next_uni += 1
+        else:
+            sid = _stream_id(self._next_bidi, self.is_client, False)
+            self._next_bidi += 1
+        self._actions.append(OpenStream(sid, not uni))
+        return sid
+
+    def _send(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        self._actions.append(SendStream(stream_id, data, end))
+
+
+def _with(params: MessageParameters, **changes: object) -> MessageParameters:
+    import dataclasses
+
+    return dataclasses.replace(params, **changes)  # type: ignore[arg-type]

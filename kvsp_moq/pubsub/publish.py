@@ -1,0 +1,272 @@
+"""Publishing objects: :class:`TrackPublisher` and the :class:`Catalog` sessions serve from.
+
+A track is independent of any one session: every SUBSCRIBE for it, on any session that
+shares the catalog, adds an outgoing subscription; :meth:`TrackPublisher.write_object` sends
+the object on each (one subgroup stream per group: draft-20 §"Subgroup Header"), and keeps
+it in the track's in-memory store when ``keep=True`` so FETCH can serve object ranges.
+
+Large payloads are streamed: :meth:`TrackPublisher.begin_object` sends the object header with
+the declared length, then :meth:`ObjectWriter.write` sends chunks as they come, each through
+``Connection.write`` (bounded send buffer) — the whole object is never held here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..moqt.data import SubgroupStreamEncoder
+from ..moqt.errors import PublishDoneCode, StreamResetCode
+from ..moqt.objects import SubgroupHeader, SubgroupIdMode
+from ..transport import StreamClosedError, TransportError
+from ..wire.buffer import Buffer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .session import Session
+
+__all__ = ["Catalog", "ObjectWriter", "TrackPublisher", "normalize_namespace"]
+
+Namespace = tuple[bytes, ...]
+PropertyList = Sequence[tuple[int, int | bytes]]
+
+
+def normalize_namespace(ns: Sequence[str | bytes] | str | bytes) -> Namespace:
+    if isinstance(ns, str | bytes):
+        ns = (ns,)
+    return tuple(f.encode() if isinstance(f, str) else bytes(f) for f in ns)
+
+
+def _name(name: str | bytes) -> bytes:
+    return name.encode() if isinstance(name, str) else bytes(name)
+
+
+@dataclass(eq=False)
+class _Outgoing:
+    """One subscriber of a track on one session."""
+
+    session: Session
+    request_id: int
+    track_alias: int
+    group: int | None = None
+    stream_id: int | None = None
+    encoder: SubgroupStreamEncoder | None = None
+    streams_opened: int = 0
+    dead: bool = False
+
+
+@dataclass
+class _Stored:
+    payload: bytes | bytearray
+    properties: tuple[tuple[int, int | bytes], ...]
+    priority: int
+
+
+class TrackPublisher:
+    """A track we publish: write objects, they reach every subscriber."""
+
+    def __init__(self, namespace: Sequence[str | bytes] | str | bytes, name: str | bytes, *,
+                 keep: bool = True, priority: int = 128) -> None:
+        self.namespace = normalize_namespace(namespace)
+        self.name = _name(name)
+        self.keep = keep
+        self.priority = priority
+        self.store: dict[tuple[int, int], _Stored] = {}
+        self.largest: tuple[int, int] | None = None
+        self._subs: list[_Outgoing] = []
+        self._lock = asyncio.Lock()
+        self.finished = False
+        #: Set whenever a subscriber is added (tests and apps may await a subscriber).
+        self.subscribed = asyncio.Event()
+        #: Set whenever a subscriber goes away (cancelled, stopped, session closed).
+        self.unsubscribed = asyncio.Event()
+
+    @property
+    def subscriber_count(self) -> int:
+        return sum(1 for s in self._subs if not s.dead)
+
+    # -- subscribers (called by Session) ---------------------------------------------------
+    def _add(self, out: _Outgoing) -> None:
+        self._subs.append(out)
+        self.subscribed.set()
+
+    def _remove(self, session: Session, request_id: int) -> None:
+        for s in self._subs:
+            if s.session is session and s.request_id == request_id:
+                s.dead = True
+                self.unsubscribed.set()
+        self._subs = [s for s in self._subs if not s.dead]
+
+    # -- writing ---------------------------------------------------------------------------
+    async def write_object(self, group: int, object_id: int, payload: Buffer, *,
+                           properties: PropertyList = (), priority: int | None = None) -> None:
+        """Publish one whole object."""
+        w = await self.begin_object(group, object_id, len(payload), properties=properties,
+                                    priority=priority)
+        await w.write(payload)
+        await w.close()
+
+    async def begin_object(self, group: int, object_id: int, length: int, *,
+                           properties: PropertyList = (),
+                           priority: int | None = None) -> ObjectWriter:
+        """Start an object of ``length`` payload bytes; send them with
+        :meth:`ObjectWriter.write` and finish with :meth:`ObjectWriter.close`."""
+        if self.finished:
+            raise RuntimeError("track finished")
+        await self._lock.acquire()
+        try:
+            prio = self.priority if priority is None else priority
+            props = tuple(properties)
+            targets: list[_Outgoing] = []
+            for sub in list(self._subs):
+                if sub.dead:
+                    continue
+                try:
+                    await self._object_header(sub, group, object_id, length, props, prio)
+                    targets.append(sub)
+                except (StreamClosedError, TransportError, KeyError):
+                    sub.dead = True
+            return ObjectWriter(self, group, object_id, length, props, prio, targets)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    async def _object_header(self, sub: _Outgoing, group: int, object_id: int, length: int,
+                             props: tuple[tuple[int, int | bytes], ...], prio: int) -> None:
+        if sub.group != group:
+            self._end_stream(sub)
+            header = SubgroupHeader(sub.track_alias, group, 0, prio, SubgroupIdMode.ZERO,
+                                    has_properties=True)
+            sub.stream_id = sub.session._open_subgroup(sub.request_id, header)
+            sub.encoder = SubgroupStreamEncoder(header, sub.session.version)
+            sub.group = group
+            sub.streams_opened += 1
+        assert sub.encoder is not None and sub.stream_id is not None
+        data = sub.encoder.object_header(object_id, length, properties=props)
+        await sub.session.connection.write(sub.stream_id, data)
+
+    def _end_stream(self, sub: _Outgoing) -> None:
+        if sub.stream_id is None:
+            return
+        sid, sub.stream_id, sub.encoder, sub.group = sub.stream_id, None, None, None
+        try:
+            sub.session.connection.send(sid, b"", end_stream=True)
+        except TransportError:
+            pass
+        sub.session._data_stream_done(sid)
+
+    async def end_group(self) -> None:
+        """FIN the current group's streams (the next object opens a new one)."""
+        async with self._lock:
+            for sub in self._subs:
+                self._end_stream(sub)
+
+    async def finish(self, status: int = PublishDoneCode.TRACK_ENDED, reason: str = "") -> None:
+        """End the track: close every data stream, then PUBLISH_DONE with the Stream Count
+        (§"PUBLISH_DONE": sent only after all data streams are closed)."""
+        async with self._lock:
+            self.finished = True
+            for sub in self._subs:
+                self._end_stream(sub)
+                sub.session._publish_done(sub.request_id, status, sub.streams_opened, reason)
+            self._subs.clear()
+
+    def _stored(self, group: int, object_id: int, payload: bytes | bytearray,
+                props: tuple[tuple[int, int | bytes], ...], prio: int) -> None:
+        self.store[(group, object_id)] = _Stored(payload, props, prio)
+        if self.largest is None or (group, object_id) > self.largest:
+            self.largest = (group, object_id)
+
+    def objects_in(self, start: tuple[int, int],
+                   end: tuple[int, int | None] | None) -> list[tuple[tuple[int, int], _Stored]]:
+        """Stored objects from ``start`` to ``end`` inclusive (end object None: whole
+        group; end None: to the largest)."""
+        out = []
+        for loc in sorted(self.store):
+            if loc < tuple(start):
+                continue
+            if end is not None:
+                eg, eo = end
+                if loc[0] > eg or (eo is not None and loc[0] == eg and loc[1] > eo):
+                    continue
+            out.append((loc, self.store[loc]))
+        return out
+
+
+class ObjectWriter:
+    """Sends the payload of one object in chunks to every subscriber of its track."""
+
+    def __init__(self, track: TrackPublisher, group: int, object_id: int, length: int,
+                 props: tuple[tuple[int, int | bytes], ...], prio: int,
+                 targets: list[_Outgoing]) -> None:
+        self.track = track
+        self.group, self.object_id, self.length = group, object_id, length
+        self._props, self._prio = props, prio
+        self._targets = targets
+        self.written = 0
+        self._keep = bytearray() if track.keep else None
+        self._closed = False
+
+    async def write(self, chunk: Buffer) -> None:
+        n = len(chunk)
+        if self.written + n > self.length:
+            raise ValueError("more payload than the declared length")
+        self.written += n
+        if self._keep is not None:
+            self._keep += chunk
+        for sub in self._targets:
+            if sub.dead or sub.stream_id is None:
+                continue
+            try:
+                await sub.session.connection.write(sub.stream_id, chunk)
+            except (StreamClosedError, TransportError):
+                sub.dead = True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.written != self.length:
+                for sub in self._targets:  # a truncated object cannot be sent: reset
+                    if sub.stream_id is not None and not sub.dead:
+                        sub.session.connection.reset_stream(sub.stream_id,
+                                                            StreamResetCode.INTERNAL_ERROR)
+                        sub.session._data_stream_done(sub.stream_id)
+                        sub.stream_id, sub.group = None, None
+                raise ValueError(f"object closed after {self.written} of {self.length} bytes")
+            if self._keep is not None:
+                self.track._stored(self.group, self.object_id, bytes(self._keep),
+                                   self._props, self._prio)
+            elif self.track.largest is None or (self.group, self.object_id) > self.track.largest:
+                self.track.largest = (self.group, self.object_id)
+        finally:
+            self.track._lock.release()
+
+    async def __aenter__(self) -> ObjectWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+@dataclass
+class Catalog:
+    """Tracks served by sessions, by full track name; share one among sessions."""
+
+    tracks: dict[tuple[Namespace, bytes], TrackPublisher] = field(default_factory=dict)
+
+    def add(self, track: TrackPublisher) -> TrackPublisher:
+        self.tracks[(track.namespace, track.name)] = track
+        return track
+
+    def create(self, namespace: Sequence[str | bytes] | str | bytes, name: str | bytes,
+               **kw: object) -> TrackPublisher:
+        return self.add(TrackPublisher(namespace, name, **kw))  # type: ignore[arg-type]
+
+    def get(self, namespace: Namespace, name: bytes) -> TrackPublisher | None:
+        return self.tracks.get((tuple(namespace), bytes(name)))
+
+    def namespaces(self) -> set[Namespace]:
+        return {ns for ns, _ in self.tracks}

@@ -1,0 +1,576 @@
+"""The asyncio MOQT session: drives a sans-IO :class:`kvsp_moq.moqt.session.Session` on a
+transport :class:`~kvsp_moq.transport.Connection` and offers the application API.
+
+The transport calls this handler's callbacks; each one feeds the sans-IO session and then
+:meth:`Session._pump` carries out the queued actions (open/send/reset/stop/datagram/close)
+and dispatches the events, until both queues are empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from ..moqt import session_events as ev
+from ..moqt.data import FetchStreamEncoder
+from ..moqt.errors import RequestErrorCode, SessionErrorCode
+from ..moqt.messages import (
+    Fetch,
+    FetchWithType,
+    LocationFilterType,
+    Message,
+    MessageParameters,
+    Namespace,
+    NamespaceDone,
+    PublishDone,
+    PublishNamespace,
+    RequestError,
+    StandaloneFetch,
+    Subscribe,
+    SubscribeNamespace,
+    TrackStatus,
+)
+from ..moqt.objects import SubgroupHeader
+from ..moqt.session import Role, SessionConfig
+from ..moqt.session import Session as MoqtSession
+from ..moqt.version import Version
+from ..transport import (
+    Connection,
+    ConnectionHandler,
+    StreamClosedError,
+    TransportConfig,
+    TransportError,
+    parse_moqt_url,
+)
+from ..transport import connect as transport_connect
+from ..transport import serve as transport_serve
+from .errors import ErrorKind, MoqtError, SessionClosedError
+from .publish import Catalog, TrackPublisher, _Outgoing, _name, normalize_namespace
+from .receive import FetchStream, ObjectStream, Subscription
+
+__all__ = ["MoqtServer", "Session", "connect", "serve"]
+
+logger = logging.getLogger(__name__)
+
+NamespaceLike = Sequence[str | bytes] | str | bytes
+GUARD = 30.0
+
+
+class Session(ConnectionHandler):
+    """One MOQT session (client or server), asyncio side."""
+
+    def __init__(self, role: Role, *, catalog: Catalog | None = None,
+                 session_config: SessionConfig | None = None) -> None:
+        self.role = role
+        self.catalog = catalog if catalog is not None else Catalog()
+        self._session_config = session_config or SessionConfig()
+        self.moqt: MoqtSession | None = None
+        self.connection: Connection = None  # type: ignore[assignment]
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[tuple[int, str]] = loop.create_future()
+        self.goaway_received: asyncio.Future[str] = loop.create_future()
+        self._waiters: dict[int, asyncio.Future[Message]] = {}
+        self._streams: dict[int, ObjectStream] = {}
+        self._serving: dict[int, TrackPublisher] = {}
+        self._aliases = 0
+        self._pumping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Namespaces the peer published (PUBLISH_NAMESPACE), and NAMESPACE notifications.
+        self.peer_namespaces: set[tuple[bytes, ...]] = set()
+        self.namespace_updates: asyncio.Queue[tuple[str, tuple[bytes, ...]]] = asyncio.Queue()
+        for fut in (self.ready, self.closed, self.goaway_received):
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    @property
+    def version(self) -> Version:
+        assert self.moqt is not None
+        return self.moqt.version
+
+    # ======================================================================================
+    # ConnectionHandler
+    def connection_made(self, conn: Connection, alpn: str) -> None:
+        self.connection = conn
+        self.moqt = MoqtSession(self.role, Version.from_alpn(alpn), self._session_config)
+        self.moqt.start()
+        self._pump()
+
+    def stream_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
+        assert self.moqt is not None
+        self.moqt.stream_data(stream_id, data, end_stream)
+        self._pump()
+
+    def stream_reset(self, stream_id: int, error_code: int) -> None:
+        assert self.moqt is not None
+        self.moqt.stream_reset(stream_id, error_code)
+        self._pump()
+
+    def stop_sending(self, stream_id: int, error_code: int) -> None:
+        assert self.moqt is not None
+        self.moqt.stop_sending(stream_id, error_code)
+        self._pump()
+
+    def datagram_received(self, data: bytes | memoryview) -> None:
+        assert self.moqt is not None
+        self.moqt.datagram_received(data)
+        self._pump()
+
+    def connection_lost(self, error_code: int, reason: str) -> None:
+        if self.moqt is not None:
+            self.moqt.connection_lost(error_code, reason)
+            self._pump()
+        self._on_closed(error_code, reason)
+
+    # ======================================================================================
+    # the pump: actions to the transport, events to the application objects
+    def _pump(self) -> None:
+        if self._pumping or self.moqt is None:
+            return
+        self._pumping = True
+        try:
+            moqt = self.moqt
+            while True:
+                action = moqt.next_action()
+                if action is not None:
+                    self._do(action)
+                    continue
+                event = moqt.next_event()
+                if event is None:
+                    break
+                self._dispatch(event)
+        finally:
+            self._pumping = False
+
+    def _do(self, a: ev.Action) -> None:
+        conn = self.connection
+        if conn.is_closed:
+            return
+        try:
+            if isinstance(a, ev.SendStream):
+                conn.send(a.stream_id, a.data, a.end_stream)
+            elif isinstance(a, ev.OpenStream):
+                sid = conn.open_bidi() if a.bidirectional else conn.open_uni()
+                if sid != a.stream_id:  # pragma: no cover - numbering is RFC 9000's
+                    raise RuntimeError(f"stream {sid} opened, session expected {a.stream_id}")
+            elif isinstance(a, ev.ResetStream):
+                conn.reset_stream(a.stream_id, a.error_code)
+            elif isinstance(a, ev.StopSending):
+                conn.stop_sending(a.stream_id, a.error_code)
+            elif isinstance(a, ev.SendDatagram):
+                conn.send_datagram(a.data)
+            elif isinstance(a, ev.CloseSession):
+                conn.close(a.error_code, a.reason)
+        except StreamClosedError:
+            pass  # the peer stopped the stream meanwhile; its event follows
+
+    def _dispatch(self, e: ev.Event) -> None:
+        if isinstance(e, ev.DataEvent):
+            s = self._streams.get(e.request_id)
+            if s is not None:
+                s._data_event(e.stream_id, e.event)
+        elif isinstance(e, ev.DataStreamClosed):
+            s = self._streams.get(e.request_id)
+            if s is not None:
+                s._stream_closed(e.stream_id, e.error_code)
+        elif isinstance(e, ev.SetupComplete):
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif isinstance(e, ev.RequestReceived):
+            self._on_request(e.request_id, e.message)
+        elif isinstance(e, ev.ResponseReceived):
+            self._on_response(e.request_id, e.message)
+        elif isinstance(e, ev.RequestMessage):
+            self._on_request_message(e.request_id, e.message)
+        elif isinstance(e, ev.RequestCancelled):
+            self._on_cancelled(e.request_id, e.error_code)
+        elif isinstance(e, ev.DataStreamStopped):
+            track = self._serving.get(e.request_id)
+            if track is not None:
+                track._remove(self, e.request_id)
+        elif isinstance(e, ev.GoawayReceived):
+            if not self.goaway_received.done():
+                self.goaway_received.set_result(e.message.new_session_uri)
+        elif isinstance(e, ev.SessionClosed):
+            self._on_closed(e.error_code, e.reason)
+
+    # ======================================================================================
+    # incoming requests
+    def _on_request(self, rid: int, msg: Message) -> None:
+        moqt = self.moqt
+        assert moqt is not None
+        if moqt.goaway_sent:
+            return  # already rejected with GOING_AWAY by the session
+        if isinstance(msg, Subscribe):
+            track = self.catalog.get(msg.track_namespace, msg.track_name)
+            if track is None or track.finished:
+                moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
+                return
+            alias = self._aliases
+            self._aliases += 1
+            params = MessageParameters()
+            if track.largest is not None:
+                params = MessageParameters(largest_object=track.largest)
+            moqt.accept_subscribe(rid, alias, params)
+            self._serving[rid] = track
+            track._add(_Outgoing(self, rid, alias))
+        elif isinstance(msg, Fetch | FetchWithType):
+            self._spawn(self._serve_fetch(rid, msg))
+        elif isinstance(msg, PublishNamespace):
+            self.peer_namespaces.add(msg.track_namespace)
+            moqt.request_ok(rid)
+            self.namespace_updates.put_nowait(("publish_namespace", msg.track_namespace))
+        elif isinstance(msg, SubscribeNamespace):
+            moqt.request_ok(rid)
+            prefix = msg.track_namespace_prefix
+            for ns in sorted(self.catalog.namespaces()):
+                if ns[:len(prefix)] == prefix:
+                    moqt.namespace(rid, ns[len(prefix):])
+        elif isinstance(msg, TrackStatus):
+            track = self.catalog.get(msg.track_namespace, msg.track_name)
+            if track is None:
+                moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
+            else:
+                params = (MessageParameters(largest_object=track.largest)
+                          if track.largest is not None else MessageParameters())
+                moqt.request_ok(rid, params, end=True)
+        else:
+            moqt.reject(rid, RequestErrorCode.NOT_SUPPORTED, f"{msg.NAME} not supported")
+
+    async def _serve_fetch(self, rid: int, msg: Message) -> None:
+        moqt = self.moqt
+        assert moqt is not None
+        ns, name, start, end = _fetch_range(msg)
+        track = self.catalog.get(ns, name)
+        if track is None:
+            moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
+            self._pump()
+            return
+        objs = track.objects_in(start, end)
+        if not objs:
+            # §"FETCH": nothing published, or start beyond the Largest Object.
+            moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "no objects in range")
+            self._pump()
+            return
+        moqt.accept_fetch(rid, objs[-1][0], end_of_track=track.finished)
+        sid = moqt.open_fetch_stream(rid)
+        self._pump()
+        enc = FetchStreamEncoder(rid, self.version)
+        conn = self.connection
+        try:
+            for (g, o), obj in objs:
+                await conn.write(sid, enc.object_header(
+                    g, o, len(obj.payload), subgroup_id=0, publisher_priority=obj.priority,
+                    properties=obj.properties))
+                await conn.write(sid, obj.payload)
+            conn.send(sid, b"", end_stream=True)
+        except TransportError:
+            pass
+        if self.moqt is not None and not self.moqt.closed:
+            moqt.data_stream_done(sid)
+            moqt.finish_request(rid)
+            self._pump()
+
+    def _on_cancelled(self, rid: int, code: int) -> None:
+        track = self._serving.pop(rid, None)
+        if track is not None:
+            track._remove(self, rid)
+        stream = self._streams.get(rid)
+        if stream is not None:
+            stream._cancelled(code)
+        fut = self._waiters.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(MoqtError(code, "request cancelled", ErrorKind.STREAM))
+
+    # ======================================================================================
+    # responses to our requests
+    def _on_response(self, rid: int, msg: Message) -> None:
+        stream = self._streams.get(rid)
+        if stream is not None:
+            stream._response(msg)
+            if isinstance(msg, RequestError):
+                stream._finish(MoqtError(msg.error_code, msg.error_reason))
+        fut = self._waiters.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _on_request_message(self, rid: int, msg: Message) -> None:
+        if isinstance(msg, PublishDone):
+            stream = self._streams.get(rid)
+            if isinstance(stream, Subscription):
+                stream._publish_done(msg)
+        elif isinstance(msg, Namespace):
+            self.namespace_updates.put_nowait(("namespace", msg.track_namespace_suffix))
+        elif isinstance(msg, NamespaceDone):
+            self.namespace_updates.put_nowait(("namespace_done", msg.track_namespace_suffix))
+
+    def _stream_finished(self, stream: ObjectStream) -> None:
+        self._streams.pop(stream.request_id, None)
+        if self.moqt is not None:
+            self.moqt.release(stream.request_id)
+
+    def _on_closed(self, code: int, reason: str) -> None:
+        err = SessionClosedError(code, reason)
+        for fut in list(self._waiters.values()):
+            if not fut.done():
+                fut.set_exception(err)
+        self._waiters.clear()
+        for stream in list(self._streams.values()):
+            stream._finish(err)
+        for rid, track in list(self._serving.items()):
+            track._remove(self, rid)
+        self._serving.clear()
+        if not self.ready.done():
+            self.ready.set_exception(err)
+        if not self.closed.done():
+            self.closed.set_result((code, reason))
+
+    # ======================================================================================
+    # application API
+    def _check_open(self) -> MoqtSession:
+        moqt = self.moqt
+        if moqt is None or moqt.closed:
+            code = moqt.close_code if moqt is not None and moqt.close_code is not None else 0
+            raise SessionClosedError(code, "session closed")
+        if moqt.peer_goaway is not None:
+            raise MoqtError(RequestErrorCode.GOING_AWAY, "the peer sent GOAWAY", ErrorKind.LOCAL)
+        return moqt
+
+    async def _request(self, start: Callable[[MoqtSession], int],
+                       stream: Callable[[int], ObjectStream] | None = None,
+                       timeout: float = GUARD) -> tuple[int, Message, ObjectStream | None]:
+        moqt = self._check_open()
+        rid = start(moqt)
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        obj = None
+        if stream is not None:
+            obj = stream(rid)
+            self._streams[rid] = obj
+        self._pump()
+        try:
+            msg = await asyncio.wait_for(fut, timeout)
+        except BaseException:
+            self._waiters.pop(rid, None)
+            if obj is not None:
+                self._streams.pop(rid, None)
+            raise
+        if isinstance(msg, RequestError):
+            raise MoqtError(msg.error_code, msg.error_reason, ErrorKind.REQUEST)
+        return rid, msg, obj
+
+    async def publish_namespace(self, namespace: NamespaceLike) -> None:
+        """PUBLISH_NAMESPACE; returns on REQUEST_OK, raises :class:`MoqtError` otherwise."""
+        ns = normalize_namespace(namespace)
+        await self._request(lambda m: m.publish_namespace(ns))
+
+    async def subscribe_namespace(self, prefix: NamespaceLike) -> None:
+        ns = normalize_namespace(prefix)
+        await self._request(lambda m: m.subscribe_namespace(ns))
+
+    async def track_status(self, namespace: NamespaceLike, name: str | bytes) -> Message:
+        ns = normalize_namespace(namespace)
+        return (await self._request(lambda m: m.track_status(ns, _name(name))))[1]
+
+    async def subscribe(self, namespace: NamespaceLike, name: str | bytes, *,
+                        parameters: MessageParameters = MessageParameters(),
+                        on_object_begin: Callable[..., object] | None = None) -> Subscription:
+        """SUBSCRIBE; returns the :class:`Subscription` once SUBSCRIBE_OK arrived."""
+        ns = normalize_namespace(namespace)
+
+        def make(rid: int) -> ObjectStream:
+            s = Subscription(self, rid)
+            s.on_object_begin = on_object_begin  # type: ignore[assignment]
+            return s
+
+        _, _, sub = await self._request(lambda m: m.subscribe(ns, _name(name), parameters), make)
+        assert isinstance(sub, Subscription)
+        return sub
+
+    async def fetch(self, namespace: NamespaceLike, name: str | bytes, *,
+                    start: tuple[int, int] = (0, 0), end: tuple[int, int] | None = None,
+                    on_object_begin: Callable[..., object] | None = None) -> FetchStream:
+        """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object)."""
+        ns = normalize_namespace(namespace)
+
+        def make(rid: int) -> ObjectStream:
+            s = FetchStream(self, rid)
+            s.on_object_begin = on_object_begin  # type: ignore[assignment]
+            return s
+
+        _, _, f = await self._request(lambda m: m.fetch(ns, _name(name), start, end), make)
+        assert isinstance(f, FetchStream)
+        return f
+
+    def create_track(self, namespace: NamespaceLike, name: str | bytes, **kw: object
+                     ) -> TrackPublisher:
+        """A track served to this session's (and the catalog's other sessions') subscribers."""
+        return self.catalog.create(namespace, name, **kw)
+
+    async def goaway(self, new_session_uri: str = "", timeout_ms: int = 0) -> None:
+        moqt = self.moqt
+        if moqt is None or moqt.closed:
+            raise SessionClosedError(0, "session closed")
+        moqt.goaway(new_session_uri, timeout_ms)
+        self._pump()
+
+    async def close(self, error_code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
+        if self.moqt is not None:
+            self.moqt.close(error_code, reason)
+            self._pump()
+        if self.connection is not None:
+            await self.connection.wait_closed()
+
+    async def wait_closed(self) -> tuple[int, str]:
+        return await self.closed
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- used by TrackPublisher / streams ----------------------------------------------------
+    def _open_subgroup(self, rid: int, header: SubgroupHeader) -> int:
+        assert self.moqt is not None
+        sid = self.moqt.open_subgroup_stream(rid, header)
+        self._pump()
+        return sid
+
+    def _data_stream_done(self, sid: int) -> None:
+        if self.moqt is not None and not self.moqt.closed:
+            self.moqt.data_stream_done(sid)
+            self._pump()
+
+    def _publish_done(self, rid: int, status: int, count: int, reason: str) -> None:
+        moqt = self.moqt
+        if moqt is not None and not moqt.closed and rid in moqt.requests:
+            moqt.publish_done(rid, status, count, reason)
+            self._serving.pop(rid, None)
+            self._pump()
+
+    def _cancel(self, rid: int) -> None:
+        if self.moqt is not None:
+            self.moqt.cancel(rid)
+            self._pump()
+        self._streams.pop(rid, None)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("pubsub task failed", exc_info=task.exception())
+
+
+def _fetch_range(msg: Message) -> tuple[tuple[bytes, ...], bytes, tuple[int, int],
+                                        tuple[int, int | None] | None]:
+    """(namespace, name, start, end) of a FETCH; end inclusive, end object None = whole
+    group, end None = to the largest object."""
+    if isinstance(msg, StandaloneFetch):
+        # Draft 18 §"FETCH": End Location is the end plus 1; Object 0 = the whole group.
+        e = msg.end_location
+        end: tuple[int, int | None] | None = (e.group, None) if e.object == 0 else (
+            e.group, e.object - 1)
+        return msg.track_namespace, msg.track_name, tuple(msg.start_location), end  # type: ignore[return-value]
+    if isinstance(msg, Fetch):
+        flt = msg.parameters.location_filter
+        if flt is None or flt.start_location is None:
+            return msg.track_namespace, msg.track_name, (0, 0), None
+        start = tuple(flt.start_location)
+        if flt.filter_type is LocationFilterType.ABSOLUTE_RANGE_END_OBJECT:
+            end = (flt.end_group, flt.end_object)  # type: ignore[assignment]
+        elif flt.filter_type is LocationFilterType.ABSOLUTE_RANGE:
+            end = (flt.end_group, None)  # type: ignore[assignment]
+        else:
+            end = None
+        return msg.track_namespace, msg.track_name, start, end  # type: ignore[return-value]
+    raise MoqtError(RequestErrorCode.NOT_SUPPORTED, "joining FETCH not supported")
+
+
+# ==========================================================================================
+# connect / serve
+async def connect(url: str, config: TransportConfig | None = None, *,
+                  catalog: Catalog | None = None,
+                  session_config: SessionConfig | None = None,
+                  setup_timeout: float = GUARD) -> Session:
+    """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
+    The MOQT version is the ALPN negotiated from ``config.alpn_protocols``."""
+    parsed = parse_moqt_url(url)
+    cfg = session_config or SessionConfig()
+    if cfg.path is None:
+        cfg.path = parsed.path_and_query
+    if cfg.authority is None:
+        cfg.authority = parsed.authority
+    made: list[Session] = []
+
+    def factory() -> Session:
+        s = Session(Role.CLIENT, catalog=catalog, session_config=cfg)
+        made.append(s)
+        return s
+
+    conn = await transport_connect(parsed, factory, config)
+    session = made[0]
+    try:
+        await asyncio.wait_for(asyncio.shield(session.ready), setup_timeout)
+    except BaseException:
+        conn.close(SessionErrorCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
+        raise
+    return session
+
+
+class MoqtServer:
+    """A listening MOQT endpoint (wraps the transport server)."""
+
+    def __init__(self) -> None:
+        self.server = None  # type: ignore[var-annotated]
+        self.sessions: set[Session] = set()
+
+    @property
+    def port(self) -> int:
+        return self.server.port  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.server.close()  # type: ignore[union-attr]
+
+    async def wait_closed(self) -> None:
+        await self.server.wait_closed()  # type: ignore[union-attr]
+
+    async def __aenter__(self) -> MoqtServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+        await self.wait_closed()
+
+
+async def serve(host: str, port: int, config: TransportConfig, *,
+                on_session: Callable[[Session], object] | None = None,
+                catalog: Catalog | None = None,
+                session_config: SessionConfig | None = None) -> MoqtServer:
+    """Listen for MOQT clients; ``on_session(session)`` (sync or async) runs once each
+    client's SETUP arrived. Sessions serve the tracks of ``catalog`` (shared)."""
+    srv = MoqtServer()
+    shared = catalog if catalog is not None else Catalog()
+
+    def factory() -> Session:
+        s = Session(Role.SERVER, catalog=shared, session_config=session_config)
+        srv.sessions.add(s)
+        s.closed.add_done_callback(lambda _f: srv.sessions.discard(s))
+
+        def on_ready(f: asyncio.Future[None]) -> None:
+            if f.cancelled() or f.exception() is not None or on_session is None:
+                return
+            res = on_session(s)
+            if asyncio.iscoroutine(res):
+                s._spawn(res)
+
+        s.ready.add_done_callback(on_ready)
+        return s
+
+    srv.server = await transport_serve(host, port, factory, config)  # type: ignore[assignment]
+    return srv
+
