@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import bench, core, demo
+from . import bench, core, demo, moq
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     core.register(sub)
     bench.register(sub)
     demo.register(sub)
+    moq.register(sub)
     return parser
 
 

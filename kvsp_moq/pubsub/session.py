@@ -414,6 +414,12 @@ class Session(ConnectionHandler):
         moqt.goaway(new_session_uri, timeout_ms)
         self._pump()
 
+    async def drain(self) -> None:
+        """Wait until the peer acknowledged everything sent on this session's streams (call
+        before :meth:`close` after publishing: a close discards unsent data)."""
+        if self.moqt is not None and not self.moqt.closed:
+            await self.connection.drain()
+
     async def close(self, error_code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
         if self.moqt is not None:
             self.moqt.close(error_code, reason)

@@ -85,6 +85,10 @@ def _sender(quic: QuicConnection, stream_id: int) -> Any | None:
     return None if stream is None else stream.sender
 
 
+def _stream_ids(quic: QuicConnection) -> list[int]:
+    return list(quic._streams)
+
+
 def _sender_reset_code(sender: Any) -> int | None:
     return sender._reset_error_code
 
@@ -354,6 +358,15 @@ class AioquicConnection(Connection):
         if sender is None or _sender_reset_code(sender) is not None:
             return 0
         return _sender_buffered(sender)
+
+    async def drain(self) -> None:
+        for stream_id in _stream_ids(self._quic):
+            if _sender(self._quic, stream_id) is None:
+                continue
+            try:
+                await self.wait_writable(stream_id, 0)
+            except StreamClosedError:
+                continue  # reset or stopped: nothing more will be delivered
 
     async def wait_writable(self, stream_id: int, threshold: int | None = None) -> None:
         self._check_open()

@@ -340,6 +340,12 @@ class Connection(abc.ABC):
         """Wait until the connection has ended; return how."""
 
     @abc.abstractmethod
+    async def drain(self) -> None:
+        """Return once every stream's sent bytes are acknowledged by the peer (streams reset
+        or stopped meanwhile count as drained). A sender calls it before a graceful close:
+        closing the connection discards whatever is still buffered."""
+
+    @abc.abstractmethod
     async def ping(self) -> None:
         """Send a PING and wait for its acknowledgement (a liveness probe / RTT sample)."""
 
