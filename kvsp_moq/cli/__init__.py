@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from ..control import cli_index
 from . import bench, core, demo, moq
 
 
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(sub)
     demo.register(sub)
     moq.register(sub)
+    cli_index.register_cli(sub)
     return parser
 
 

@@ -21,6 +21,14 @@ def _container(args: argparse.Namespace) -> int:
     return 0
 
 
+def _moqt(args: argparse.Namespace) -> int:
+    from ..bench import moqt
+
+    sizes = tuple(args.datagram_size) if args.datagram_size else moqt.DATAGRAM_SIZES
+    report.emit(moqt.run(block_bytes=args.block_mib << 20, datagram_sizes=sizes, repeat=args.repeat))
+    return 0
+
+
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("bench", help="benchmarks: JSON figures on stdout, a table on stderr")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
@@ -34,3 +42,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--layer-mib", type=int, default=1)
     q.add_argument("--repeat", type=int, default=5)
     q.set_defaults(handler=_container)
+    q = bsub.add_parser("moqt", help="MOQT publisher -> subscriber MB/s and first-object time vs TCP")
+    q.add_argument("--block-mib", type=int, default=32)
+    q.add_argument("--datagram-size", type=int, action="append", metavar="BYTES",
+                   help="QUIC max datagram size (repeatable; default 1200 1452 8952 16384)")
+    q.add_argument("--repeat", type=int, default=1)
+    q.set_defaults(handler=_moqt)

@@ -1,0 +1,78 @@
+"""Errors the control-plane services raise, each tied to a KVSP problem type (DESIGN.md §5).
+
+Services are plain classes that know nothing of HTTP: they raise a :class:`ServiceError`, and
+``kvsp_moq/control/http.py`` (or, later, the MOQT binding) turns it into an RFC 9457 problem
+with the type's status. A body that fails validation is reported with the core's
+:class:`~kvsp_moq.kvsp.errors.RecordError`, which names the member at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import ClassVar
+
+from ..kvsp import problems
+
+
+class ConfigError(ValueError):
+    """A configuration file or mapping is invalid; ``key`` is the dotted key at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+class ServiceError(Exception):
+    """A request a service refuses. ``problem`` is the KVSP problem name it maps to."""
+
+    problem: ClassVar[str]
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Extra response fields the refusal carries (``WWW-Authenticate`` for 401)."""
+        return MappingProxyType({})
+
+
+class Unauthorized(ServiceError):
+    """No credentials, or credentials that name no principal (401, RFC 6750 §3).
+
+    ``error`` is the RFC 6750 §3.1 error code: ``None`` when the request carried no bearer
+    token at all (the server then sends no error code), ``"invalid_token"`` otherwise.
+    """
+
+    problem = problems.UNAUTHORIZED
+    REALM: ClassVar[str] = "kvsp"
+
+    def __init__(self, detail: str, *, error: str | None = None) -> None:
+        super().__init__(detail)
+        self.error = error
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        challenge = f'Bearer realm="{self.REALM}"'
+        if self.error is not None:
+            challenge += f', error="{self.error}"'
+        return MappingProxyType({"WWW-Authenticate": challenge})
+
+
+class Forbidden(ServiceError):
+    """The principal is known but not authorized for the scope, holder or instance (403)."""
+
+    problem = problems.FORBIDDEN
+
+
+class NotFound(ServiceError):
+    """The addressed replica, record or resource does not exist (404)."""
+
+    problem = problems.NOT_FOUND
+
+
+class StaleEpoch(ServiceError):
+    """A record carries an epoch lower than the highest seen for its instance (409, §6.3)."""
+
+    problem = problems.STALE_EPOCH
