@@ -124,7 +124,8 @@ def test_container_verify_bad_record(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "block_key" in proc.stderr
 
 
-@pytest.mark.parametrize("bench", [["keys", "--tokens", "4096"], ["container", "--layers", "4"]])
+@pytest.mark.parametrize("bench", [["keys", "--tokens", "4096"], ["container", "--layers", "4"],
+                                   ["moqt", "--block-mib", "2", "--datagram-size", "16384"]])
 def test_bench_prints_json_figures_and_a_table(bench: list[str]) -> None:
     proc = kvsp("bench", *bench, "--repeat", "1")
     lines = proc.stdout.splitlines()
