@@ -25,7 +25,7 @@ class Figure:
 
     def __post_init__(self) -> None:
         ratio = self.value / self.baseline_value if self.baseline_value else float("nan")
-        object.__setattr__(self, "ratio", round(ratio, 4))
+        object.__setattr__(self, "ratio", float(f"{ratio:.6g}"))
 
     def json_line(self) -> str:
         doc = asdict(self)
