@@ -22,6 +22,7 @@ from ..moqt.errors import PublishDoneCode, StreamResetCode
 from ..moqt.objects import SubgroupHeader, SubgroupIdMode
 from ..transport import StreamClosedError, TransportError
 from ..wire.buffer import Buffer
+from .window import Window
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Session
@@ -54,6 +55,8 @@ class _Outgoing:
     encoder: SubgroupStreamEncoder | None = None
     streams_opened: int = 0
     dead: bool = False
+    #: The objects this subscription asked for (its LOCATION_FILTER).
+    window: Window = field(default_factory=Window)
 
 
 @dataclass
@@ -122,6 +125,11 @@ class TrackPublisher:
             for sub in list(self._subs):
                 if sub.dead:
                     continue
+                if sub.window.passed(group, object_id):
+                    self._complete(sub)  # its range is delivered: PUBLISH_DONE
+                    continue
+                if not sub.window.admits(group, object_id):
+                    continue  # MUST NOT send objects outside the requested range
                 try:
                     await self._object_header(sub, group, object_id, length, props, prio)
                     targets.append(sub)
@@ -161,6 +169,14 @@ class TrackPublisher:
         async with self._lock:
             for sub in self._subs:
                 self._end_stream(sub)
+
+    def _complete(self, sub: _Outgoing) -> None:
+        """End one subscription whose range is complete (PUBLISH_DONE SUBSCRIPTION_ENDED)."""
+        self._end_stream(sub)
+        sub.session._publish_done(sub.request_id, PublishDoneCode.SUBSCRIPTION_ENDED,
+                                  sub.streams_opened, "range delivered")
+        sub.dead = True
+        self._subs = [s for s in self._subs if s is not sub]
 
     async def finish(self, status: int = PublishDoneCode.TRACK_ENDED, reason: str = "") -> None:
         """End the track: close every data stream, then PUBLISH_DONE with the Stream Count
@@ -241,6 +257,11 @@ class ObjectWriter:
                                    self._props, self._prio)
             elif self.track.largest is None or (self.group, self.object_id) > self.track.largest:
                 self.track.largest = (self.group, self.object_id)
+            for sub in self._targets:  # a range ending at this very object is complete now
+                w = sub.window
+                if not sub.dead and w.end_object is not None and \
+                        (self.group, self.object_id) == (w.end_group, w.end_object):
+                    self.track._complete(sub)
         finally:
             self.track._lock.release()
 

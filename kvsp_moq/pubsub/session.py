@@ -46,6 +46,7 @@ from ..transport import (
 from ..transport import connect as transport_connect
 from ..transport import serve as transport_serve
 from .errors import ErrorKind, MoqtError, SessionClosedError
+from .window import subscription_window
 from .publish import Catalog, TrackPublisher, _Outgoing, _name, normalize_namespace
 from .receive import FetchStream, ObjectStream, Subscription
 
@@ -206,6 +207,10 @@ class Session(ConnectionHandler):
             if track is None or track.finished:
                 moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
                 return
+            window = subscription_window(msg.parameters.location_filter, track.largest)
+            if window.empty:
+                moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "the filter's end precedes its start")
+                return
             alias = self._aliases
             self._aliases += 1
             params = MessageParameters()
@@ -213,7 +218,7 @@ class Session(ConnectionHandler):
                 params = MessageParameters(largest_object=track.largest)
             moqt.accept_subscribe(rid, alias, params)
             self._serving[rid] = track
-            track._add(_Outgoing(self, rid, alias))
+            track._add(_Outgoing(self, rid, alias, window=window))
         elif isinstance(msg, Fetch | FetchWithType):
             self._spawn(self._serve_fetch(rid, msg))
         elif isinstance(msg, PublishNamespace):
