@@ -1,0 +1,138 @@
+"""Writing a block while it is being computed (prefill streaming to decode).
+
+:meth:`BlockStore.begin <kvsp_moq.storage.store.BlockStore.begin>` reserves room for every
+layer up front (placement and eviction happen then, so a write never fails for lack of
+space) and returns a :class:`BlockWriter`. Each :meth:`~BlockWriter.write_layer` copies one
+layer once into its tier, computes its layer digest (§4.3) and emits a :class:`LayerWritten`
+to the listeners at once, so a publisher can send layer ``l`` (binding v1: object ``l``)
+while layer ``l + 1`` is still being computed. Written layers can already be read.
+:meth:`~BlockWriter.finish` seals the replica (disk files are fsynced and renamed into place);
+:meth:`~BlockWriter.abort` drops it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..kvsp.layout import Geometry, encode_raw_layer
+from .keys import RecordKey
+from .replica import ReplicaInfo, StoredReplica
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .store import BlockStore
+
+__all__ = ["BlockWriter", "LayerListener", "LayerWritten"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWritten:
+    """Layer ``layer`` of replica ``replica_id`` is stored and readable."""
+
+    key: RecordKey
+    replica_id: bytes
+    layer: int
+    digest: bytes  # SHA-256(K || V) (§4.3)
+    k_len: int
+    v_len: int
+    remaining: int  # layers still to be written
+
+
+LayerListener = Callable[[LayerWritten], None]
+
+
+class BlockWriter:
+    """Fills one replica layer by layer (any order, each layer once)."""
+
+    def __init__(
+        self, store: BlockStore, replica: StoredReplica, geometry: Geometry | None
+    ) -> None:
+        self._store = store
+        self._replica = replica
+        self._geometry = geometry
+        self._listeners: list[LayerListener] = []
+        self._remaining = len(replica.lengths)
+
+    @property
+    def key(self) -> RecordKey:
+        return self._replica.key
+
+    @property
+    def replica_id(self) -> bytes:
+        return self._replica.replica_id
+
+    @property
+    def layers(self) -> range:
+        return self._replica.layers
+
+    @property
+    def token_count(self) -> int:
+        return self._replica.token_count
+
+    @property
+    def missing_layers(self) -> list[int]:
+        r = self._replica
+        return [layer for layer, d in zip(r.layers, r.digests) if d is None]
+
+    @property
+    def open(self) -> bool:
+        """Still accepting layers (neither finished nor aborted nor evicted)."""
+        return self._replica.writing and not self._replica.dead
+
+    def add_listener(self, listener: LayerListener) -> None:
+        """Call ``listener`` after each layer is stored. Exceptions it raises are logged."""
+        self._listeners.append(listener)
+
+    def write_layer(self, layer: int, k: object, v: object) -> bytes:
+        """Store layer ``layer`` (absolute index) and return its digest.
+
+        ``k`` and ``v`` are the K and V sections: buffers (bytes, memoryview, numpy arrays)
+        or torch tensors. numpy arrays shaped ``[tokens, kv_heads, head_dim]`` are laid out
+        per kvsp-layout-1 first (§4.3). ContainerError on a wrong layer or section size.
+        """
+        if isinstance(k, np.ndarray) and isinstance(v, np.ndarray) and self._geometry is not None:
+            k, v = encode_raw_layer(k, v, self._geometry)
+        digest = self._store._write_layer(self._replica, layer, k, v)
+        self._remaining -= 1
+        k_len, v_len = self._replica.lengths[layer - self._replica.first_layer]
+        event = LayerWritten(self.key, self.replica_id, layer, digest, k_len, v_len, self._remaining)
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:  # a listener must not break storage
+                log.exception("layer listener %r failed", listener)
+        return digest
+
+    def finish(self) -> ReplicaInfo:
+        """Seal the replica: IncompleteReplica if a layer is missing (the writer stays open)."""
+        return self._store._finish(self._replica)
+
+    def abort(self) -> None:
+        """Drop the replica (evict listeners are called: it may have been announced)."""
+        self._store._abort(self._replica)
+
+    def __enter__(self) -> BlockWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.open:
+            if exc_type is None:
+                self.finish()
+            else:
+                self.abort()
+
+    def __repr__(self) -> str:
+        return f"BlockWriter({self.key}, {self._remaining} layers to write)"
