@@ -143,3 +143,20 @@ def test_demo_json_report() -> None:
     assert report["ok"] is True
     assert report["shared_blocks"] >= 1 and report["layers_verified"] == 4 * report["shared_blocks"]
     assert report["tamper_detected"] and report["layer_range_verified"]
+
+
+def test_kvsp_relay_forwards_its_options_and_stops_on_sigterm() -> None:
+    import signal
+
+    script = shutil.which("kvsp", path=str(Path(sys.executable).parent))
+    cmd = [script] if script else [sys.executable, "-m", "kvsp_moq"]
+    proc = subprocess.Popen(cmd + ["relay", "--listen", "127.0.0.1:0", "--cache-mib", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("relay listening on moqt://127.0.0.1:"), line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()

@@ -7,7 +7,7 @@ import sys
 from typing import Sequence
 
 from ..control import cli_index
-from . import bench, core, demo, moq
+from . import bench, core, demo, moq, relay_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,12 +18,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub)
     moq.register(sub)
     cli_index.register_cli(sub)
+    relay_cmd.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["relay"]:
+        return relay_cmd.run(args_list[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     try:
         return int(args.handler(args) or 0)
     except (core.UsageError, OSError) as exc:

@@ -1,0 +1,100 @@
+"""``python -m relay --listen HOST:PORT [--upstream URL] [--cert PEM --key PEM]
+[--insecure-upstream]``
+
+Without ``--cert``/``--key`` a self-signed certificate is made for the listen host. Prints
+``relay listening on moqt://HOST:PORT/moq`` once bound (port 0 picks one). On SIGTERM or
+SIGINT: GOAWAY to every session, wait for them to leave (``--drain-timeout``), exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from kvsp_moq.transport import TransportConfig, run
+from kvsp_moq.transport.tls import make_self_signed
+
+from .config import MiB, RelayConfig
+from .core import Relay
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m relay", description="MOQT relay")
+    p.add_argument("--listen", type=_host_port, default=("127.0.0.1", 4443),
+                   help="HOST:PORT to listen on (port 0: any free port)")
+    p.add_argument("--upstream", help="moqt:// URL of the relay to ask when no route matches")
+    p.add_argument("--cert", help="certificate PEM file (default: self-signed)")
+    p.add_argument("--key", help="private key PEM file")
+    p.add_argument("--insecure-upstream", action="store_true",
+                   help="do not verify the upstream relay's certificate")
+    p.add_argument("--cache-mib", type=int, default=256, help="object cache budget (MiB)")
+    p.add_argument("--subscriber-queue-mib", type=float, default=8,
+                   help="per-subscriber queue bound before TOO_FAR_BEHIND (MiB)")
+    p.add_argument("--drain-timeout", type=float, default=10.0,
+                   help="seconds to wait for sessions after GOAWAY on SIGTERM")
+    p.add_argument("--max-datagram-size", type=int, default=1200,
+                   help="largest UDP payload sent (same value on both ends)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    if bool(args.cert) != bool(args.key):
+        p.error("--cert and --key go together")
+    return args
+
+
+def build_config(args: argparse.Namespace) -> RelayConfig:
+    host, port = args.listen
+    if args.cert:
+        server = TransportConfig(certificate_file=args.cert, private_key_file=args.key,
+                                 max_datagram_size=args.max_datagram_size)
+    else:
+        cert = make_self_signed(("localhost", host)) if _is_name(host) else \
+            make_self_signed(ip_addresses=tuple(dict.fromkeys(("127.0.0.1", "::1", host))))
+        server = TransportConfig(certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem,
+                                 max_datagram_size=args.max_datagram_size)
+    upstream = TransportConfig(insecure=args.insecure_upstream,
+                               max_datagram_size=args.max_datagram_size)
+    return RelayConfig(host=host, port=port, server_transport=server, upstream=args.upstream,
+                       upstream_transport=upstream, cache_bytes=args.cache_mib * MiB,
+                       subscriber_queue_bytes=int(args.subscriber_queue_mib * MiB),
+                       drain_timeout=args.drain_timeout)
+
+
+def _is_name(host: str) -> bool:
+    return bool(host) and not host.replace(".", "").isdigit() and ":" not in host
+
+
+async def serve(config: RelayConfig) -> int:
+    relay = await Relay(config).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"relay listening on moqt://{config.host}:{relay.port}/moq", flush=True)
+    await stop.wait()
+    clean = await relay.shutdown()
+    logging.getLogger("relay").info("relay stopped (%s); stats %s",
+                                    "drained" if clean else "drain timeout",
+                                    relay.stats.snapshot())
+    print("relay stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run(serve(build_config(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Relay configuration (one plain dataclass; ``python -m relay`` builds it from argv)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvsp_moq.transport import TransportConfig
+
+__all__ = ["RelayConfig"]
+
+MiB = 1 << 20
+
+
+@dataclass
+class RelayConfig:
+    """What a :class:`relay.Relay` needs.
+
+    ``server_transport`` must carry the certificate and key (``python -m relay`` makes a
+    self-signed pair when none is given). ``upstream`` is the ``moqt://`` URL of another
+    relay that SUBSCRIBE / FETCH / TRACK_STATUS go to when no announced namespace matches.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    server_transport: TransportConfig = field(default_factory=TransportConfig)
+    upstream: str | None = None
+    upstream_transport: TransportConfig = field(default_factory=TransportConfig)
+    #: Byte budget of the object cache (payload + properties + a fixed per-object overhead).
+    cache_bytes: int = 256 * MiB
+    #: Bytes a downstream subscriber may have queued in the relay, beyond what the QUIC
+    #: layer buffers for its streams (``send_buffer_high_water`` per stream). Exceeding it
+    #: ends that subscription with PUBLISH_DONE TOO_FAR_BEHIND (see docs/relay.md).
+    subscriber_queue_bytes: int = 8 * MiB
+    #: Seconds ``shutdown`` waits for sessions to leave after GOAWAY.
+    drain_timeout: float = 10.0
+    #: New Session URI sent in GOAWAY on shutdown ("" = none: reconnect to the same URI).
+    goaway_uri: str = ""
+    #: Seconds to wait for an upstream SETUP / response before failing a request.
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.cache_bytes < 0:
+            raise ValueError("cache_bytes must be >= 0")
+        if self.subscriber_queue_bytes <= 0:
+            raise ValueError("subscriber_queue_bytes must be > 0")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must be >= 0")

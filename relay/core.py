@@ -1,0 +1,376 @@
+"""The relay: accepts sessions, answers every request, wires routing, upstream
+subscriptions, fan-out, the cache and FETCH together. Content-agnostic (it never looks at
+payloads and never imports kvsp_moq.kvsp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from kvsp_moq import transport
+from kvsp_moq.moqt.errors import RequestErrorCode, SessionErrorCode
+from kvsp_moq.moqt.messages import (
+    Fetch,
+    FetchWithType,
+    Location,
+    Message,
+    MessageParameters,
+    PublishNamespace,
+    RequestError,
+    RequestOk,
+    Subscribe,
+    SubscribeNamespace,
+    TrackStatus,
+)
+from kvsp_moq.moqt.session import Role, SessionConfig
+from kvsp_moq.transport import ConnectError, Server, TransportError, parse_moqt_url
+
+from .cache import ObjectCache, TrackName
+from .config import RelayConfig
+from .fetch import FetchService, fetch_range
+from .peer import PeerSession, RequestHandler
+from .routing import RoutingTable
+from .stats import RelayStats
+from .upstream import UpstreamManager
+
+__all__ = ["Relay"]
+
+logger = logging.getLogger(__name__)
+Namespace = tuple[bytes, ...]
+Observer = Callable[[str, object], None]
+
+
+class _Announcement(RequestHandler):
+    """A PUBLISH_NAMESPACE we accepted; withdrawn by cancelling it (§"Publishing
+    Namespaces")."""
+
+    def __init__(self, relay: Relay, peer: PeerSession, rid: int) -> None:
+        self.relay, self.peer, self.rid = relay, peer, rid
+
+    def on_cancelled(self, code: int) -> None:
+        self.relay.routing.withdraw(self.peer, self.rid)
+
+
+class _NamespaceSubscription(RequestHandler):
+    """A SUBSCRIBE_NAMESPACE: NAMESPACE / NAMESPACE_DONE (suffixes after the prefix) as
+    namespaces under the prefix appear and go (§"Subscribing to Namespaces")."""
+
+    def __init__(self, relay: Relay, peer: PeerSession, rid: int, prefix: Namespace) -> None:
+        self.relay, self.peer, self.rid, self.prefix = relay, peer, rid, prefix
+
+    def _send(self, ns: Namespace, done: bool) -> None:
+        moqt = self.peer.moqt
+        if moqt is None or moqt.closed or self.rid not in moqt.requests:
+            self.relay.routing.unwatch(self)
+            return
+        suffix = ns[len(self.prefix):]
+        if done:
+            moqt.namespace_done(self.rid, suffix)
+        else:
+            moqt.namespace(self.rid, suffix)
+        self.peer.flush()
+
+    def namespace_added(self, namespace: Namespace) -> None:
+        self._send(namespace, False)
+
+    def namespace_removed(self, namespace: Namespace) -> None:
+        self._send(namespace, True)
+
+    def on_cancelled(self, code: int) -> None:
+        self.relay.routing.unwatch(self)
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        self.relay.routing.unwatch(self)
+
+
+class _TrackStatusProxy(RequestHandler):
+    """A TRACK_STATUS we could not answer locally, asked upstream; the answer is relayed."""
+
+    def __init__(self, down: PeerSession, rid: int, up: PeerSession) -> None:
+        self.down, self.rid, self.up = down, rid, up
+        self.up_rid: int | None = None
+
+    def _answer(self, msg: Message | None) -> None:
+        moqt = self.down.moqt
+        if moqt is not None and not moqt.closed and self.rid in moqt.requests:
+            if isinstance(msg, RequestOk):
+                moqt.request_ok(self.rid, msg.parameters, msg.track_properties, end=True)
+            elif isinstance(msg, RequestError):
+                moqt.reject(self.rid, msg.error_code, msg.error_reason)
+            else:
+                moqt.reject(self.rid, RequestErrorCode.INTERNAL_ERROR, "upstream went away")
+            self.down.flush()
+        if self.up_rid is not None:
+            self.up.release(self.up_rid)
+
+    def on_response(self, msg: Message) -> None:
+        self._answer(msg)
+
+    def on_cancelled(self, code: int) -> None:
+        self._answer(None)
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        self._answer(None)
+
+
+class Relay:
+    """A MOQT relay. ``await relay.start()``; ``await relay.shutdown()`` (GOAWAY + drain)."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.stats = RelayStats()
+        self.cache = ObjectCache(config.cache_bytes)
+        self.routing: RoutingTable[PeerSession] = RoutingTable()
+        self.observers: list[Observer] = []
+        self.upstreams = UpstreamManager(self.cache, self.stats, config.subscriber_queue_bytes,
+                                         self._emit)
+        self.fetches = FetchService(self.cache, self.stats, self._spawn)
+        self.sessions: set[PeerSession] = set()
+        self.server: Server | None = None
+        self._upstream: PeerSession | None = None
+        self._upstream_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stats.gauges = self._gauges
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> Relay:
+        self.server = await transport.serve(self.config.host, self.config.port, self._accept,
+                                            self.config.server_transport)
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"moqt://{self.config.host}:{self.port}/moq"
+
+    def _accept(self) -> PeerSession:
+        return self._track(PeerSession(self, Role.SERVER))
+
+    def _track(self, peer: PeerSession) -> PeerSession:
+        self.sessions.add(peer)
+        peer.closed.add_done_callback(lambda _f: self.sessions.discard(peer))
+        return peer
+
+    async def shutdown(self, timeout: float | None = None) -> bool:
+        """GOAWAY to every session (§"GOAWAY"), wait until they have left or ``timeout``
+        (default ``config.drain_timeout``) passed, then close what is left and stop
+        listening. True if every session left by itself."""
+        timeout = self.config.drain_timeout if timeout is None else timeout
+        for peer in list(self.sessions):
+            moqt = peer.moqt
+            if moqt is None or moqt.closed or moqt.goaway_sent:
+                continue
+            try:
+                moqt.goaway("" if peer.upstream else self.config.goaway_uri)
+            except (RuntimeError, ValueError):
+                continue
+            peer.flush()
+        # Our own upstream session is a client of someone else: leave it ourselves.
+        if self._upstream is not None:
+            self._upstream.close(SessionErrorCode.NO_ERROR, "relay shutting down")
+        waiting = [p.closed for p in self.sessions if not p.closed.done()]
+        clean = True
+        if waiting:
+            _done, pending = await asyncio.wait(waiting, timeout=timeout)
+            clean = not pending
+        await self.close()
+        return clean
+
+    async def close(self) -> None:
+        for peer in list(self.sessions):
+            peer.close(SessionErrorCode.NO_ERROR, "relay closing")
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
+        for t in list(self._tasks):
+            t.cancel()
+
+    # -- observability -----------------------------------------------------------------------
+    def _gauges(self) -> dict[str, int]:
+        return {
+            "sessions": len(self.sessions),
+            "tracks": len(self.upstreams.tracks),
+            "subscribers": self.upstreams.subscriber_count,
+            "namespaces": len(self.routing.namespaces()),
+            "cache_bytes": self.cache.bytes,
+            "cache_objects": len(self.cache),
+            "cache_evictions": self.cache.evictions,
+            "fetches_in_flight": len(self.fetches.inflight),
+        }
+
+    def _emit(self, kind: str, obj: object) -> None:
+        for fn in list(self.observers):
+            fn(kind, obj)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("relay task failed", exc_info=task.exception())
+
+    # -- routes ------------------------------------------------------------------------------
+    async def _upstream_peer(self) -> PeerSession | None:
+        """Our session to the upstream relay (connected on first use, again after it
+        ended or sent GOAWAY)."""
+        url = self.config.upstream
+        if not url:
+            return None
+        async with self._upstream_lock:
+            p = self._upstream
+            if p is not None and p.is_open and not p.goaway_received:
+                return p
+            parsed = parse_moqt_url(url)
+            cfg = SessionConfig(path=parsed.path_and_query, authority=parsed.authority,
+                                implementation="kvsp-moq-relay")
+            made: list[PeerSession] = []
+
+            def factory() -> PeerSession:
+                s = PeerSession(self, Role.CLIENT, cfg, upstream=True)
+                made.append(s)
+                return s
+
+            await transport.connect(parsed, factory, self.config.upstream_transport)
+            peer = self._track(made[0])
+            await asyncio.wait_for(asyncio.shield(peer.ready), self.config.request_timeout)
+            self._upstream = peer
+            return peer
+
+    def _local_route(self, ns: Namespace, requester: PeerSession) -> PeerSession | None:
+        peer = self.routing.lookup(ns)
+        return peer if peer is not None and peer.is_open else None
+
+    def _route_then(self, down: PeerSession, rid: int, ns: Namespace,
+                    then: Callable[[PeerSession], None]) -> None:
+        """Find where ``ns`` is served: an announced publisher (longest prefix), else the
+        upstream relay, else REQUEST_ERROR DOES_NOT_EXIST. Calls ``then(route)``."""
+        route = self._local_route(ns, down)
+        if route is not None:
+            then(route)
+            return
+        if not self.config.upstream:
+            self._reject(down, rid, RequestErrorCode.DOES_NOT_EXIST, "no route for namespace")
+            return
+
+        async def via_upstream() -> None:
+            try:
+                up = await self._upstream_peer()
+            except (ConnectError, TransportError, OSError, asyncio.TimeoutError,
+                    ConnectionError) as exc:
+                logger.warning("relay: upstream %s unreachable: %s", self.config.upstream, exc)
+                self._reject(down, rid, RequestErrorCode.INTERNAL_ERROR, "upstream unreachable")
+                return
+            if up is None or up is down:
+                self._reject(down, rid, RequestErrorCode.DOES_NOT_EXIST, "no route")
+                return
+            then(up)
+
+        self._spawn(via_upstream())
+
+    def _reject(self, peer: PeerSession, rid: int, code: int, reason: str) -> None:
+        moqt = peer.moqt
+        if moqt is not None and not moqt.closed and rid in moqt.requests:
+            moqt.reject(rid, code, reason)
+            peer.flush()
+
+    # -- requests from peers -----------------------------------------------------------------
+    def on_request(self, peer: PeerSession, rid: int, msg: Message) -> None:
+        if isinstance(msg, Subscribe):
+            self._on_subscribe(peer, rid, msg)
+        elif isinstance(msg, Fetch | FetchWithType):
+            self._on_fetch(peer, rid, msg)
+        elif isinstance(msg, PublishNamespace):
+            self._on_publish_namespace(peer, rid, msg)
+        elif isinstance(msg, SubscribeNamespace):
+            self._on_subscribe_namespace(peer, rid, msg)
+        elif isinstance(msg, TrackStatus):
+            self._on_track_status(peer, rid, msg)
+        else:  # PUBLISH, SUBSCRIBE_TRACKS: later work (docs/relay.md)
+            self._reject(peer, rid, RequestErrorCode.NOT_SUPPORTED,
+                         f"{msg.NAME} not supported by this relay")
+
+    def _on_subscribe(self, peer: PeerSession, rid: int, msg: Subscribe) -> None:
+        track: TrackName = (tuple(msg.track_namespace), bytes(msg.track_name))
+        if self.upstreams.get(track) is not None:
+            self.upstreams.get(track).join(peer, rid, msg)  # type: ignore[union-attr]
+            return
+
+        def go(route: PeerSession) -> None:
+            # Re-check: another SUBSCRIBE may have opened it while we connected upstream.
+            self.upstreams.subscribe(track, route, peer, rid, msg)
+
+        self._route_then(peer, rid, track[0], go)
+
+    def _on_fetch(self, peer: PeerSession, rid: int, msg: Message) -> None:
+        self.stats.fetches += 1
+        rng = fetch_range(msg)
+        if rng is None:
+            self._reject(peer, rid, RequestErrorCode.NOT_SUPPORTED, "joining FETCH not supported")
+            return
+        if self.fetches.try_cache(peer, rid, rng):
+            return
+
+        def go(route: PeerSession) -> None:
+            if not self.fetches.try_cache(peer, rid, rng):  # it may have landed meanwhile
+                self.fetches.join_or_start(peer, rid, rng, route)
+
+        self._route_then(peer, rid, rng.track[0], go)
+
+    def _on_publish_namespace(self, peer: PeerSession, rid: int, msg: PublishNamespace) -> None:
+        assert peer.moqt is not None
+        peer.moqt.request_ok(rid)
+        peer.served[rid] = _Announcement(self, peer, rid)
+        peer.flush()
+        self.routing.announce(tuple(msg.track_namespace), peer, rid)
+
+    def _on_subscribe_namespace(self, peer: PeerSession, rid: int,
+                                msg: SubscribeNamespace) -> None:
+        assert peer.moqt is not None
+        prefix = tuple(msg.track_namespace_prefix)
+        peer.moqt.request_ok(rid)
+        watcher = _NamespaceSubscription(self, peer, rid, prefix)
+        peer.served[rid] = watcher
+        for ns in self.routing.watch(watcher):
+            peer.moqt.namespace(rid, ns[len(prefix):])
+        peer.flush()
+
+    def _on_track_status(self, peer: PeerSession, rid: int, msg: TrackStatus) -> None:
+        track: TrackName = (tuple(msg.track_namespace), bytes(msg.track_name))
+        up = self.upstreams.get(track)
+        largest = (up.fanout.largest if up is not None else None) or self.cache.largest(track)
+        if largest is not None:
+            assert peer.moqt is not None
+            peer.moqt.request_ok(rid, MessageParameters(largest_object=Location(*largest)),
+                                 self.cache.track_properties(track) or (), end=True)
+            peer.flush()
+            return
+
+        def go(route: PeerSession) -> None:
+            proxy = _TrackStatusProxy(peer, rid, route)
+            assert route.moqt is not None
+            proxy.up_rid = route.moqt.track_status(track[0], track[1])
+            route.local[proxy.up_rid] = proxy
+            route.flush()
+
+        self._route_then(peer, rid, track[0], go)
+
+    # -- session events ----------------------------------------------------------------------
+    def on_goaway(self, peer: PeerSession) -> None:
+        if peer is self._upstream:
+            logger.info("relay: upstream sent GOAWAY; the next request reconnects")
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        # A publisher leaving withdraws its namespaces: watchers get NAMESPACE_DONE.
+        self.routing.withdraw(peer)
+        if peer is self._upstream:
+            self._upstream = None

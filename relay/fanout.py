@@ -1,0 +1,463 @@
+"""Fan-out: one upstream subscription's objects to every downstream subscriber.
+
+Per subscriber (draft-20 §"Subscriber Interactions", §"Relay Object Handling"):
+
+* one subgroup stream per (subscriber, upstream subgroup stream), i.e. per (group,
+  subgroup); Group, Subgroup and Object IDs, Object Status, publisher priority and the
+  Object Properties (their raw wire bytes) are forwarded unchanged; the SUBGROUP_HEADER
+  keeps the upstream flags (Subgroup ID mode, PROPERTIES, END_OF_GROUP, DEFAULT_PRIORITY,
+  FIRST_OBJECT) unless the subscriber joins mid-stream, when the Subgroup ID is sent
+  explicitly and FIRST_OBJECT is cleared;
+* object headers are re-encoded per subscriber (its Track Alias, its stream's deltas); the
+  payload chunks are the received memoryviews, handed as the *same object* to every
+  subscriber's stream (the QUIC layer's send buffer is the only copy);
+* objects outside the subscriber's LOCATION_FILTER window are not sent (§"Location
+  Filter"); once the window is passed the subscription ends with SUBSCRIPTION_ENDED;
+* a relay MUST NOT reorder or drop objects within a stream: each subscriber has one ordered
+  queue (:class:`OutQueue`), bounded in bytes. A subscriber whose queue exceeds its budget
+  is ended: its data streams are reset with TOO_FAR_BEHIND (stream reset code 0x5) and the
+  subscription gets PUBLISH_DONE TOO_FAR_BEHIND (0x5) with its exact Stream Count
+  (§"Delivery Timeouts": "the publisher MAY terminate the subscription using PUBLISH_DONE
+  with error TOO_FAR_BEHIND"). The others never wait for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvsp_moq.moqt.data import SubgroupStreamEncoder
+from kvsp_moq.moqt.errors import PublishDoneCode
+from kvsp_moq.moqt.objects import (
+    ObjectBegin,
+    ObjectEnd,
+    ObjectPayload,
+    SubgroupHeader,
+    SubgroupIdMode,
+)
+from kvsp_moq.pubsub.window import Window
+from kvsp_moq.transport import ConnectionClosedError, StreamClosedError, TransportError
+from kvsp_moq.wire.errors import StreamResetCode
+
+from .cache import CachedObject, ObjectCache, TrackName
+from .peer import PeerSession, RequestHandler
+from .stats import RelayStats
+
+__all__ = ["Fanout", "OutQueue", "Subscriber"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PUBLISHER_PRIORITY = 0x0E
+
+
+# ==========================================================================================
+# one subscriber's ordered, bounded output
+@dataclass(slots=True)
+class _Item:
+    stream_id: int | None
+    data: bytes | memoryview = b""
+    fin: bool = False
+    call: Callable[[], None] | None = None
+
+
+class OutQueue:
+    """Everything sent to one downstream subscription, in order.
+
+    Bytes go straight to the QUIC stream while its send buffer is under the transport's
+    high-water mark and nothing is queued ahead of them; otherwise they wait here (the
+    memoryview itself, not a copy). ``queued`` counts waiting bytes; above ``budget``
+    ``on_overflow`` runs once.
+    """
+
+    def __init__(self, peer: PeerSession, budget: int, on_overflow: Callable[[], None]) -> None:
+        self.peer = peer
+        self.conn = peer.connection
+        self.budget = budget
+        self.on_overflow = on_overflow
+        self.items: deque[_Item] = deque()
+        self.queued = 0
+        self.peak_queued = 0
+        self.dead_streams: set[int] = set()
+        self.closed = False
+        self._task: object | None = None
+
+    def send(self, stream_id: int, data: bytes | memoryview, fin: bool = False) -> None:
+        if self.closed or stream_id in self.dead_streams:
+            return
+        if not self.items and self._room(stream_id):
+            self._send_now(stream_id, data, fin)
+            return
+        self.items.append(_Item(stream_id, data, fin))
+        self.queued += len(data)
+        self.peak_queued = max(self.peak_queued, self.queued)
+        if self.queued > self.budget:
+            self.on_overflow()
+            return
+        self._kick()
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once everything queued before it has been handed to QUIC."""
+        if self.closed:
+            return
+        if not self.items:
+            fn()
+            return
+        self.items.append(_Item(None, call=fn))
+        self._kick()
+
+    def reset(self, stream_id: int, code: int) -> None:
+        """Abandon one stream now (RESET_STREAM): drop what is queued for it."""
+        if stream_id in self.dead_streams:
+            return
+        self._drop(stream_id)
+        self.dead_streams.add(stream_id)
+        try:
+            self.conn.reset_stream(stream_id, code)
+        except TransportError:
+            pass
+        self._stream_done(stream_id)
+
+    def abort(self) -> None:
+        """Stop: drop everything queued (the caller resets the streams it owns)."""
+        self.closed = True
+        self.items.clear()
+        self.queued = 0
+
+    # -- internals ---------------------------------------------------------------------------
+    def _room(self, stream_id: int) -> bool:
+        try:
+            return self.conn.stream_send_buffered(stream_id) < self.conn.send_buffer_high_water
+        except (KeyError, TransportError):
+            return True  # unknown / closed stream: _send_now finds out
+
+    def _drop(self, stream_id: int) -> None:
+        kept: deque[_Item] = deque()
+        for it in self.items:
+            if it.stream_id == stream_id:
+                self.queued -= len(it.data)
+            else:
+                kept.append(it)
+        self.items = kept
+
+    def _send_now(self, stream_id: int, data: bytes | memoryview, fin: bool) -> None:
+        try:
+            self.conn.send(stream_id, data, end_stream=fin)
+        except StreamClosedError:
+            self.dead_streams.add(stream_id)
+            self._drop(stream_id)
+            self._stream_done(stream_id)
+            return
+        except ConnectionClosedError:
+            self.abort()
+            return
+        if fin:
+            self._stream_done(stream_id)
+
+    def _stream_done(self, stream_id: int) -> None:
+        moqt = self.peer.moqt
+        if moqt is not None and not moqt.closed:
+            moqt.data_stream_done(stream_id)
+            self.peer.flush()
+
+    def _kick(self) -> None:
+        if self._task is None:
+            import asyncio
+
+            self._task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self.items and not self.closed:
+                it = self.items[0]
+                if it.call is not None:
+                    self.items.popleft()
+                    it.call()
+                    continue
+                sid = it.stream_id
+                assert sid is not None
+                if sid in self.dead_streams:
+                    self.items.popleft()
+                    self.queued -= len(it.data)
+                    continue
+                if not self._room(sid):
+                    try:
+                        await self.conn.wait_writable(sid)
+                    except StreamClosedError:
+                        self.dead_streams.add(sid)
+                        self._stream_done(sid)
+                    continue
+                self.items.popleft()
+                self.queued -= len(it.data)
+                self._send_now(sid, it.data, it.fin)
+        except ConnectionClosedError:
+            self.abort()
+        except Exception:  # pragma: no cover - a bug; do not leave the queue wedged
+            logger.exception("relay: subscriber queue failed")
+            self.abort()
+        finally:
+            self._task = None
+
+
+# ==========================================================================================
+# one downstream subscription
+@dataclass(slots=True, eq=False)
+class _Down:
+    stream_id: int
+    encoder: SubgroupStreamEncoder
+    #: Payload bytes of the current object not yet forwarded (non-zero: mid-object).
+    remaining: int = 0
+
+
+class Subscriber(RequestHandler):
+    """A downstream SUBSCRIBE the relay accepted; the handler of its request stream."""
+
+    def __init__(self, fanout: Fanout, peer: PeerSession, request_id: int, alias: int,
+                 window: Window, budget: int) -> None:
+        self.fanout = fanout
+        self.peer = peer
+        self.request_id = request_id
+        self.alias = alias
+        self.window = window
+        self.out = OutQueue(peer, budget, self._too_far_behind)
+        #: upstream data stream id → our stream for it.
+        self.streams: dict[int, _Down] = {}
+        self.streams_opened = 0
+        self.ended = False
+        self.end_status: int | None = None
+
+    # -- RequestHandler ----------------------------------------------------------------------
+    def on_cancelled(self, code: int) -> None:
+        # Unsubscribe (§"Request Cancellation"): the session already reset our streams.
+        self.ended = True
+        self.out.abort()
+        self.fanout.remove(self)
+
+    def on_stream_stopped(self, stream_id: int, code: int) -> None:
+        self.out.dead_streams.add(stream_id)
+        for usid, d in list(self.streams.items()):
+            if d.stream_id == stream_id:
+                del self.streams[usid]
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        self.ended = True
+        self.out.abort()
+        self.fanout.remove(self)
+
+    # -- ending ------------------------------------------------------------------------------
+    def end(self, status: int, reason: str) -> None:
+        """Close every data stream (FIN, or reset when mid-object), then PUBLISH_DONE with
+        our Stream Count (§"PUBLISH_DONE": only after all data streams are closed)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.end_status = status
+        for d in self.streams.values():
+            if d.remaining:
+                self.out.reset(d.stream_id, StreamResetCode.INTERNAL_ERROR)
+            else:
+                self.out.send(d.stream_id, b"", fin=True)
+        self.streams.clear()
+        self.out.call(lambda: self._publish_done(status, reason))
+        self.fanout.remove(self)
+
+    def _publish_done(self, status: int, reason: str) -> None:
+        moqt = self.peer.moqt
+        self.peer.served.pop(self.request_id, None)
+        if moqt is None or moqt.closed or self.request_id not in moqt.requests:
+            return
+        moqt.publish_done(self.request_id, status, self.streams_opened, reason)
+        self.peer.flush()
+
+    def _too_far_behind(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.end_status = PublishDoneCode.TOO_FAR_BEHIND
+        self.fanout.stats.too_far_behind += 1
+        queued = self.out.queued
+        self.out.abort()
+        for d in self.streams.values():
+            self.out.reset(d.stream_id, StreamResetCode.TOO_FAR_BEHIND)
+        self.streams.clear()
+        self._publish_done(PublishDoneCode.TOO_FAR_BEHIND,
+                           f"subscriber queue exceeded {self.out.budget} bytes")
+        logger.info("relay: subscriber %r too far behind (%d bytes queued)", self.peer, queued)
+        self.fanout.remove(self)
+        self.fanout.emit("too_far_behind", self)
+
+
+# ==========================================================================================
+# the upstream track's objects → subscribers (and the cache)
+@dataclass(slots=True, eq=False)
+class _UpStream:
+    header: SubgroupHeader
+    first_object_id: int | None = None
+    targets: list[tuple[Subscriber, _Down]] = field(default_factory=list)
+    begin: ObjectBegin | None = None
+    began_at: float = 0.0
+    chunks: list[memoryview] = field(default_factory=list)
+
+
+class Fanout:
+    """The objects of one full track name, from one upstream subscription, to N
+    subscribers."""
+
+    def __init__(self, track: TrackName, cache: ObjectCache, stats: RelayStats,
+                 on_empty: Callable[[], None],
+                 emit: Callable[[str, object], None] = lambda kind, obj: None) -> None:
+        self.track = track
+        self.cache = cache
+        self.stats = stats
+        self.on_empty = on_empty
+        self.emit = emit
+        self.subscribers: list[Subscriber] = []
+        self.largest: tuple[int, int] | None = None
+        self.default_priority = 128
+        self._up: dict[int, _UpStream] = {}
+
+    @property
+    def open_upstream_streams(self) -> int:
+        return len(self._up)
+
+    def set_track_properties(self, props: tuple[tuple[int, int | bytes], ...]) -> None:
+        for t, v in props:
+            if t == DEFAULT_PUBLISHER_PRIORITY and isinstance(v, int):
+                self.default_priority = v
+
+    def add(self, sub: Subscriber) -> None:
+        self.subscribers.append(sub)
+
+    def remove(self, sub: Subscriber) -> None:
+        if sub in self.subscribers:
+            self.subscribers.remove(sub)
+            if not self.subscribers:
+                self.on_empty()
+
+    def end_all(self, status: int, reason: str) -> None:
+        for sub in list(self.subscribers):
+            sub.end(status, reason)
+
+    # -- upstream data events ----------------------------------------------------------------
+    def on_data(self, usid: int, event: object) -> None:
+        if isinstance(event, ObjectPayload):
+            self._payload(usid, event.data)
+        elif isinstance(event, ObjectBegin):
+            self._begin(usid, event)
+        elif isinstance(event, ObjectEnd):
+            self._end(usid, event)
+        elif isinstance(event, SubgroupHeader):
+            self._up[usid] = _UpStream(event)
+
+    def _begin(self, usid: int, b: ObjectBegin) -> None:
+        st = self._up.get(usid)
+        if st is None:
+            return
+        if st.first_object_id is None:
+            st.first_object_id = b.object_id
+        loc = (b.group_id, b.object_id)
+        targets: list[tuple[Subscriber, _Down]] = []
+        for sub in list(self.subscribers):
+            if sub.ended:
+                continue
+            if sub.window.passed(*loc):
+                sub.end(PublishDoneCode.SUBSCRIPTION_ENDED, "range delivered")
+                continue
+            if not sub.window.admits(*loc):
+                continue
+            d = sub.streams.get(usid)
+            if d is None:
+                d = self._open(sub, usid, st, b)
+                if d is None:
+                    continue
+            try:
+                head = d.encoder.object_header(b.object_id, b.payload_length,
+                                               properties=b.raw_properties, status=b.status)
+            except ValueError:
+                logger.exception("relay: cannot forward object %s", loc)
+                sub.out.reset(d.stream_id, StreamResetCode.INTERNAL_ERROR)
+                sub.streams.pop(usid, None)
+                continue
+            d.remaining = b.payload_length
+            sub.out.send(d.stream_id, head)
+            if not sub.ended:
+                targets.append((sub, d))
+        st.targets = targets
+        st.begin = b
+        st.began_at = time.monotonic()
+        st.chunks = []
+        self.stats.objects_out += len(targets)
+
+    def _open(self, sub: Subscriber, usid: int, st: _UpStream, b: ObjectBegin) -> _Down | None:
+        h = st.header
+        if st.first_object_id == b.object_id:
+            header = dataclasses.replace(h, track_alias=sub.alias)
+        else:  # joining mid-stream: say the Subgroup ID outright
+            header = SubgroupHeader(sub.alias, h.group_id, b.subgroup_id or 0,
+                                    h.publisher_priority, SubgroupIdMode.EXPLICIT,
+                                    has_properties=h.has_properties,
+                                    end_of_group=h.end_of_group, first_object=False)
+        moqt = sub.peer.moqt
+        if moqt is None or moqt.closed:
+            return None
+        try:
+            sid = moqt.open_subgroup_stream(sub.request_id, header)
+        except KeyError:  # the subscription is gone
+            return None
+        sub.peer.flush()  # OpenStream + header go out before any object bytes
+        d = _Down(sid, SubgroupStreamEncoder(header, sub.peer.version))
+        sub.streams[usid] = d
+        sub.streams_opened += 1
+        return d
+
+    def _payload(self, usid: int, data: memoryview) -> None:
+        st = self._up.get(usid)
+        if st is None:
+            return
+        n = len(data)
+        self.stats.bytes_in += n
+        for sub, d in st.targets:
+            if not sub.ended:
+                d.remaining -= n
+                sub.out.send(d.stream_id, data)  # the same memoryview for everyone
+                self.stats.bytes_out += n
+        # Keep the chunk for the cache: a read-only view of received bytes is immutable.
+        st.chunks.append(data if data.readonly else memoryview(bytes(data)))
+
+    def _end(self, usid: int, e: ObjectEnd) -> None:
+        st = self._up.get(usid)
+        if st is None or st.begin is None:
+            return
+        b = st.begin
+        self.stats.objects_in += 1
+        loc = (b.group_id, b.object_id)
+        if self.largest is None or loc > self.largest:
+            self.largest = loc
+        prio = st.header.publisher_priority
+        self.cache.put(self.track, CachedObject(
+            b.group_id, b.object_id, b.subgroup_id,
+            self.default_priority if prio is None else prio, b.status, bytes(b.raw_properties),
+            tuple(st.chunks), b.payload_length, self.cache.expiry_for(self.track, st.began_at)))
+        st.begin, st.chunks = None, []
+        for sub, _d in st.targets:
+            w = sub.window
+            if not sub.ended and w.end_object is not None and loc == (w.end_group, w.end_object):
+                sub.end(PublishDoneCode.SUBSCRIPTION_ENDED, "range delivered")
+        st.targets = []
+
+    def on_stream_closed(self, usid: int, code: int | None) -> None:
+        """An upstream subgroup stream ended: FIN ours for it (reset when it was reset or
+        ended mid-object)."""
+        self._up.pop(usid, None)
+        for sub in list(self.subscribers):
+            d = sub.streams.pop(usid, None)
+            if d is None or sub.ended:
+                continue
+            if code is None and not d.remaining:
+                sub.out.send(d.stream_id, b"", fin=True)
+            else:
+                sub.out.reset(d.stream_id, StreamResetCode.INTERNAL_ERROR if code is None
+                              else code)

@@ -1,0 +1,278 @@
+"""FETCH through the relay (draft-20 §"FETCH", §"Caching Relays").
+
+* A FETCH whose whole range is in the cache (see :mod:`relay.cache`) is answered from it:
+  FETCH_OK (End Location = the last object's, the cached Track Properties) and one fetch
+  stream with the objects, each with its cached Subgroup ID, priority and raw Object
+  Properties: the same bytes the origin sent.
+* A miss goes upstream ONCE per (track, range) however many FETCHes for it arrive while it
+  is in flight (single-flight): they all wait on the same upstream FETCH, which is
+  store-and-forward (FETCH_OK downstream once the upstream fetch stream has ended: "If a
+  relay does not have sufficient information to send a FETCH_OK immediately in response
+  to a FETCH, it MUST withhold sending FETCH_OK until it does"). The objects are cached and
+  the range recorded as complete.
+* Upstream REQUEST_ERROR is passed to every waiter with its code and reason.
+
+Not yet: joining / fill fetches, descending GROUP_ORDER (served ascending), End of Range
+markers (not cached; a range holding one is served upstream again), cut-through of misses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from kvsp_moq.moqt.data import FetchStreamEncoder
+from kvsp_moq.moqt.errors import RequestErrorCode
+from kvsp_moq.moqt.messages import (
+    Fetch,
+    FetchOk,
+    Location,
+    LocationFilterType,
+    Message,
+    RequestError,
+    StandaloneFetch,
+)
+from kvsp_moq.moqt.objects import ObjectBegin, ObjectEnd, ObjectPayload, ObjectStatus
+from kvsp_moq.transport import TransportError
+from kvsp_moq.wire.varint import VI64_MAX
+
+from .cache import CachedObject, ObjectCache, TrackName
+from .peer import PeerSession, RequestHandler
+from .stats import RelayStats
+
+__all__ = ["FetchRange", "FetchService", "fetch_range"]
+
+logger = logging.getLogger(__name__)
+Loc = tuple[int, int]
+#: "Whole group" as an inclusive end object (no real object has this ID).
+WHOLE_GROUP = VI64_MAX - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRange:
+    track: TrackName
+    start: Loc
+    #: Inclusive end; ``(g, WHOLE_GROUP)`` = all of group g; None = to the Largest Object.
+    end: Loc | None
+
+
+def fetch_range(msg: Message) -> FetchRange | None:
+    """The range of a standalone FETCH (draft 18 fields or the 20+ LOCATION_FILTER); None
+    for a joining FETCH (not supported)."""
+    if isinstance(msg, StandaloneFetch):
+        # Draft 18 §"FETCH": End Location is the end plus 1; Object 0 = the whole group.
+        e = msg.end_location
+        end: Loc | None = (e.group, WHOLE_GROUP) if e.object == 0 else (e.group, e.object - 1)
+        if e.group >= (1 << 62) - 1:
+            end = None
+        return FetchRange((msg.track_namespace, msg.track_name), tuple(msg.start_location), end)  # type: ignore[arg-type]
+    if isinstance(msg, Fetch):
+        track = (msg.track_namespace, msg.track_name)
+        flt = msg.parameters.location_filter
+        if flt is None or flt.start_location is None:
+            return FetchRange(track, (0, 0), None)
+        start = (flt.start_group, flt.start_object)
+        if flt.filter_type is LocationFilterType.ABSOLUTE_RANGE_END_OBJECT:
+            end = (flt.start_group + flt.end_group_delta, flt.end_object)
+        elif flt.filter_type is LocationFilterType.ABSOLUTE_RANGE:
+            end = (flt.start_group + flt.end_group_delta, WHOLE_GROUP)
+        else:
+            end = None
+        return FetchRange(track, start, end)
+    return None
+
+
+class _ServedFetch(RequestHandler):
+    """A downstream FETCH being answered: notices cancellation."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def on_cancelled(self, code: int) -> None:
+        self.cancelled = True
+
+    def on_stream_stopped(self, stream_id: int, code: int) -> None:
+        self.cancelled = True
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        self.cancelled = True
+
+
+class _UpstreamFetch(RequestHandler):
+    """One upstream FETCH, shared by every downstream FETCH of the same range."""
+
+    def __init__(self, service: FetchService, rng: FetchRange, peer: PeerSession) -> None:
+        self.service = service
+        self.range = rng
+        self.peer = peer
+        self.waiters: list[tuple[PeerSession, int]] = []
+        self.objects: list[CachedObject] = []
+        self.ok: FetchOk | None = None
+        self.request_id: int | None = None
+        self._begin: ObjectBegin | None = None
+        self._began_at = 0.0
+        self._chunks: list[memoryview] = []
+        self.done = False
+
+    def start(self) -> None:
+        moqt = self.peer.moqt
+        assert moqt is not None
+        ns, name = self.range.track
+        end = Location(*self.range.end) if self.range.end is not None else None
+        self.request_id = moqt.fetch(ns, name, Location(*self.range.start), end)
+        self.peer.local[self.request_id] = self
+        self.service.stats.upstream_fetches += 1
+        self.peer.flush()
+
+    def on_response(self, msg: Message) -> None:
+        if isinstance(msg, FetchOk):
+            self.ok = msg
+            self.service.cache.set_track_properties(self.range.track, msg.track_properties)
+        elif isinstance(msg, RequestError):
+            self._fail(msg.error_code, msg.error_reason)
+
+    def on_data(self, stream_id: int, event: object) -> None:
+        if isinstance(event, ObjectPayload):
+            data = event.data
+            self._chunks.append(data if data.readonly else memoryview(bytes(data)))
+            self.service.stats.bytes_in += len(data)
+        elif isinstance(event, ObjectBegin):
+            self._begin, self._chunks, self._began_at = event, [], time.monotonic()
+        elif isinstance(event, ObjectEnd) and self._begin is not None:
+            b = self._begin
+            self.objects.append(CachedObject(
+                b.group_id, b.object_id, b.subgroup_id,
+                128 if b.publisher_priority is None else b.publisher_priority, b.status,
+                bytes(b.raw_properties), tuple(self._chunks), b.payload_length,
+                self.service.cache.expiry_for(self.range.track, self._began_at)))
+            self.service.stats.objects_in += 1
+            self._begin, self._chunks = None, []
+
+    def on_stream_closed(self, stream_id: int, code: int | None) -> None:
+        if code is not None:
+            self._fail(RequestErrorCode.INTERNAL_ERROR, f"upstream fetch stream reset ({code})")
+            return
+        self._complete()
+
+    def on_cancelled(self, code: int) -> None:
+        self._fail(RequestErrorCode.INTERNAL_ERROR, "upstream cancelled the fetch")
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        self._fail(RequestErrorCode.INTERNAL_ERROR, "upstream session closed")
+
+    def _complete(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.service.forget(self)
+        cache, track = self.service.cache, self.range.track
+        for o in self.objects:
+            cache.put(track, o)
+        ok = self.ok
+        if ok is not None and self.objects:
+            end = self.range.end if self.range.end is not None else tuple(ok.end_location)
+            cache.record_range(track, self.range.start, end,  # type: ignore[arg-type]
+                               [o.location for o in self.objects], ok.end_of_track)
+        end_of_track = bool(ok.end_of_track) if ok is not None else False
+        for down, rid in self.waiters:
+            if self.objects:
+                self.service.serve(down, rid, self.objects, end_of_track, track)
+            else:
+                self.service.reject(down, rid, RequestErrorCode.INVALID_RANGE,
+                                    "no objects in range")
+        if self.request_id is not None:
+            self.peer.release(self.request_id)
+
+    def _fail(self, code: int, reason: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.service.forget(self)
+        for down, rid in self.waiters:
+            self.service.reject(down, rid, code, reason)
+        if self.request_id is not None:
+            self.peer.release(self.request_id)
+
+
+class FetchService:
+    def __init__(self, cache: ObjectCache, stats: RelayStats,
+                 spawn: Callable[[Awaitable[None]], None]) -> None:
+        self.cache = cache
+        self.stats = stats
+        self.spawn = spawn
+        self.inflight: dict[FetchRange, _UpstreamFetch] = {}
+
+    def try_cache(self, down: PeerSession, rid: int, rng: FetchRange) -> bool:
+        """Serve from the cache if the range is fully cached; True if it was."""
+        hit = self.cache.lookup_range(rng.track, rng.start, rng.end)
+        if hit is None:
+            return False
+        self.stats.cache_hits += 1
+        self.serve(down, rid, hit.objects, hit.end_of_track, rng.track)
+        return True
+
+    def join_or_start(self, down: PeerSession, rid: int, rng: FetchRange,
+                      route: PeerSession) -> None:
+        """A miss: wait on the in-flight upstream FETCH of this range, or start it."""
+        self.stats.cache_misses += 1
+        up = self.inflight.get(rng)
+        if up is None:
+            up = _UpstreamFetch(self, rng, route)
+            self.inflight[rng] = up
+            up.waiters.append((down, rid))
+            up.start()
+        else:
+            up.waiters.append((down, rid))
+
+    def forget(self, up: _UpstreamFetch) -> None:
+        if self.inflight.get(up.range) is up:
+            del self.inflight[up.range]
+
+    def reject(self, down: PeerSession, rid: int, code: int, reason: str) -> None:
+        moqt = down.moqt
+        if moqt is not None and not moqt.closed and rid in moqt.requests:
+            moqt.reject(rid, code, reason)
+            down.flush()
+
+    def serve(self, down: PeerSession, rid: int, objects: list[CachedObject],
+              end_of_track: bool, track: TrackName) -> None:
+        self.spawn(self._serve(down, rid, objects, end_of_track, track))
+
+    async def _serve(self, down: PeerSession, rid: int, objects: list[CachedObject],
+                     end_of_track: bool, track: TrackName) -> None:
+        moqt = down.moqt
+        if moqt is None or moqt.closed or rid not in moqt.requests:
+            return
+        handler = _ServedFetch()
+        down.served[rid] = handler
+        objects = [o for o in objects if o.status is ObjectStatus.NORMAL]
+        props = self.cache.track_properties(track) or ()
+        moqt.accept_fetch(rid, Location(*objects[-1].location), end_of_track=end_of_track,
+                          track_properties=props)
+        sid = moqt.open_fetch_stream(rid)
+        down.flush()
+        enc = FetchStreamEncoder(rid, down.version)
+        conn = down.connection
+        try:
+            for o in objects:
+                if handler.cancelled:
+                    return
+                await conn.write(sid, enc.object_header(
+                    o.group_id, o.object_id, o.payload_length, subgroup_id=o.subgroup_id,
+                    publisher_priority=o.publisher_priority, properties=o.raw_properties))
+                for chunk in o.chunks:
+                    await conn.write(sid, chunk)
+                self.stats.bytes_out += o.payload_length
+                self.stats.objects_out += 1
+            conn.send(sid, b"", end_stream=True)
+        except TransportError:
+            return
+        finally:
+            down.served.pop(rid, None)
+            if down.moqt is not None and not down.moqt.closed:
+                down.moqt.data_stream_done(sid)
+                down.moqt.finish_request(rid)
+                down.flush()

@@ -1,0 +1,267 @@
+"""The per-session handler: one :class:`PeerSession` per QUIC connection (downstream
+clients, publishers, and our own connection to an upstream relay).
+
+It drives a sans-IO :class:`kvsp_moq.moqt.session.Session` on a transport
+:class:`~kvsp_moq.transport.Connection` (as ``kvsp_moq.pubsub`` does), but gives the relay
+every request: requests the peer opens go to :meth:`Relay.on_request`; each request (ours
+or the peer's) that needs more than one answer has a :class:`RequestHandler` registered
+under its Request ID, which receives the responses, messages, data events and cancellation
+for it. Payload chunks reach the handlers as memoryviews of the received bytes (not copied).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from kvsp_moq.moqt import session_events as ev
+from kvsp_moq.moqt.errors import SessionErrorCode
+from kvsp_moq.moqt.messages import Message
+from kvsp_moq.moqt.session import Role, SessionConfig
+from kvsp_moq.moqt.session import Session as MoqtSession
+from kvsp_moq.moqt.version import Version
+from kvsp_moq.transport import Connection, ConnectionHandler, StreamClosedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .core import Relay
+
+__all__ = ["PeerSession", "RequestHandler"]
+
+logger = logging.getLogger(__name__)
+
+
+class RequestHandler:
+    """Callbacks for one request on one session; all no-ops by default."""
+
+    def on_response(self, msg: Message) -> None:
+        """First response to our request (SUBSCRIBE_OK, FETCH_OK, REQUEST_OK/ERROR)."""
+
+    def on_message(self, msg: Message) -> None:
+        """PUBLISH_DONE, NAMESPACE, NAMESPACE_DONE, ... on the request stream."""
+
+    def on_data(self, stream_id: int, event: object) -> None:
+        """Data-plane event of our subscription / fetch."""
+
+    def on_stream_closed(self, stream_id: int, code: int | None) -> None:
+        """One of its data streams ended (FIN: None; reset: the code)."""
+
+    def on_stream_stopped(self, stream_id: int, code: int) -> None:
+        """The peer sent STOP_SENDING on a data stream we send for this request."""
+
+    def on_finished(self) -> None:
+        """The peer FIN'd its half of the request stream."""
+
+    def on_cancelled(self, code: int) -> None:
+        """The peer reset / stopped the request stream (cancellation)."""
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        """The session ended."""
+
+
+class PeerSession(ConnectionHandler):
+    """One MOQT session of the relay."""
+
+    def __init__(self, relay: Relay, role: Role, session_config: SessionConfig | None = None,
+                 *, upstream: bool = False) -> None:
+        self.relay = relay
+        self.role = role
+        self.upstream = upstream
+        self._session_config = session_config or SessionConfig(implementation="kvsp-moq-relay")
+        self.moqt: MoqtSession | None = None
+        self.connection: Connection = None  # type: ignore[assignment]
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[tuple[int, str]] = loop.create_future()
+        for fut in (self.ready, self.closed):
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        #: Handlers of the requests we sent (by our Request ID).
+        self.local: dict[int, RequestHandler] = {}
+        #: Handlers of the peer's requests we are answering (by its Request ID).
+        self.served: dict[int, RequestHandler] = {}
+        self.goaway_received = False
+        self._aliases = 0
+        self._pumping = False
+
+    def __repr__(self) -> str:
+        addr = self.connection.remote_address if self.connection is not None else None
+        return f"<PeerSession {self.role.value} {addr}>"
+
+    @property
+    def version(self) -> Version:
+        assert self.moqt is not None
+        return self.moqt.version
+
+    @property
+    def is_open(self) -> bool:
+        return self.moqt is not None and not self.moqt.closed and not self.closed.done()
+
+    def next_alias(self) -> int:
+        """Track Aliases we hand out on this session (SUBSCRIBE_OK), one per subscription."""
+        a = self._aliases
+        self._aliases += 1
+        return a
+
+    # -- ConnectionHandler -------------------------------------------------------------------
+    def connection_made(self, conn: Connection, alpn: str) -> None:
+        self.connection = conn
+        self.moqt = MoqtSession(self.role, Version.from_alpn(alpn), self._session_config)
+        self.moqt.start()
+        self.pump()
+
+    def stream_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
+        assert self.moqt is not None
+        self.moqt.stream_data(stream_id, data, end_stream)
+        self.pump()
+
+    def stream_reset(self, stream_id: int, error_code: int) -> None:
+        assert self.moqt is not None
+        self.moqt.stream_reset(stream_id, error_code)
+        self.pump()
+
+    def stop_sending(self, stream_id: int, error_code: int) -> None:
+        assert self.moqt is not None
+        self.moqt.stop_sending(stream_id, error_code)
+        self.pump()
+
+    def datagram_received(self, data: bytes | memoryview) -> None:
+        assert self.moqt is not None
+        self.moqt.datagram_received(data)
+        self.pump()
+
+    def connection_lost(self, error_code: int, reason: str) -> None:
+        if self.moqt is not None:
+            self.moqt.connection_lost(error_code, reason)
+            self.pump()
+        self._on_closed(error_code, reason)
+
+    # -- the pump ----------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Carry out queued actions, then dispatch events, until both queues are empty.
+        Re-entrant calls (a handler acting on this session) return at once: the outer loop
+        picks up what they queued."""
+        if self._pumping or self.moqt is None:
+            return
+        self._pumping = True
+        try:
+            moqt = self.moqt
+            while True:
+                action = moqt.next_action()
+                if action is not None:
+                    self._do(action)
+                    continue
+                event = moqt.next_event()
+                if event is None:
+                    break
+                try:
+                    self._dispatch(event)
+                except Exception:  # a relay bug must not take the session's peers down
+                    logger.exception("relay: handling %r failed", event)
+        finally:
+            self._pumping = False
+
+    def _do(self, a: ev.Action) -> None:
+        conn = self.connection
+        if conn.is_closed:
+            return
+        try:
+            if isinstance(a, ev.SendStream):
+                conn.send(a.stream_id, a.data, a.end_stream)
+            elif isinstance(a, ev.OpenStream):
+                sid = conn.open_bidi() if a.bidirectional else conn.open_uni()
+                if sid != a.stream_id:  # pragma: no cover - numbering is RFC 9000's
+                    raise RuntimeError(f"stream {sid} opened, session expected {a.stream_id}")
+            elif isinstance(a, ev.ResetStream):
+                conn.reset_stream(a.stream_id, a.error_code)
+            elif isinstance(a, ev.StopSending):
+                conn.stop_sending(a.stream_id, a.error_code)
+            elif isinstance(a, ev.SendDatagram):
+                conn.send_datagram(a.data)
+            elif isinstance(a, ev.CloseSession):
+                conn.close(a.error_code, a.reason)
+        except StreamClosedError:
+            pass  # the peer stopped the stream meanwhile; its event follows
+
+    def _handler(self, rid: int) -> RequestHandler | None:
+        return self.local.get(rid) or self.served.get(rid)
+
+    def _dispatch(self, e: ev.Event) -> None:
+        if isinstance(e, ev.DataEvent):
+            h = self.local.get(e.request_id)
+            if h is not None:
+                h.on_data(e.stream_id, e.event)
+        elif isinstance(e, ev.DataStreamClosed):
+            h = self.local.get(e.request_id)
+            if h is not None:
+                h.on_stream_closed(e.stream_id, e.error_code)
+        elif isinstance(e, ev.RequestReceived):
+            if self.moqt is not None and self.moqt.goaway_sent:
+                return  # the session already answered GOING_AWAY
+            self.relay.on_request(self, e.request_id, e.message)
+        elif isinstance(e, ev.ResponseReceived):
+            h = self.local.get(e.request_id)
+            if h is not None:
+                h.on_response(e.message)
+        elif isinstance(e, ev.RequestMessage):
+            h = self._handler(e.request_id)
+            if h is not None:
+                h.on_message(e.message)
+        elif isinstance(e, ev.RequestFinished):
+            h = self._handler(e.request_id)
+            if h is not None:
+                h.on_finished()
+        elif isinstance(e, ev.RequestCancelled):
+            h = self.local.pop(e.request_id, None) or self.served.pop(e.request_id, None)
+            if h is not None:
+                h.on_cancelled(e.error_code)
+        elif isinstance(e, ev.DataStreamStopped):
+            h = self.served.get(e.request_id)
+            if h is not None:
+                h.on_stream_stopped(e.stream_id, e.error_code)
+        elif isinstance(e, ev.SetupComplete):
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif isinstance(e, ev.GoawayReceived):
+            self.goaway_received = True
+            self.relay.on_goaway(self)
+        elif isinstance(e, ev.SessionClosed):
+            self._on_closed(e.error_code, e.reason)
+
+    def _on_closed(self, code: int, reason: str) -> None:
+        if self.closed.done():
+            return
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(f"session closed ({code}): {reason}"))
+        self.closed.set_result((code, reason))
+        handlers = list(self.local.values()) + list(self.served.values())
+        self.local.clear()
+        self.served.clear()
+        for h in handlers:
+            try:
+                h.on_session_closed(self)
+            except Exception:
+                logger.exception("relay: closing %r failed", h)
+        self.relay.on_session_closed(self)
+
+    # -- helpers for handlers ----------------------------------------------------------------
+    def flush(self) -> None:
+        """Carry out the actions queued by a call into ``self.moqt`` now (even from inside
+        another event's dispatch, so a stream is opened before bytes are written to it),
+        then dispatch events unless a pump is already running."""
+        moqt = self.moqt
+        if moqt is None:
+            return
+        while (action := moqt.next_action()) is not None:
+            self._do(action)
+        self.pump()
+
+    def release(self, rid: int) -> None:
+        """Forget our finished request ``rid`` (its data routing too)."""
+        self.local.pop(rid, None)
+        if self.moqt is not None:
+            self.moqt.release(rid)
+
+    def close(self, code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
+        if self.moqt is not None:
+            self.moqt.close(code, reason)
+            self.pump()

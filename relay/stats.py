@@ -1,0 +1,40 @@
+"""Relay counters: one plain object, read with :meth:`RelayStats.snapshot` (an HTTP or
+Prometheus endpoint is later work; it would just serve the snapshot)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["RelayStats"]
+
+
+@dataclass
+class RelayStats:
+    """Counters updated by the relay as it works. Gauges (current subscribers, tracks,
+    cache bytes/objects, sessions) are read from the live relay through ``gauges``."""
+
+    #: Downstream SUBSCRIBEs accepted / refused, and subscriptions ended TOO_FAR_BEHIND.
+    subscribes: int = 0
+    subscribe_errors: int = 0
+    too_far_behind: int = 0
+    #: Upstream subscriptions opened (one per full track name, however many subscribers).
+    upstream_subscribes: int = 0
+    #: Downstream FETCHes, those served from the cache, those that needed upstream, and
+    #: the upstream FETCHes actually sent (single-flight: misses >= upstream_fetches).
+    fetches: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    upstream_fetches: int = 0
+    #: Object payload bytes received from upstream / sent downstream (headers excluded).
+    bytes_in: int = 0
+    bytes_out: int = 0
+    objects_in: int = 0
+    objects_out: int = 0
+    gauges: Callable[[], dict[str, int]] | None = field(default=None, repr=False)
+
+    def snapshot(self) -> dict[str, int]:
+        out = {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
+        if self.gauges is not None:
+            out.update(self.gauges())
+        return out

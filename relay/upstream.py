@@ -1,0 +1,225 @@
+"""Upstream subscriptions: exactly ONE upstream SUBSCRIBE per full track name, whatever the
+number of downstream subscribers (draft-20 §"Subscriber Interactions": "Subscription
+aggregation allows relays to make only a single upstream subscription for the Track").
+
+* The first downstream SUBSCRIBE for a track opens the upstream subscription; later ones
+  join it. "The relay MUST have an Established upstream subscription before sending
+  SUBSCRIBE_OK": subscribers that arrive while it is pending wait, and get SUBSCRIBE_OK (or
+  the upstream's REQUEST_ERROR code) when the upstream answers.
+* The upstream subscription has no LOCATION_FILTER (every object from now on, the widest
+  live window); each subscriber's own filter is applied by the fan-out.
+* When the last subscriber leaves, the upstream subscription is cancelled (RESET_STREAM
+  CANCELLED on its request stream, §"Request Cancellation").
+* Upstream PUBLISH_DONE is forwarded to every subscriber with its own Stream Count, once
+  the upstream's data streams (its Stream Count) have all ended. An upstream session that
+  ends first ends the subscriptions with PUBLISH_DONE GOING_AWAY when it had sent GOAWAY,
+  INTERNAL_ERROR otherwise (streams mid-object are reset, the others FIN'd).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
+from kvsp_moq.moqt.messages import (
+    Location,
+    Message,
+    MessageParameters,
+    PublishDone,
+    RequestError,
+    Subscribe,
+    SubscribeOk,
+)
+from kvsp_moq.moqt.objects import SubgroupHeader
+from kvsp_moq.pubsub.window import subscription_window
+
+from .cache import ObjectCache, TrackName
+from .fanout import Fanout, Subscriber
+from .peer import PeerSession, RequestHandler
+from .stats import RelayStats
+
+__all__ = ["UpstreamManager", "UpstreamSubscription"]
+
+logger = logging.getLogger(__name__)
+UNKNOWN_STREAM_COUNT = (1 << 62) - 1
+
+
+class UpstreamSubscription(RequestHandler):
+    """Our SUBSCRIBE to the publisher (or upstream relay) of one track."""
+
+    def __init__(self, manager: UpstreamManager, track: TrackName, peer: PeerSession) -> None:
+        self.manager = manager
+        self.track = track
+        self.peer = peer
+        self.fanout = Fanout(track, manager.cache, manager.stats, self._on_empty, manager.emit)
+        self.pending: list[tuple[PeerSession, int, Subscribe]] = []
+        self.request_id: int | None = None
+        self.established = False
+        self.ended = False
+        self.track_properties: tuple[tuple[int, int | bytes], ...] = ()
+        self.done: PublishDone | None = None
+        self.streams_seen = 0
+
+    def start(self) -> None:
+        moqt = self.peer.moqt
+        assert moqt is not None
+        ns, name = self.track
+        self.request_id = moqt.subscribe(ns, name, MessageParameters())
+        self.peer.local[self.request_id] = self
+        self.manager.stats.upstream_subscribes += 1
+        self.peer.flush()
+
+    # -- downstream side ---------------------------------------------------------------------
+    def join(self, down: PeerSession, rid: int, msg: Subscribe) -> None:
+        if self.established:
+            self._accept(down, rid, msg)
+        else:
+            self.pending.append((down, rid, msg))
+
+    def _accept(self, down: PeerSession, rid: int, msg: Subscribe) -> None:
+        moqt = down.moqt
+        if moqt is None or moqt.closed or rid not in moqt.requests:
+            return  # the subscriber went away while we waited
+        window = subscription_window(msg.parameters.location_filter, self.fanout.largest)
+        if window.empty:
+            moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "the filter's end precedes its start")
+            self.manager.stats.subscribe_errors += 1
+            down.flush()
+            return
+        alias = down.next_alias()
+        largest = self.fanout.largest
+        params = (MessageParameters(largest_object=Location(*largest)) if largest
+                  else MessageParameters())
+        # §"Relay Track Handling": all Track Properties go into SUBSCRIBE_OK, unchanged.
+        moqt.accept_subscribe(rid, alias, params, self.track_properties)
+        sub = Subscriber(self.fanout, down, rid, alias, window,
+                         self.manager.subscriber_queue_bytes)
+        down.served[rid] = sub
+        self.fanout.add(sub)
+        self.manager.stats.subscribes += 1
+        down.flush()
+
+    def _reject_pending(self, code: int, reason: str) -> None:
+        pending, self.pending = self.pending, []
+        for down, rid, _msg in pending:
+            moqt = down.moqt
+            if moqt is not None and not moqt.closed and rid in moqt.requests:
+                moqt.reject(rid, code, reason)
+                self.manager.stats.subscribe_errors += 1
+                down.flush()
+
+    def _on_empty(self) -> None:
+        """The last subscriber left: cancel upstream (unless the upstream already ended)."""
+        if self.ended or self.pending:
+            return
+        if self.established:
+            self._finish()
+            if self.request_id is not None and self.peer.is_open:
+                self.peer.local.pop(self.request_id, None)
+                assert self.peer.moqt is not None
+                self.peer.moqt.cancel(self.request_id)
+                self.peer.flush()
+
+    # -- upstream side (RequestHandler of our SUBSCRIBE) -------------------------------------
+    def on_response(self, msg: Message) -> None:
+        if isinstance(msg, SubscribeOk):
+            self.established = True
+            self.track_properties = tuple(msg.track_properties)
+            self.manager.cache.set_track_properties(self.track, self.track_properties)
+            self.fanout.set_track_properties(self.track_properties)
+            largest = msg.parameters.largest_object
+            if largest is not None:
+                self.fanout.largest = (largest.group, largest.object)
+            pending, self.pending = self.pending, []
+            for down, rid, sub in pending:
+                self._accept(down, rid, sub)
+            if not self.fanout.subscribers:
+                self._on_empty()
+        elif isinstance(msg, RequestError):
+            self._finish()
+            self._reject_pending(msg.error_code, msg.error_reason)
+            if self.request_id is not None:
+                self.peer.release(self.request_id)
+
+    def on_message(self, msg: Message) -> None:
+        if isinstance(msg, PublishDone):
+            self.done = msg
+            self._maybe_done()
+
+    def on_data(self, stream_id: int, event: object) -> None:
+        if isinstance(event, SubgroupHeader):
+            self.streams_seen += 1
+        self.fanout.on_data(stream_id, event)
+
+    def on_stream_closed(self, stream_id: int, code: int | None) -> None:
+        self.fanout.on_stream_closed(stream_id, code)
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        done = self.done
+        if done is None or self.ended or self.fanout.open_upstream_streams:
+            return
+        if done.stream_count < UNKNOWN_STREAM_COUNT and self.streams_seen < done.stream_count:
+            return  # some upstream streams have not arrived yet
+        self._finish()
+        self.fanout.end_all(done.status_code, done.error_reason)
+        if self.request_id is not None:
+            self.peer.release(self.request_id)
+
+    def on_cancelled(self, code: int) -> None:
+        self._end_everything(PublishDoneCode.INTERNAL_ERROR, f"upstream cancelled ({code})")
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        status = PublishDoneCode.GOING_AWAY if peer.goaway_received else \
+            PublishDoneCode.INTERNAL_ERROR
+        self._end_everything(status, "upstream session closed")
+
+    def _end_everything(self, status: int, reason: str) -> None:
+        if self.ended:
+            return
+        self._finish()
+        self._reject_pending(RequestErrorCode.INTERNAL_ERROR, reason)
+        for usid in list(self.fanout._up):
+            # streams still open upstream: objects cut short are reset downstream
+            self.fanout.on_stream_closed(usid, None)
+        self.fanout.end_all(status, reason)
+
+    def _finish(self) -> None:
+        self.ended = True
+        self.manager.drop(self)
+
+
+class UpstreamManager:
+    """Full track name → its :class:`UpstreamSubscription`."""
+
+    def __init__(self, cache: ObjectCache, stats: RelayStats, subscriber_queue_bytes: int,
+                 emit: Callable[[str, object], None] = lambda kind, obj: None) -> None:
+        self.cache = cache
+        self.stats = stats
+        self.subscriber_queue_bytes = subscriber_queue_bytes
+        self.emit = emit
+        self.tracks: dict[TrackName, UpstreamSubscription] = {}
+
+    def get(self, track: TrackName) -> UpstreamSubscription | None:
+        return self.tracks.get(track)
+
+    def subscribe(self, track: TrackName, route: PeerSession, down: PeerSession, rid: int,
+                  msg: Subscribe) -> UpstreamSubscription:
+        up = self.tracks.get(track)
+        if up is None:
+            up = UpstreamSubscription(self, track, route)
+            self.tracks[track] = up
+            up.join(down, rid, msg)
+            up.start()
+        else:
+            up.join(down, rid, msg)
+        return up
+
+    def drop(self, up: UpstreamSubscription) -> None:
+        if self.tracks.get(up.track) is up:
+            del self.tracks[up.track]
+
+    @property
+    def subscriber_count(self) -> int:
+        return sum(len(u.fanout.subscribers) for u in self.tracks.values())
