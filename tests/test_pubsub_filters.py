@@ -98,3 +98,12 @@ def test_window_membership() -> None:
     assert [w.passed(*loc) for loc in [(1, 0), (2, 0), (2, 1), (3, 0)]] == [False, False, True, True]
     assert Window((5, 3), 5, 1).empty and not Window((5, 3), 5, None).empty
     assert PublishDoneCode.SUBSCRIPTION_ENDED == 0x3
+
+
+async def test_unencodable_properties_fail_at_write_time(pair: tuple[TrackPublisher, Session]) -> None:
+    track, client = pair
+    with pytest.raises(TypeError):
+        await track.write_object(0, 0, b"x", properties=[(0x3800, b"bytes on an even type")])
+    await track.write_object(0, 1, b"y", properties=[(0x3801, b"bytes on an odd type")])
+    got = await (await client.fetch(NS, "t", start=(0, 0))).collect()
+    assert [(o.object_id, bytes(o.payload)) for o in got] == [(1, b"y")]

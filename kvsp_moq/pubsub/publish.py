@@ -22,6 +22,7 @@ from ..moqt.errors import PublishDoneCode, StreamResetCode
 from ..moqt.objects import SubgroupHeader, SubgroupIdMode
 from ..transport import StreamClosedError, TransportError
 from ..wire.buffer import Buffer
+from ..wire.kvp import encode_kvps
 from .window import Window
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,6 +118,9 @@ class TrackPublisher:
         :meth:`ObjectWriter.write` and finish with :meth:`ObjectWriter.close`."""
         if self.finished:
             raise RuntimeError("track finished")
+        # Properties that cannot be encoded fail here, for every later subscriber and FETCH
+        # alike (even types carry integers, odd types bytes; non-decreasing types).
+        encode_kvps(properties)
         await self._lock.acquire()
         try:
             prio = self.priority if priority is None else priority

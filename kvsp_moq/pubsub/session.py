@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from ..moqt import session_events as ev
 from ..moqt.data import FetchStreamEncoder
-from ..moqt.errors import RequestErrorCode, SessionErrorCode
+from ..moqt.errors import RequestErrorCode, SessionErrorCode, StreamResetCode
 from ..moqt.messages import (
     Fetch,
     FetchWithType,
@@ -271,6 +271,12 @@ class Session(ConnectionHandler):
             conn.send(sid, b"", end_stream=True)
         except TransportError:
             pass
+        except (ValueError, TypeError):  # an object that cannot be serialized: fail the stream, not hang
+            logger.exception("FETCH %d: cannot serialize an object", rid)
+            try:
+                conn.reset_stream(sid, StreamResetCode.INTERNAL_ERROR)
+            except TransportError:
+                pass
         if self.moqt is not None and not self.moqt.closed:
             moqt.data_stream_done(sid)
             moqt.finish_request(rid)
