@@ -759,11 +759,14 @@ class Session:
             def build(rid: int) -> Message:
                 return StandaloneFetch(rid, tuple(namespace), name, start, stop, parameters)
         else:
-            if end is None:
-                flt = LocationFilter.absolute(start)
+            if end is None and start == (0, 0):
+                # "FETCH without filter = {0,0}..Largest Object"; drafts 20/21 cannot even
+                # write an absolute start of {0,0} (two zero fields mean Next Object).
+                params = parameters
             else:
-                flt = LocationFilter.absolute(start, end[0], end[1])
-            params = _with(parameters, location_filter=flt)
+                flt = (LocationFilter.absolute(start) if end is None
+                       else LocationFilter.absolute(start, end[0], end[1]))
+                params = _with(parameters, location_filter=flt)
 
             def build(rid: int) -> Message:
                 return Fetch(rid, tuple(namespace), name, params)
