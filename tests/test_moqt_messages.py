@@ -202,12 +202,12 @@ VECTORS: list[Vector] = [
                            location_filter=LF.next_object())),
     ),
     # draft 20: Request ID 4, 3 params: 10 FORWARD 01 | 11 (0x21) LOCATION_FILTER len 02
-    # {00 00: Next Object} | 02 (0x23) FILL_PARAMETERS len 05 {20 SUBSCRIBER_PRIORITY 0a,
+    # {00 00: Next Object} | 02 (0x23) FILL_PARAMETERS len 06 {02 parameters: 20 SUBSCRIBER_PRIORITY 0a,
     # 01 (0x21) LOCATION_FILTER len 01 {StartGroup 01}}  ("join at the current group")
     Vector(
         "request-update-fill-20",
         D20,
-        "02 000f 04 03 1001 11020000 0205 200a 010101",
+        "02 0010 04 03 1001 11020000 0206 02 200a 010101",
         RequestUpdate(4, P(forward=True, location_filter=LF.next_object(),
                            fill_parameters=P(subscriber_priority=10,
                                              location_filter=LF.relative_start(1)))),
@@ -217,7 +217,7 @@ VECTORS: list[Vector] = [
     Vector(
         "request-update-fill-22",
         (V22,),
-        "02 000d 04 03 1001 1105 0205 200a 010101",
+        "02 000e 04 03 1001 1105 0206 02 200a 010101",
         RequestUpdate(4, P(forward=True, location_filter=LF.next_object(),
                            fill_parameters=P(subscriber_priority=10,
                                              location_filter=LF.relative_start(1)))),

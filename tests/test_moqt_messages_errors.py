@@ -373,18 +373,20 @@ def test_location_filters_not_expressible() -> None:
 # -- FILL_PARAMETERS (20+) ----------------------------------------------------------------------
 @pytest.mark.parametrize("version", (V20, V21, V22))
 def test_fill_parameters_errors(version: Version) -> None:
-    assert_error(version, subscribe("01 23 02 1001"), PV)  # FORWARD inside FILL_PARAMETERS
-    assert_error(version, subscribe("01 23 03 2301 00"), PV)  # FILL_PARAMETERS inside it
-    assert_error(version, subscribe("01 23 04 2001 0002"), PV)  # repeated inside
-    assert_error(version, subscribe("01 23 03 20"), PV)  # runs past the message
+    assert_error(version, subscribe("01 23 03 01 1001"), PV)  # FORWARD inside FILL_PARAMETERS
+    assert_error(version, subscribe("01 23 04 01 2301 00"), PV)  # FILL_PARAMETERS inside it
+    assert_error(version, subscribe("01 23 05 02 2001 0002"), PV)  # repeated inside
+    assert_error(version, subscribe("01 23 04 01 20"), PV)  # runs past the message
     # The block bounds its parameters: a GROUP_ORDER whose value lies outside it.
-    assert_error(version, subscribe("01 23 01 22 01"), PV)
-    assert_error(version, frame(0x02, h("00 01 2301 22 01")), PV)
+    assert_error(version, subscribe("01 23 02 01 22 01"), PV)
+    assert_error(version, frame(0x02, h("00 01 2302 01 22 01")), PV)
+    # The block holds Number of Parameters and exactly that many: a byte after them is an error.
+    assert_error(version, subscribe("01 23 04 01 0a05 00"), PV)
     # Its scope is its own: FILL_TIMEOUT inside is fine although SUBSCRIBE may not carry it.
-    got = decode_message(version, subscribe("01 23 02 0a05"))[0]
+    got = decode_message(version, subscribe("01 23 03 01 0a05"))[0]
     assert got.parameters.fill_parameters == P(fill_timeout=5)
     # Range filters inside: draft 22 only (our reading of its eight nested parameters).
-    nested = subscribe("01 23 03 25 01 00")  # SUBGROUP_FILTER len 01 {SetID 00}
+    nested = subscribe("01 23 04 01 25 01 00")  # SUBGROUP_FILTER len 01 {SetID 00}
     if version is V22:
         assert decode_message(version, nested)[0].parameters.fill_parameters == P(
             subgroup_filters=(RangeFilter(0),))

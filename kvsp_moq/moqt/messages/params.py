@@ -216,16 +216,21 @@ class _NamespaceValue:
 
 
 class _FillParametersValue:
-    """Length-prefixed block of delta-coded Message Parameters, no count (see module doc)."""
+    """Length-prefixed block holding Number of Parameters and the parameters, like every
+    parameter block of the drafts. Both draft-20+ peers we test against (moq-rs, aiomoqt)
+    write the count (docs/interop.md); bytes after the last counted parameter are a
+    PROTOCOL_VIOLATION."""
 
     def read(self, r: Reader, version: Version) -> MessageParameters:
-        return read_parameters(
-            r.bounded(r.pull_vi64()), version, ParamContext.FILL_PARAMETERS, counted=False
-        )
+        block = r.bounded(r.pull_vi64())
+        value = read_parameters(block, version, ParamContext.FILL_PARAMETERS)
+        if not block.at_end():
+            raise violation("bytes after the last parameter of FILL_PARAMETERS")
+        return value
 
     def write(self, w: Writer, version: Version, value: MessageParameters) -> None:
         inner = Writer(seven_byte=w.seven_byte)
-        write_parameters(inner, version, ParamContext.FILL_PARAMETERS, value, counted=False)
+        write_parameters(inner, version, ParamContext.FILL_PARAMETERS, value)
         w.push_vi64(len(inner))
         w.push_bytes(inner.view())
 
