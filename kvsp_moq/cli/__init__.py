@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..control import cli_index
+from ..control import cli_holder, cli_index
 from . import bench, core, demo, moq, relay_cmd
 
 
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub)
     moq.register(sub)
     cli_index.register_cli(sub)
+    cli_holder.register_cli(sub)
     relay_cmd.register(sub)
     return parser
 

@@ -11,6 +11,16 @@ purge_interval_ms = 5000     # how often expired records are reclaimed (0: never
 max_descriptors = 1024       # cap on registered Compatibility Descriptors
 descriptors = ["model.json"] # descriptor files (JSON, §4.1), relative to this file
 
+[holder]                     # the holder (docs/http-api.md "Holder"); every key optional
+base_path = "/"              # routes are {base_path}blocks/..., {base_path}leases
+url = "https://h1.example/kvsp/"  # the holder URL written in Replica Records (default: the bound address)
+index_url = "https://is.example/" # the IS to publish to (none: no publication)
+index_token = "..."          # bearer token presented to the IS
+record_ttl_ms = 60000        # ttl_ms asked for published Replica Records (§6.1)
+max_lease_ttl_ms = 60000     # per-client quota on a lease's TTL (§6.6)
+max_leased_octets = 4294967296   # per-client quota on leased octets (§6.6)
+tiers = [{kind = "host", capacity = 1073741824}]
+
 [[principals]]               # see kvsp_moq/control/auth.py
 name = "holder-h1"
 token = "..."                # or token_sha256 = "<hex of SHA-256(token)>"
@@ -69,12 +79,102 @@ class IndexConfig:
                 raise ConfigError(f"index.{name}", f"must be an integer >= {minimum}")
 
 
+#: Tier kinds a holder configuration may name, fastest first.
+TIER_KINDS = ("device", "host", "disk")
+_TIER_KEYS = frozenset({"kind", "name", "capacity", "path", "read_mbit_per_s", "device"})
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One storage tier of a holder (``kind`` device, host or disk; ``path`` for disk)."""
+
+    kind: str
+    capacity: int
+    name: str | None = None
+    path: str | None = None
+    read_mbit_per_s: float | None = None
+    device: str | None = None  # device tier: torch device ("cuda:0"; default: the tier's choice)
+
+    def __post_init__(self) -> None:
+        if self.kind not in TIER_KINDS:
+            raise ConfigError("holder.tiers.kind", f"must be one of {', '.join(TIER_KINDS)}")
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 0:
+            raise ConfigError("holder.tiers.capacity", "must be an integer >= 0")
+        if (self.kind == "disk") != (self.path is not None):
+            raise ConfigError("holder.tiers.path", "required for a disk tier, and only for one")
+
+
+@dataclass(frozen=True)
+class HolderConfig:
+    """Settings, limits and quotas of the holder (§6.1, §6.6, §6.7)."""
+
+    base_path: str = "/"
+    #: The holder URL written in Replica Records and used by clients to reach the holder;
+    #: ``None``: the address the server binds (``http://host:port{base_path}``).
+    url: str | None = None
+    #: Base URL of the Index Service the holder publishes to; ``None``: no publication.
+    index_url: str | None = None
+    index_token: str | None = None
+    record_ttl_ms: int = 60_000
+    #: How often records are refreshed; 0: a third of ``record_ttl_ms``.
+    refresh_interval_ms: int = 0
+    #: First retry delay of a failed withdrawal (doubles up to ``withdraw_retry_max_ms``).
+    withdraw_retry_ms: int = 200
+    withdraw_retry_max_ms: int = 10_000
+    #: Largest container a PUT may carry (413 above).
+    max_block_octets: int = 256 * MiB
+    #: Largest JSON body (lease requests).
+    max_body_octets: int = 1 * MiB
+    #: Per-client quotas (§6.6): lease TTL, leased octets, number of live leases.
+    max_lease_ttl_ms: int = 60_000
+    max_leased_octets: int = 4096 * MiB
+    max_leases: int = 1024
+    max_lease_keys: int = 4096
+    #: Octets per write when streaming a block response.
+    chunk_octets: int = 256 * 1024
+    tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
+
+    def __post_init__(self) -> None:
+        if not (self.base_path.startswith("/") and self.base_path.endswith("/")):
+            raise ConfigError("holder.base_path", "must start and end with '/'")
+        for name in ("url", "index_url"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "://" not in value or not value.endswith("/")):
+                raise ConfigError(f"holder.{name}", "must be an absolute URL ending in '/'")
+        if self.index_token is not None and not isinstance(self.index_token, str):
+            raise ConfigError("holder.index_token", "must be a string")
+        for name, minimum in (
+            ("record_ttl_ms", 1),
+            ("refresh_interval_ms", 0),
+            ("withdraw_retry_ms", 1),
+            ("withdraw_retry_max_ms", 1),
+            ("max_block_octets", 64),
+            ("max_body_octets", 1024),
+            ("max_lease_ttl_ms", 1),
+            ("max_leased_octets", 0),
+            ("max_leases", 0),
+            ("max_lease_keys", 1),
+            ("chunk_octets", 1024),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"holder.{name}", f"must be an integer >= {minimum}")
+        if not self.tiers:
+            raise ConfigError("holder.tiers", "at least one tier is required")
+
+    @property
+    def refresh_ms(self) -> int:
+        """The refresh period of published records: well before they expire (§6.1)."""
+        return self.refresh_interval_ms or max(1, self.record_ttl_ms // 3)
+
+
 @dataclass(frozen=True)
 class ControlConfig:
     """A whole configuration file: the principals and each role's section."""
 
     auth: Authorizer
     index: IndexConfig = IndexConfig()
+    holder: HolderConfig = HolderConfig()
 
 
 def load_config(path: str | Path) -> ControlConfig:
@@ -92,12 +192,45 @@ def load_config(path: str | Path) -> ControlConfig:
 
 def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None) -> ControlConfig:
     """The same from a decoded mapping; descriptor paths are relative to ``base_dir``."""
-    unknown = set(doc) - {"index", "principals"}
+    unknown = set(doc) - {"index", "holder", "principals"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section")
     auth = Authorizer.from_config(doc.get("principals", []))
     index = _index_config(doc.get("index", {}), base_dir or Path.cwd())
-    return ControlConfig(auth=auth, index=index)
+    holder = _holder_config(doc.get("holder", {}), base_dir or Path.cwd())
+    return ControlConfig(auth=auth, index=index, holder=holder)
+
+
+def _holder_config(section: object, base_dir: Path) -> HolderConfig:
+    if not isinstance(section, dict):
+        raise ConfigError("holder", "must be a table")
+    known = {f.name for f in fields(HolderConfig)}
+    values = dict(section)
+    unknown = set(values) - known
+    if unknown:
+        raise ConfigError(f"holder.{sorted(unknown)[0]}", "unknown key")
+    if "base_path" in values and not isinstance(values["base_path"], str):
+        raise ConfigError("holder.base_path", "must be a string")
+    if "tiers" in values:
+        tiers = values["tiers"]
+        if not isinstance(tiers, list):
+            raise ConfigError("holder.tiers", "must be an array of tables")
+        values["tiers"] = tuple(_tier_config(t, f"holder.tiers[{i}]", base_dir) for i, t in enumerate(tiers))
+    return HolderConfig(**values)
+
+
+def _tier_config(entry: object, key: str, base_dir: Path) -> TierConfig:
+    if not isinstance(entry, dict):
+        raise ConfigError(key, "must be a table")
+    unknown = set(entry) - _TIER_KEYS
+    if unknown:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}", "unknown key")
+    values = dict(entry)
+    if "kind" not in values or "capacity" not in values:
+        raise ConfigError(key, "kind and capacity are required")
+    if isinstance(values.get("path"), str):
+        values["path"] = str(base_dir / values["path"])
+    return TierConfig(**values)
 
 
 def _index_config(section: object, base_dir: Path) -> IndexConfig:

@@ -76,3 +76,23 @@ class StaleEpoch(ServiceError):
     """A record carries an epoch lower than the highest seen for its instance (409, §6.3)."""
 
     problem = problems.STALE_EPOCH
+
+
+class PreconditionFailed(ServiceError):
+    """``PUT`` with ``If-None-Match: *`` on a block the holder already has (412, §6.7)."""
+
+    problem = problems.PRECONDITION_FAILED
+
+
+class LayersNotHeld(ServiceError):
+    """The holder does not hold the requested layers, or not in the requested codec (404
+    ``kvsp-layers-unavailable``, §6.7)."""
+
+    problem = problems.LAYERS_UNAVAILABLE
+
+
+class LeaseQuotaExceeded(ServiceError):
+    """A lease request or renewal exceeds the client's quota on leased octets, on lease TTL or
+    on live leases (429 ``kvsp-lease-quota``, §6.6)."""
+
+    problem = problems.LEASE_QUOTA

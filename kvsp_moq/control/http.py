@@ -1,9 +1,13 @@
 """HTTP binding of the control-plane services (DESIGN.md §5); the only module importing aiohttp.
 
 Structure: one application per process, built by :func:`build_app` from the services it runs
-and one :class:`~.auth.Authorizer`. Each role contributes a route table (:class:`IndexRoutes`
-today; the holder, instance and PC add theirs beside it) under its own base path. The shared
-machinery is role-neutral:
+and one :class:`~.auth.Authorizer`. Each role contributes a route table (:class:`IndexRoutes`,
+:class:`HolderRoutes`; the instance and PC add theirs beside it) under its own base path.
+:func:`serve_index` and :func:`serve_holder` run one role each. The HTTP *clients* live here
+too, behind transport-neutral interfaces defined by the services: :class:`HttpIndexClient`
+(``publisher.IndexClient``, a holder publishing to the IS) and :class:`HttpBlockFetcher`
+(``retrieval.BlockFetcher``, a client reading blocks from holders). The shared machinery is
+role-neutral:
 
 - :func:`authenticate` — the principal of a request (401 problem otherwise);
 - :func:`read_record` / :func:`read_json_object` — JSON bodies, ``application/kvsp+json`` or
@@ -29,12 +33,15 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote
 
+import aiohttp
 from aiohttp import web
 
 from ..kvsp import problems
 from ..kvsp.errors import KvspError, RecordError
 from ..kvsp.records import (
     InstanceStatusRecord,
+    LeaseRenewal,
+    LeaseRequest,
     LookupRequest,
     Problem,
     Record,
@@ -43,12 +50,16 @@ from ..kvsp.records import (
     dump_json,
     parse_json,
 )
+from ..storage import BlockStore, RecordKey, ReplicaPinned, StoreFull
 from .auth import Authorizer, Principal
-from .clock import Clock
-from .config import ControlConfig
+from .clock import Clock, MonotonicClock
+from .config import ControlConfig, HolderConfig
 from .errors import ServiceError
+from .holder import BLOCK_MEDIA_TYPE, HolderService, build_store, repr_digest
 from .index import IndexService
 from .index_store import BlockRef, IndexStore, ReplicaId
+from .leases import LeaseLimits, LeaseManager
+from .publisher import IndexClient, IndexRefused, IndexUnreachable, ReplicaPublisher
 from .status_table import InstanceStatusTable
 
 log = logging.getLogger(__name__)
@@ -60,6 +71,7 @@ JSON_MEDIA_TYPES = frozenset({KVSP_JSON, "application/json"})
 
 AUTHORIZER = web.AppKey("kvsp_authorizer", Authorizer)
 INDEX_SERVICE = web.AppKey("kvsp_index_service", IndexService)
+HOLDER_SERVICE = web.AppKey("kvsp_holder_service", HolderService)
 
 R = TypeVar("R", bound=Record)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -270,14 +282,165 @@ class IndexRoutes:
 
 
 # ---------------------------------------------------------------------------------------------
+# The holder (§6.6, §6.7)
+
+#: A lease identifier in a path (records/lease.py LEASE_ID).
+LEASE_SEGMENT = "{lease:[A-Za-z0-9._~-]{1,128}}"
+#: The largest layer index (``layers=a-b``): a KVB1 field is 32 bits (§4.3).
+_MAX_LAYER = (1 << 32) - 1
+
+
+def record_key(request: web.Request) -> RecordKey:
+    """The block resource named by the ``{compat}/{scope}/{key}`` segments (§6.7)."""
+    info = request.match_info
+    return RecordKey.from_hex(info["compat"], info["scope"], info["key"])
+
+
+def parse_layers(value: str | None) -> tuple[int, int] | None:
+    """``layers=a-b`` (§6.7: the inclusive range a..b); ``RecordError`` at ``layers`` (400)
+    unless two decimal integers with a <= b."""
+    if value is None:
+        return None
+    first, sep, last = value.partition("-")
+    if not (sep and first.isascii() and last.isascii() and first.isdigit() and last.isdigit()):
+        raise RecordError("layers", f"must be a-b, two decimal layer indices, got {value!r}")
+    a, b = int(first), int(last)
+    if a > b or b > _MAX_LAYER:
+        raise RecordError("layers", f"must be an inclusive range a-b with a <= b <= {_MAX_LAYER}, got {value!r}")
+    return a, b
+
+
+def parse_codec(value: str | None) -> int | None:
+    """``codec=n`` (§6.7), a decimal KVSP codec value (0..65535); ``RecordError`` otherwise."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or int(value) > 0xFFFF:
+        raise RecordError("codec", f"must be a decimal codec value 0..65535, got {value!r}")
+    return int(value)
+
+
+async def read_block_body(request: web.Request, max_octets: int) -> memoryview:
+    """A ``application/kvsp-block`` body (415 otherwise) of at most ``max_octets`` (413),
+    read into one buffer: with Content-Length it is allocated once at its final size and
+    filled in place, so the body is held once (the store then copies each section once into
+    its tier)."""
+    if request.content_type != BLOCK_MEDIA_TYPE:
+        raise HttpProblem(415, f"the body must be {BLOCK_MEDIA_TYPE}, not {request.content_type}")
+    length = request.content_length
+    if length is not None and length > max_octets:
+        raise HttpProblem(413, f"the body exceeds {max_octets} octets")
+    if length is not None:
+        buf = bytearray(length)
+        view = memoryview(buf)
+        pos = 0
+        async for chunk in request.content.iter_chunked(256 * 1024):
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        return view[:pos]
+    grown = bytearray()
+    async for chunk in request.content.iter_chunked(256 * 1024):
+        if len(grown) + len(chunk) > max_octets:
+            raise HttpProblem(413, f"the body exceeds {max_octets} octets")
+        grown += chunk
+    return memoryview(grown)
+
+
+class HolderRoutes:
+    """Routes of the holder under ``config.base_path`` (docs/http-api.md "Holder")."""
+
+    def __init__(self, service: HolderService, config: HolderConfig) -> None:
+        self.service = service
+        self.base = config.base_path
+        self.config = config
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        return [
+            web.get(f"{base}blocks/{BLOCK_PATH}", self.get_block),  # HEAD too
+            web.put(f"{base}blocks/{BLOCK_PATH}", self.put_block),
+            web.post(f"{base}leases", self.post_lease),
+            web.put(f"{base}leases/{LEASE_SEGMENT}", self.put_lease),
+            web.delete(f"{base}leases/{LEASE_SEGMENT}", self.delete_lease),
+        ]
+
+    async def get_block(self, request: web.Request) -> web.StreamResponse:
+        """§6.7 GET: the container, streamed from the store, with Repr-Digest (MUST) and
+        ``Cache-Control: private, immutable, max-age`` no longer than the replica's TTL."""
+        principal = authenticate(request)
+        key = record_key(request)
+        layers = parse_layers(request.query.get("layers"))
+        codec = parse_codec(request.query.get("codec"))
+        read = self.service.open_block(principal, key, layers, codec)
+        digest = await self.service.container_sha256(read)
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Repr-Digest": repr_digest(digest),
+                "Cache-Control": f"private, immutable, max-age={read.max_age_s}",
+            },
+        )
+        response.content_type = BLOCK_MEDIA_TYPE
+        response.content_length = read.reader.size
+        await response.prepare(request)
+        if request.method != "HEAD":
+            for chunk in read.reader:
+                await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    async def put_block(self, request: web.Request) -> web.Response:
+        """§6.7 PUT with ``If-None-Match: *``: 201 and the Replica Record as published."""
+        principal = authenticate(request)
+        key = record_key(request)
+        if request.headers.get("If-None-Match", "").strip() != "*":
+            # RFC 6585 §3: the holder requires the conditional form (§6.7).
+            raise HttpProblem(428, "PUT on a block requires If-None-Match: *")
+        self.service.check_store(principal, key)  # 403, then 412 before reading the body
+        body = await read_block_body(request, self.config.max_block_octets)
+        try:
+            record = await self.service.store_block(principal, key, body)
+        except StoreFull as exc:
+            raise HttpProblem(507, f"no room: {exc}") from None
+        location = f"{self.base}blocks/{key.path}"
+        return record_response(record, status=201, headers={"Location": location})
+
+    async def post_lease(self, request: web.Request) -> web.Response:
+        """§6.6 POST leases: 201 with a LeaseGrant and Location ``leases/{id}``."""
+        principal = authenticate(request)
+        lease_request = await read_record(request, LeaseRequest, self.config.max_body_octets)
+        grant = self.service.leases.grant(principal, lease_request)
+        return record_response(grant, status=201, headers={"Location": f"{self.base}leases/{grant.lease}"})
+
+    async def put_lease(self, request: web.Request) -> web.Response:
+        """§6.6 renewal: 200 with the new LeaseGrant."""
+        principal = authenticate(request)
+        renewal = await read_record(request, LeaseRenewal, self.config.max_body_octets)
+        grant = self.service.leases.renew(principal, request.match_info["lease"], renewal.ttl_ms)
+        return record_response(grant)
+
+    async def delete_lease(self, request: web.Request) -> web.Response:
+        """§6.6 release: 204."""
+        principal = authenticate(request)
+        self.service.leases.release(principal, request.match_info["lease"])
+        return web.Response(status=204)
+
+
+# ---------------------------------------------------------------------------------------------
 # Application and server
 
 
-def build_app(*, auth: Authorizer, index: IndexService | None = None) -> web.Application:
+def build_app(
+    *,
+    auth: Authorizer,
+    index: IndexService | None = None,
+    holder: HolderService | None = None,
+    holder_config: HolderConfig | None = None,
+) -> web.Application:
     """One application serving the given roles, all authenticated by ``auth``.
 
-    Later roles (holder, instance, PC) are further keyword arguments, each adding its route
-    table under its own base path.
+    Each role adds its route table under its own base path (the holder's from
+    ``holder_config``, default :class:`HolderConfig`). Later roles (instance, PC) are further
+    keyword arguments.
     """
     app = web.Application(middlewares=[problem_middleware])
     app[AUTHORIZER] = auth
@@ -286,6 +449,9 @@ def build_app(*, auth: Authorizer, index: IndexService | None = None) -> web.App
         app.add_routes(IndexRoutes(index).routes())
         if index.config.purge_interval_ms > 0:
             app.cleanup_ctx.append(_purge_periodically)
+    if holder is not None:
+        app[HOLDER_SERVICE] = holder
+        app.add_routes(HolderRoutes(holder, holder_config or HolderConfig()).routes())
     return app
 
 
@@ -368,3 +534,234 @@ async def serve_index(
         service = IndexService(store, config=config.index, statuses=statuses)
     app = build_app(auth=config.auth, index=service)
     return await serve_app(app, host, port, base_path=config.index.base_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The holder's server
+
+
+class _Url:
+    """The holder URL, known once the server is bound when the configuration names none."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+
+    def __call__(self) -> str:
+        if self.url is None:
+            raise RuntimeError("the holder URL is not known yet")
+        return self.url
+
+
+async def serve_holder(
+    config: ControlConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    clock: Clock | None = None,
+    store: BlockStore | None = None,
+    index_client: IndexClient | None = None,
+) -> RunningServer:
+    """Run a holder per ``config.holder`` on ``host:port``.
+
+    ``store`` defaults to one built from the configured tiers on ``clock``; a store passed in
+    must read the same clock (seconds = ``clock.now_ms() / 1000``), since leases and their
+    pins must expire together. ``index_client`` defaults to :class:`HttpIndexClient` for
+    ``index_url`` (none: no publication). The holder URL is ``url``, else the bound address.
+    Records are refreshed in the background every ``refresh_ms / 4``; ``close()`` stops it.
+    """
+    hc = config.holder
+    clock = clock if clock is not None else MonotonicClock()
+    store = store if store is not None else build_store(hc.tiers, clock)
+    owned_client: HttpIndexClient | None = None
+    if index_client is None and hc.index_url is not None:
+        index_client = owned_client = HttpIndexClient(hc.index_url, hc.index_token)
+    url = _Url(hc.url)
+    publisher = ReplicaPublisher(
+        store, index_client, holder_url=url, clock=clock, ttl_ms=hc.record_ttl_ms, refresh_ms=hc.refresh_ms,
+        retry_ms=hc.withdraw_retry_ms, retry_max_ms=hc.withdraw_retry_max_ms,
+    )
+    limits = LeaseLimits(hc.max_lease_ttl_ms, hc.max_leased_octets, hc.max_leases, hc.max_lease_keys)
+    service = HolderService(
+        store, clock=clock, leases=LeaseManager(store, clock, limits), publisher=publisher, chunk_octets=hc.chunk_octets
+    )
+    app = build_app(auth=config.auth, holder=service, holder_config=hc)
+
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(max(hc.refresh_ms / 4, 10) / 1000)
+                if url.url is None:
+                    continue
+                try:
+                    service.leases.purge()
+                    await publisher.refresh()
+                except Exception:  # must not stop the loop
+                    log.exception("refreshing the holder's replica records failed")
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:  # withdrawals in flight: give them a moment, not the records' whole TTL
+            await asyncio.wait_for(publisher.flush(), 5)
+        except asyncio.TimeoutError:
+            log.warning("closing with replica withdrawals still pending; the records expire at the index")
+        publisher.close()
+        if owned_client is not None:
+            await owned_client.close()
+
+    app.cleanup_ctx.append(background)
+    server = await serve_app(app, host, port, base_path=hc.base_path)
+    if url.url is None:
+        url.url = server.url
+    await publisher.refresh()  # replicas already in the store (recovered from disk)
+    return server
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients: the holder's Index Service client (§6.1) and the block fetcher (§6.7)
+
+
+async def _problem_of(response: aiohttp.ClientResponse) -> tuple[str | None, str]:
+    """(KVSP problem name, detail) of an error response's problem details, if it has one."""
+    if response.content_type != problems.PROBLEM_MEDIA_TYPE:
+        return None, response.reason or ""
+    try:
+        body = await response.content.read(64 * 1024)
+        problem = Problem.from_json(json.loads(body))
+    except (ValueError, KvspError, aiohttp.ClientError):
+        return None, response.reason or ""
+    return problem.name, problem.detail or ""
+
+
+class HttpIndexClient:
+    """:class:`~.publisher.IndexClient` over HTTP (docs/http-api.md "Index Service")."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.base_url = base_url if base_url.endswith("/") else base_url + "/"
+        self._token = token
+        self._session = session
+        self._owned = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _url(self, key_path: str) -> str:
+        return f"{self.base_url}replicas/{key_path}"
+
+    async def publish(self, record: ReplicaRecord) -> ReplicaRecord:
+        path = f"{record.compat_id.hex()}/{record.scope_id.hex()}/{record.block_key.hex()}"
+        headers = self._headers() | {"Content-Type": KVSP_JSON}
+        try:
+            async with self._client().put(self._url(path), data=dump_json(record), headers=headers, timeout=self._timeout) as resp:
+                if resp.status in (200, 201):
+                    return parse_json(await resp.read(), ReplicaRecord)
+                await self._raise(resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError, KvspError) as exc:
+            raise IndexUnreachable(f"PUT {path}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def withdraw(self, key: RecordKey, holder: str, moqt_namespace: str | None) -> bool:
+        params = {"holder": holder}
+        if moqt_namespace is not None:
+            params["moqt_namespace"] = moqt_namespace
+        try:
+            async with self._client().delete(self._url(key.path), params=params, headers=self._headers(), timeout=self._timeout) as resp:
+                if resp.status == 204:
+                    return True
+                if resp.status == 404:
+                    return False  # already gone (expired, or withdrawn before)
+                await self._raise(resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise IndexUnreachable(f"DELETE {key.path}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    async def _raise(resp: aiohttp.ClientResponse) -> None:
+        name, detail = await _problem_of(resp)
+        if 400 <= resp.status < 500 and resp.status not in (408, 429):
+            raise IndexRefused(resp.status, name, detail)
+        raise IndexUnreachable(f"status {resp.status} {name or ''}: {detail}")
+
+    async def close(self) -> None:
+        if self._owned and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+@dataclass
+class HttpBlockResponse:
+    """:class:`~.retrieval.BlockResponse` of an aiohttp response."""
+
+    response: aiohttp.ClientResponse
+    problem: str | None
+    chunk_octets: int
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    @property
+    def content_type(self) -> str | None:
+        return self.response.headers.get("Content-Type")
+
+    @property
+    def content_length(self) -> int | None:
+        return self.response.content_length
+
+    @property
+    def repr_digest(self) -> str | None:
+        return self.response.headers.get("Repr-Digest")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self.response.content.iter_chunked(self.chunk_octets):
+            yield chunk
+
+
+class HttpBlockFetcher:
+    """:class:`~.retrieval.BlockFetcher` over HTTP: GET with the client's bearer token."""
+
+    def __init__(
+        self,
+        token: str | None,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 60.0,
+        chunk_octets: int = 256 * 1024,
+    ) -> None:
+        self._token = token
+        self._session = session
+        self._owned = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.chunk_octets = chunk_octets
+
+    @contextlib.asynccontextmanager
+    async def get(self, url: str) -> AsyncIterator[HttpBlockResponse]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        # No automatic decompression: Repr-Digest covers the representation as sent.
+        async with self._session.get(url, headers=headers, timeout=self._timeout, auto_decompress=False) as resp:
+            problem = None
+            if resp.status >= 400:
+                problem, _ = await _problem_of(resp)
+            yield HttpBlockResponse(resp, problem, self.chunk_octets)
+
+    async def close(self) -> None:
+        if self._owned and self._session is not None:
+            await self._session.close()
+            self._session = None
