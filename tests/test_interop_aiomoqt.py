@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from interop import peers
-from interop.cases import GROUPS, OBJECTS, PUB_EXAMPLE_GROUP, RELAY_OBJECTS, SIZE
-from interop.testing import (KnownGap, aiomoqt_counted, describe, expected_objects, peer_bin,
+from interop.cases import GROUPS, OBJECTS, PUB_EXAMPLE_GROUP, RELAY_OBJECTS, SIZE, TRACK, ns_of
+from interop.testing import (aiomoqt_counted, describe, expected_objects, peer_bin,
                              run_case, sha256)
 
 pytestmark = pytest.mark.interop
@@ -61,18 +61,20 @@ def test_aiomoqt_subscriber_to_our_server(aiomoqt: Path, tmp_path: Path, draft: 
                for e in got), info
 
 
-@pytest.mark.xfail(strict=True, raises=KnownGap, reason=(
-    "our pubsub answers a peer's PUBLISH with REQUEST_ERROR NOT_SUPPORTED (0x3); aiomoqt's "
-    "pub_example only publishes with a bare PUBLISH (forward=0), so this direction needs "
-    "PUBLISH acceptance (REQUEST_OK, then forward=1) in kvsp_moq.pubsub"))
 @pytest.mark.parametrize("draft", DRAFTS)
 def test_aiomoqt_pub_example_to_our_server(aiomoqt: Path, tmp_path: Path, draft: int) -> None:
+    """Their publisher example PUBLISHes (forward=0) to our server, which accepts the track
+    and turns it on with REQUEST_UPDATE forward=1; the objects arrive with exact bytes."""
     r = run_case("aiomoqt-pub-example", draft, aiomoqt, tmp_path, isolate=ISOLATE)
     info = describe(r)
     assert r.get("version") == draft and r.get("peer_draft") == draft, info
-    if r.get("publish_outcome") == "rejected" and "code=3" in r.get("publish_detail", ""):
-        raise KnownGap(f"our server rejected PUBLISH: {r['publish_detail']}\n{info}")
-    assert r.get("publish_outcome") == "not rejected", info
+    assert r.get("error") is None, info
+    assert r.get("published") == ["/".join(ns_of("aiomoqt")[:2]), TRACK], info
+    normal = [o for o in r["objects"] if o["status"] == 0]
+    want = [(g, o) for g in range(2) for o in range(PUB_EXAMPLE_GROUP)][:RELAY_OBJECTS]
+    assert [(o["group"], o["object"]) for o in normal] == want, info
+    assert all(o["sha256"] == sha256(aiomoqt_counted(o["group"], o["object"], SIZE))
+               and o["len"] == SIZE for o in normal), info
 
 
 @pytest.mark.parametrize("draft", DRAFTS)

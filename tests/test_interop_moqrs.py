@@ -13,7 +13,7 @@ import pytest
 
 from interop import peers
 from interop.cases import GROUPS, OBJECTS, SIZE
-from interop.testing import KnownGap, describe, expected_objects, peer_bin, run_case
+from interop.testing import describe, expected_objects, peer_bin, run_case
 
 pytestmark = pytest.mark.interop
 

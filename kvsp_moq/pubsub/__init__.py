@@ -10,12 +10,13 @@ Failures raise :class:`MoqtError` carrying the MOQT code.
 from .errors import ErrorKind, MoqtError, SessionClosedError
 from .publish import Catalog, ObjectWriter, TrackPublisher
 from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Subscription
-from .session import MoqtServer, Session, connect, serve
+from .session import IncomingPublish, MoqtServer, Session, connect, serve
 
 __all__ = [
     "Catalog",
     "ErrorKind",
     "FetchStream",
+    "IncomingPublish",
     "MoqtError",
     "MoqtServer",
     "ObjectStream",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Sequence
 
 from ..moqt import session_events as ev
@@ -23,6 +24,7 @@ from ..moqt.messages import (
     MessageParameters,
     Namespace,
     NamespaceDone,
+    Publish,
     PublishDone,
     PublishNamespace,
     RequestError,
@@ -58,12 +60,27 @@ NamespaceLike = Sequence[str | bytes] | str | bytes
 GUARD = 30.0
 
 
+@dataclass(frozen=True)
+class IncomingPublish:
+    """A track the peer started publishing to us with PUBLISH; iterate ``subscription``."""
+
+    namespace: tuple[bytes, ...]
+    name: bytes
+    track_alias: int
+    subscription: Subscription
+
+
 class Session(ConnectionHandler):
     """One MOQT session (client or server), asyncio side."""
 
     def __init__(self, role: Role, *, catalog: Catalog | None = None,
-                 session_config: SessionConfig | None = None) -> None:
+                 session_config: SessionConfig | None = None,
+                 accept_publish: bool = False) -> None:
         self.role = role
+        #: Accept the peer's PUBLISH (its tracks arrive on :attr:`incoming_publishes`);
+        #: otherwise PUBLISH is answered with REQUEST_ERROR NOT_SUPPORTED.
+        self.accept_publish = accept_publish
+        self.incoming_publishes: asyncio.Queue[IncomingPublish] = asyncio.Queue()
         self.catalog = catalog if catalog is not None else Catalog()
         self._session_config = session_config or SessionConfig()
         self.moqt: MoqtSession | None = None
@@ -239,8 +256,26 @@ class Session(ConnectionHandler):
                 params = (MessageParameters(largest_object=track.largest)
                           if track.largest is not None else MessageParameters())
                 moqt.request_ok(rid, params, end=True)
+        elif isinstance(msg, Publish) and self.accept_publish:
+            self._accept_publish(rid, msg)
         else:
             moqt.reject(rid, RequestErrorCode.NOT_SUPPORTED, f"{msg.NAME} not supported")
+
+    def _accept_publish(self, rid: int, msg: Publish) -> None:
+        """The peer starts a subscription from its side (§"PUBLISH"): answer REQUEST_OK
+        (PUBLISH_OK before draft 18), and if it published with FORWARD=0 ask it to forward
+        with REQUEST_UPDATE FORWARD=1. Its objects arrive on a :class:`Subscription` (the
+        session routes its Track Alias to this request), handed out on
+        :attr:`incoming_publishes`."""
+        moqt = self.moqt
+        assert moqt is not None
+        sub = Subscription(self, rid)
+        self._streams[rid] = sub
+        moqt.request_ok(rid)
+        if msg.parameters.forward is False:
+            moqt.request_update(rid, MessageParameters(forward=True))
+        self.incoming_publishes.put_nowait(
+            IncomingPublish(msg.track_namespace, msg.track_name, msg.track_alias, sub))
 
     async def _serve_fetch(self, rid: int, msg: Message) -> None:
         moqt = self.moqt
@@ -513,7 +548,7 @@ def _fetch_range(msg: Message) -> tuple[tuple[bytes, ...], bytes, tuple[int, int
 async def connect(url: str, config: TransportConfig | None = None, *,
                   catalog: Catalog | None = None,
                   session_config: SessionConfig | None = None,
-                  setup_timeout: float = GUARD) -> Session:
+                  setup_timeout: float = GUARD, accept_publish: bool = False) -> Session:
     """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
     The MOQT version is the ALPN negotiated from ``config.alpn_protocols``."""
     parsed = parse_moqt_url(url)
@@ -525,7 +560,8 @@ async def connect(url: str, config: TransportConfig | None = None, *,
     made: list[Session] = []
 
     def factory() -> Session:
-        s = Session(Role.CLIENT, catalog=catalog, session_config=cfg)
+        s = Session(Role.CLIENT, catalog=catalog, session_config=cfg,
+                    accept_publish=accept_publish)
         made.append(s)
         return s
 
@@ -567,14 +603,16 @@ class MoqtServer:
 async def serve(host: str, port: int, config: TransportConfig, *,
                 on_session: Callable[[Session], object] | None = None,
                 catalog: Catalog | None = None,
-                session_config: SessionConfig | None = None) -> MoqtServer:
+                session_config: SessionConfig | None = None,
+                accept_publish: bool = False) -> MoqtServer:
     """Listen for MOQT clients; ``on_session(session)`` (sync or async) runs once each
     client's SETUP arrived. Sessions serve the tracks of ``catalog`` (shared)."""
     srv = MoqtServer()
     shared = catalog if catalog is not None else Catalog()
 
     def factory() -> Session:
-        s = Session(Role.SERVER, catalog=shared, session_config=session_config)
+        s = Session(Role.SERVER, catalog=shared, session_config=session_config,
+                    accept_publish=accept_publish)
         srv.sessions.add(s)
         s.closed.add_done_callback(lambda _f: srv.sessions.discard(s))
 
