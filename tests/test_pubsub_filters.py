@@ -107,3 +107,16 @@ async def test_unencodable_properties_fail_at_write_time(pair: tuple[TrackPublis
     await track.write_object(0, 1, b"y", properties=[(0x3801, b"bytes on an odd type")])
     got = await (await client.fetch(NS, "t", start=(0, 0))).collect()
     assert [(o.object_id, bytes(o.payload)) for o in got] == [(1, b"y")]
+
+
+async def test_fetch_in_descending_group_order(pair: tuple[TrackPublisher, Session]) -> None:
+    from kvsp_moq.moqt.objects import GroupOrder
+
+    track, client = pair
+    await _write(track, [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)])
+    down = await (await client.fetch(NS, "t", start=(0, 1), end=(2, 0),
+                                     group_order=GroupOrder.DESCENDING)).collect()
+    assert [(o.group_id, o.object_id, bytes(o.payload)) for o in down] == \
+           [(2, 0, b"2/0"), (1, 0, b"1/0"), (0, 1, b"0/1")]
+    up = await (await client.fetch(NS, "t", group_order=GroupOrder.ASCENDING)).collect()
+    assert [(o.group_id, o.object_id) for o in up] == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]

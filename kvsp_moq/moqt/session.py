@@ -203,6 +203,9 @@ class Session:
         #: Our FETCH / SUBSCRIBE request IDs that fetch streams may name (kept after the
         #: request stream ends, until :meth:`release` or :meth:`cancel`).
         self._fetch_routes: set[int] = set()
+        #: Group order of each local FETCH, kept while its fetch stream may still arrive
+        #: (the request itself can be over by then: FETCH_OK and FIN come first).
+        self._fetch_orders: dict[int, GroupOrder] = {}
         self._finished_local: dict[int, int | None] = {}
         #: Our data streams → request ID.
         self._data_out: dict[int, int] = {}
@@ -475,12 +478,7 @@ class Session:
         self._events.append(GoawayReceived(msg, request_id))
 
     def _fetch_order(self, request_id: int) -> GroupOrder:
-        req = self.requests.get(request_id)
-        if req is not None and req.local and req.request_type == FETCH_TYPE:
-            order = req.message.parameters.group_order  # type: ignore[attr-defined]
-            if order is not None:
-                return GroupOrder(order)
-        return GroupOrder.ASCENDING
+        return self._fetch_orders.get(request_id, GroupOrder.ASCENDING)
 
     def _route_data(self, stream_id: int, st: _UniIn, events: list[object], nbytes: int,
                     end_stream: bool) -> None:
@@ -708,6 +706,7 @@ class Session:
     def _retire(self, request_id: int, alias: int | None) -> None:
         self._retired_requests.add(request_id)
         self._fetch_routes.discard(request_id)
+        self._fetch_orders.pop(request_id, None)
         if alias is not None and self._alias_in.get(alias) == request_id:
             del self._alias_in[alias]
             self._retired_aliases.add(alias)
@@ -739,6 +738,9 @@ class Session:
         self._by_stream[stream_id] = req
         if msg.TYPE in (FETCH_TYPE, SUBSCRIBE_TYPE):
             self._fetch_routes.add(rid)
+        order = getattr(msg.parameters, "group_order", None) if msg.TYPE == FETCH_TYPE else None
+        if order is not None:
+            self._fetch_orders[rid] = GroupOrder(order)
         self._send(stream_id, data)
         return rid
 

@@ -33,7 +33,7 @@ from ..moqt.messages import (
     SubscribeNamespace,
     TrackStatus,
 )
-from ..moqt.objects import SubgroupHeader
+from ..moqt.objects import GroupOrder, SubgroupHeader
 from ..moqt.session import Role, SessionConfig
 from ..moqt.session import Session as MoqtSession
 from ..moqt.version import Version
@@ -292,10 +292,15 @@ class Session(ConnectionHandler):
             moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "no objects in range")
             self._pump()
             return
-        moqt.accept_fetch(rid, objs[-1][0], end_of_track=track.finished)
+        largest = objs[-1][0]
+        order = GroupOrder(msg.parameters.group_order or GroupOrder.ASCENDING)  # type: ignore[attr-defined]
+        if order is GroupOrder.DESCENDING:
+            # §"FETCH": groups in the requested order, objects ascending within a group.
+            objs.sort(key=lambda item: (-item[0][0], item[0][1]))
+        moqt.accept_fetch(rid, largest, end_of_track=track.finished)
         sid = moqt.open_fetch_stream(rid)
         self._pump()
-        enc = FetchStreamEncoder(rid, self.version)
+        enc = FetchStreamEncoder(rid, self.version, order)
         conn = self.connection
         try:
             for (g, o), obj in objs:
@@ -435,16 +440,20 @@ class Session(ConnectionHandler):
 
     async def fetch(self, namespace: NamespaceLike, name: str | bytes, *,
                     start: tuple[int, int] = (0, 0), end: tuple[int, int] | None = None,
+                    group_order: GroupOrder | None = None,
                     on_object_begin: Callable[..., object] | None = None) -> FetchStream:
-        """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object)."""
+        """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object), groups
+        in ``group_order`` (None: the publisher's, ascending here)."""
         ns = normalize_namespace(namespace)
+        params = MessageParameters(group_order=group_order) if group_order else MessageParameters()
 
         def make(rid: int) -> ObjectStream:
             s = FetchStream(self, rid)
             s.on_object_begin = on_object_begin  # type: ignore[assignment]
             return s
 
-        _, _, f = await self._request(lambda m: m.fetch(ns, _name(name), start, end), make)
+        _, _, f = await self._request(
+            lambda m: m.fetch(ns, _name(name), start, end, parameters=params), make)
         assert isinstance(f, FetchStream)
         return f
 
