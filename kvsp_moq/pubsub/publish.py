@@ -257,7 +257,7 @@ class ObjectWriter:
                         sub.stream_id, sub.group = None, None
                 raise ValueError(f"object closed after {self.written} of {self.length} bytes")
             if self._keep is not None:
-                self.track._stored(self.group, self.object_id, bytes(self._keep),
+                self.track._stored(self.group, self.object_id, self._keep,  # owned: no copy
                                    self._props, self._prio)
             elif self.track.largest is None or (self.group, self.object_id) > self.track.largest:
                 self.track.largest = (self.group, self.object_id)
