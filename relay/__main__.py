@@ -1,9 +1,10 @@
 """``python -m relay --listen HOST:PORT [--upstream URL] [--cert PEM --key PEM]
-[--insecure-upstream]``
+[--insecure-upstream] [--config AUTH.toml] [--metrics [HOST:]PORT] [--log-format json]``
 
 Without ``--cert``/``--key`` a self-signed certificate is made for the listen host. Prints
 ``relay listening on moqt://HOST:PORT/moq`` once bound (port 0 picks one). On SIGTERM or
 SIGINT: GOAWAY to every session, wait for them to leave (``--drain-timeout``), exit 0.
+A bad ``--config`` file: a message naming the file and key on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import sys
 from kvsp_moq.transport import TransportConfig, run
 from kvsp_moq.transport.tls import make_self_signed
 
+from .auth import AuthConfigError, load_auth_config
 from .config import MiB, RelayConfig
 from .core import Relay
+from .logs import configure_logging
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -26,6 +29,13 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not host:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _metrics_addr(text: str) -> tuple[str, int]:
+    """``PORT`` (on 127.0.0.1) or ``HOST:PORT``."""
+    if text.isdigit():
+        return "127.0.0.1", int(text)
+    return _host_port(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,10 +54,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds to wait for sessions after GOAWAY on SIGTERM")
     p.add_argument("--max-datagram-size", type=int, default=1200,
                    help="largest UDP payload sent (same value on both ends)")
+    p.add_argument("--config", metavar="FILE",
+                   help="authorization config (TOML: [[principals]] tokens -> publish / "
+                        "subscribe namespace prefixes; docs/relay.md). Without it the relay "
+                        "is open to everyone")
+    p.add_argument("--metrics", type=_metrics_addr, metavar="[HOST:]PORT",
+                   help="serve Prometheus text metrics at http://HOST:PORT/metrics "
+                        "(default off; a bare PORT listens on 127.0.0.1 only)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="stderr log format; json: one object per line with session, "
+                        "request, cache and upstream events (level INFO unless --log-level)")
+    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="log level (default: WARNING; INFO with -v or --log-format json)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     if bool(args.cert) != bool(args.key):
         p.error("--cert and --key go together")
+    args.auth = None
+    if args.config:
+        try:
+            args.auth = load_auth_config(args.config)
+        except AuthConfigError as exc:
+            p.error(f"--config: {exc}")  # exit status 2
     return args
 
 
@@ -66,7 +94,8 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
     return RelayConfig(host=host, port=port, server_transport=server, upstream=args.upstream,
                        upstream_transport=upstream, cache_bytes=args.cache_mib * MiB,
                        subscriber_queue_bytes=int(args.subscriber_queue_mib * MiB),
-                       drain_timeout=args.drain_timeout)
+                       drain_timeout=args.drain_timeout, auth=getattr(args, "auth", None),
+                       metrics=getattr(args, "metrics", None))
 
 
 def _is_name(host: str) -> bool:
@@ -80,6 +109,9 @@ async def serve(config: RelayConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"relay listening on moqt://{config.host}:{relay.port}/moq", flush=True)
+    if relay.metrics is not None:
+        host = config.metrics[0] if config.metrics else "127.0.0.1"
+        print(f"relay metrics on http://{host}:{relay.metrics.port}/metrics", flush=True)
     await stop.wait()
     clean = await relay.shutdown()
     logging.getLogger("relay").info("relay stopped (%s); stats %s",
@@ -91,8 +123,9 @@ async def serve(config: RelayConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    level = args.log_level or ("INFO" if args.verbose or args.log_format == "json"
+                               else "WARNING")
+    configure_logging(args.log_format, getattr(logging, level))
     return run(serve(build_config(args)))
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from kvsp_moq.transport import TransportConfig
 
+from .auth import AuthConfig
+
 __all__ = ["RelayConfig"]
 
 MiB = 1 << 20
@@ -37,6 +39,16 @@ class RelayConfig:
     goaway_uri: str = ""
     #: Seconds to wait for an upstream SETUP / response before failing a request.
     request_timeout: float = 30.0
+    #: Authorization (``--config FILE``, :mod:`relay.auth`); None: the relay is OPEN (every
+    #: request allowed, a warning is logged at start).
+    auth: AuthConfig | None = None
+    #: ``(host, port)`` of the Prometheus endpoint (``--metrics``; None: off).
+    metrics: tuple[str, int] | None = None
+
+    @property
+    def auth_token_cache_size(self) -> int:
+        """MAX_AUTH_TOKEN_CACHE_SIZE advertised to downstream peers."""
+        return self.auth.auth_token_cache_size if self.auth is not None else 4096
 
     def __post_init__(self) -> None:
         if self.cache_bytes < 0:

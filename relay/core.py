@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from kvsp_moq import transport
@@ -29,7 +30,12 @@ from kvsp_moq.transport import ConnectError, Server, TransportError, parse_moqt_
 
 from .cache import ObjectCache, TrackName
 from .config import RelayConfig
+from .auth import Principal
 from .fetch import FetchService, fetch_range
+from .gate import Gate
+from .logs import event
+from .metrics import MetricsServer
+from .names import format_namespace
 from .peer import PeerSession, RequestHandler
 from .routing import RoutingTable
 from .stats import RelayStats
@@ -55,12 +61,20 @@ class _Announcement(RequestHandler):
 
 class _NamespaceSubscription(RequestHandler):
     """A SUBSCRIBE_NAMESPACE: NAMESPACE / NAMESPACE_DONE (suffixes after the prefix) as
-    namespaces under the prefix appear and go (§"Subscribing to Namespaces")."""
+    namespaces under the prefix appear and go (§"Subscribing to Namespaces"), only for the
+    namespaces its principals may subscribe to (nothing of the others leaks)."""
 
-    def __init__(self, relay: Relay, peer: PeerSession, rid: int, prefix: Namespace) -> None:
+    def __init__(self, relay: Relay, peer: PeerSession, rid: int, prefix: Namespace,
+                 principals: list[Principal]) -> None:
         self.relay, self.peer, self.rid, self.prefix = relay, peer, rid, prefix
+        self.principals = principals
+
+    def visible(self, ns: Namespace) -> bool:
+        return self.relay.gate.visible(self.principals, ns)
 
     def _send(self, ns: Namespace, done: bool) -> None:
+        if not self.visible(ns):
+            return
         moqt = self.peer.moqt
         if moqt is None or moqt.closed or self.rid not in moqt.requests:
             self.relay.routing.unwatch(self)
@@ -133,11 +147,20 @@ class Relay:
         self._upstream_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats.gauges = self._gauges
+        self.gate = Gate(config.auth.authorizer if config.auth is not None else None,
+                         self.stats)
+        self.metrics: MetricsServer | None = None
+        self.observers.append(self._log_observed)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> Relay:
+        if self.config.auth is None:
+            logger.warning("relay: no authorization config (--config): the relay is OPEN, "
+                           "every peer may publish and subscribe anything")
         self.server = await transport.serve(self.config.host, self.config.port, self._accept,
                                             self.config.server_transport)
+        if self.config.metrics is not None:
+            self.metrics = await MetricsServer(self.stats.snapshot).start(*self.config.metrics)
         return self
 
     @property
@@ -189,6 +212,9 @@ class Relay:
             self.server.close()
             await self.server.wait_closed()
             self.server = None
+        if self.metrics is not None:
+            await self.metrics.close()
+            self.metrics = None
         for t in list(self._tasks):
             t.cancel()
 
@@ -204,6 +230,15 @@ class Relay:
             "cache_evictions": self.cache.evictions,
             "fetches_in_flight": len(self.fetches.inflight),
         }
+
+    def _log_observed(self, kind: str, obj: object) -> None:
+        if kind == "too_far_behind":
+            peer = getattr(obj, "peer", None)
+            ns, name = getattr(getattr(obj, "fanout", None), "track", ((), b""))
+            event("too_far_behind", logging.WARNING,
+                  peer=peer.address if peer is not None else "?",
+                  request_id=getattr(obj, "request_id", None), namespace=format_namespace(ns),
+                  track=name.decode("utf-8", "backslashreplace"))
 
     def _emit(self, kind: str, obj: object) -> None:
         for fn in list(self.observers):
@@ -279,12 +314,16 @@ class Relay:
 
     def _reject(self, peer: PeerSession, rid: int, code: int, reason: str) -> None:
         moqt = peer.moqt
+        event("request_error", peer=peer.address, request_id=rid, code=int(code), reason=reason)
         if moqt is not None and not moqt.closed and rid in moqt.requests:
             moqt.reject(rid, code, reason)
             peer.flush()
 
     # -- requests from peers -----------------------------------------------------------------
     def on_request(self, peer: PeerSession, rid: int, msg: Message) -> None:
+        principals = self.gate.check(peer, rid, msg)
+        if principals is None:
+            return  # refused UNAUTHORIZED (or the session closed for its tokens)
         if isinstance(msg, Subscribe):
             self._on_subscribe(peer, rid, msg)
         elif isinstance(msg, Fetch | FetchWithType):
@@ -292,7 +331,7 @@ class Relay:
         elif isinstance(msg, PublishNamespace):
             self._on_publish_namespace(peer, rid, msg)
         elif isinstance(msg, SubscribeNamespace):
-            self._on_subscribe_namespace(peer, rid, msg)
+            self._on_subscribe_namespace(peer, rid, msg, principals)
         elif isinstance(msg, TrackStatus):
             self._on_track_status(peer, rid, msg)
         else:  # PUBLISH, SUBSCRIBE_TRACKS: later work (docs/relay.md)
@@ -334,14 +373,15 @@ class Relay:
         self.routing.announce(tuple(msg.track_namespace), peer, rid)
 
     def _on_subscribe_namespace(self, peer: PeerSession, rid: int,
-                                msg: SubscribeNamespace) -> None:
+                                msg: SubscribeNamespace, principals: list[Principal]) -> None:
         assert peer.moqt is not None
         prefix = tuple(msg.track_namespace_prefix)
         peer.moqt.request_ok(rid)
-        watcher = _NamespaceSubscription(self, peer, rid, prefix)
+        watcher = _NamespaceSubscription(self, peer, rid, prefix, principals)
         peer.served[rid] = watcher
         for ns in self.routing.watch(watcher):
-            peer.moqt.namespace(rid, ns[len(prefix):])
+            if watcher.visible(ns):
+                peer.moqt.namespace(rid, ns[len(prefix):])
         peer.flush()
 
     def _on_track_status(self, peer: PeerSession, rid: int, msg: TrackStatus) -> None:
@@ -370,6 +410,10 @@ class Relay:
             logger.info("relay: upstream sent GOAWAY; the next request reconnects")
 
     def on_session_closed(self, peer: PeerSession) -> None:
+        code, reason = peer.closed.result() if peer.closed.done() else (None, "")
+        event("session_close", peer=peer.address if peer.connection is not None else "?",
+              upstream=peer.upstream, code=code, reason=reason,
+              seconds=round(time.monotonic() - peer.opened_at, 3) if peer.opened_at else None)
         # A publisher leaving withdraws its namespaces: watchers get NAMESPACE_DONE.
         self.routing.withdraw(peer)
         if peer is self._upstream:

@@ -40,6 +40,8 @@ from kvsp_moq.transport import TransportError
 from kvsp_moq.wire.varint import VI64_MAX
 
 from .cache import CachedObject, ObjectCache, TrackName
+from .logs import event
+from .names import format_namespace
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
 
@@ -85,6 +87,12 @@ def fetch_range(msg: Message) -> FetchRange | None:
     return None
 
 
+def _log(name: str, rng: FetchRange) -> None:
+    ns, track = rng.track
+    event(name, namespace=format_namespace(ns), track=track.decode("utf-8", "backslashreplace"),
+          start=list(rng.start), end=list(rng.end) if rng.end is not None else None)
+
+
 class _ServedFetch(RequestHandler):
     """A downstream FETCH being answered: notices cancellation."""
 
@@ -125,6 +133,7 @@ class _UpstreamFetch(RequestHandler):
         self.request_id = moqt.fetch(ns, name, Location(*self.range.start), end)
         self.peer.local[self.request_id] = self
         self.service.stats.upstream_fetches += 1
+        _log("upstream_fetch", self.range)
         self.peer.flush()
 
     def on_response(self, msg: Message) -> None:
@@ -211,6 +220,7 @@ class FetchService:
         if hit is None:
             return False
         self.stats.cache_hits += 1
+        _log("cache_hit", rng)
         self.serve(down, rid, hit.objects, hit.end_of_track, rng.track)
         return True
 
@@ -218,6 +228,7 @@ class FetchService:
                       route: PeerSession) -> None:
         """A miss: wait on the in-flight upstream FETCH of this range, or start it."""
         self.stats.cache_misses += 1
+        _log("cache_miss", rng)
         up = self.inflight.get(rng)
         if up is None:
             up = _UpstreamFetch(self, rng, route)

@@ -17,13 +17,17 @@ from typing import TYPE_CHECKING
 
 from kvsp_moq.moqt import session_events as ev
 from kvsp_moq.moqt.errors import SessionErrorCode
-from kvsp_moq.moqt.messages import Message
+from kvsp_moq.moqt.messages import Message, RequestUpdate, Token
 from kvsp_moq.moqt.session import Role, SessionConfig
 from kvsp_moq.moqt.session import Session as MoqtSession
 from kvsp_moq.moqt.version import Version
 from kvsp_moq.transport import Connection, ConnectionHandler, StreamClosedError
 
+from .setup_options import amend_setup
+from .tokens import TokenCache
+
 if TYPE_CHECKING:  # pragma: no cover
+    from .auth import Principal
     from .core import Relay
 
 __all__ = ["PeerSession", "RequestHandler"]
@@ -82,6 +86,12 @@ class PeerSession(ConnectionHandler):
         self.goaway_received = False
         self._aliases = 0
         self._pumping = False
+        #: Token aliases the peer registered (we advertise the cache size to downstream
+        #: peers only) and the principals its SETUP tokens named.
+        self.tokens = TokenCache(0 if upstream else relay.config.auth_token_cache_size)
+        self.principals: list[Principal] = []
+        self.alpn = ""
+        self.opened_at = 0.0
 
     def __repr__(self) -> str:
         addr = self.connection.remote_address if self.connection is not None else None
@@ -96,6 +106,12 @@ class PeerSession(ConnectionHandler):
     def is_open(self) -> bool:
         return self.moqt is not None and not self.moqt.closed and not self.closed.done()
 
+    @property
+    def address(self) -> str:
+        """``host:port`` of the peer (for logs)."""
+        addr = self.connection.remote_address if self.connection is not None else None
+        return f"{addr[0]}:{addr[1]}" if addr else "?"
+
     def next_alias(self) -> int:
         """Track Aliases we hand out on this session (SUBSCRIBE_OK), one per subscription."""
         a = self._aliases
@@ -105,8 +121,20 @@ class PeerSession(ConnectionHandler):
     # -- ConnectionHandler -------------------------------------------------------------------
     def connection_made(self, conn: Connection, alpn: str) -> None:
         self.connection = conn
-        self.moqt = MoqtSession(self.role, Version.from_alpn(alpn), self._session_config)
+        self.alpn = alpn
+        version = Version.from_alpn(alpn)
+        self.moqt = MoqtSession(self.role, version, self._session_config)
         self.moqt.start()
+        cfg = self.relay.config
+        if self.upstream:
+            token = cfg.auth.upstream_token if cfg.auth is not None else None
+            actions = amend_setup(self.moqt.actions(), version, tokens=(
+                (Token.use_value(0, token),) if token else ()))
+        else:
+            actions = amend_setup(self.moqt.actions(), version,
+                                  max_auth_token_cache_size=cfg.auth_token_cache_size)
+        for a in actions:
+            self._do(a)
         self.pump()
 
     def stream_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
@@ -202,6 +230,11 @@ class PeerSession(ConnectionHandler):
             h = self.local.get(e.request_id)
             if h is not None:
                 h.on_response(e.message)
+        elif isinstance(e, ev.UpdateReceived):
+            # REQUEST_UPDATE may REGISTER / DELETE token aliases (draft-20
+            # §"AUTHORIZATION TOKEN Parameter"); the relay does not act on updates otherwise.
+            if isinstance(e.message, RequestUpdate):
+                self.relay.gate.on_request_update(self, e.message)
         elif isinstance(e, ev.RequestMessage):
             h = self._handler(e.request_id)
             if h is not None:
@@ -219,6 +252,8 @@ class PeerSession(ConnectionHandler):
             if h is not None:
                 h.on_stream_stopped(e.stream_id, e.error_code)
         elif isinstance(e, ev.SetupComplete):
+            if not self.upstream and not self.relay.gate.on_setup(self, e.peer_setup):
+                return
             if not self.ready.done():
                 self.ready.set_result(None)
         elif isinstance(e, ev.GoawayReceived):

@@ -1,5 +1,5 @@
-"""Relay counters: one plain object, read with :meth:`RelayStats.snapshot` (an HTTP or
-Prometheus endpoint is later work; it would just serve the snapshot)."""
+"""Relay counters: one plain object, read with :meth:`RelayStats.snapshot`; served in the
+Prometheus text format by :mod:`relay.metrics` (``--metrics HOST:PORT``)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class RelayStats:
     bytes_out: int = 0
     objects_in: int = 0
     objects_out: int = 0
+    #: Sessions established (SETUP accepted), requests received, and refusals for
+    #: authorization (REQUEST_ERROR UNAUTHORIZED, or a session closed for its SETUP token).
+    sessions_opened: int = 0
+    requests: int = 0
+    auth_refusals: int = 0
     gauges: Callable[[], dict[str, int]] | None = field(default=None, repr=False)
 
     def snapshot(self) -> dict[str, int]:

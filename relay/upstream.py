@@ -36,6 +36,8 @@ from kvsp_moq.pubsub.window import subscription_window
 
 from .cache import ObjectCache, TrackName
 from .fanout import Fanout, Subscriber
+from .logs import event
+from .names import format_namespace
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
 
@@ -68,6 +70,7 @@ class UpstreamSubscription(RequestHandler):
         self.request_id = moqt.subscribe(ns, name, MessageParameters())
         self.peer.local[self.request_id] = self
         self.manager.stats.upstream_subscribes += 1
+        self._log("upstream_subscribe")
         self.peer.flush()
 
     # -- downstream side ---------------------------------------------------------------------
@@ -119,7 +122,13 @@ class UpstreamSubscription(RequestHandler):
                 self.peer.local.pop(self.request_id, None)
                 assert self.peer.moqt is not None
                 self.peer.moqt.cancel(self.request_id)
+                self._log("upstream_cancel")
                 self.peer.flush()
+
+    def _log(self, name: str) -> None:
+        ns, track = self.track
+        event(name, namespace=format_namespace(ns), track=track.decode("utf-8", "backslashreplace"),
+              request_id=self.request_id, upstream=self.peer.address)
 
     # -- upstream side (RequestHandler of our SUBSCRIBE) -------------------------------------
     def on_response(self, msg: Message) -> None:

@@ -1,0 +1,177 @@
+"""``kvsp bench relay``: MOQT through the relay on loopback.
+
+* Fan-out: 1 publisher → relay → N subscribers (N = 1, 4, 8): delivered MB/s = N × bytes /
+  (first object written → last object received by every subscriber). Baseline, same run:
+  the same publisher → 1 subscriber directly (no relay).
+* FETCH latency through the relay: cold (cache miss: relay → publisher and back) as the
+  baseline, warm (served from the relay's cache) as the value; both for the same range.
+
+The relay runs as its own process (``python -m relay``; kvsp_moq.bench may not import the
+relay package, tests/test_layering.py), as it would be deployed. Default workload: 8 MiB as
+32 objects of 256 KiB per run, max datagram size 16384 on every endpoint: ≈ 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+from ..pubsub import Catalog, TrackPublisher, connect, serve
+from ..transport import TransportConfig, new_event_loop
+from ..transport.tls import make_self_signed
+from .report import Figure
+
+FANOUT = (1, 4, 8)
+_NS = ("kvsp-bench", "relay")
+
+
+class _RelayProcess:
+    def __init__(self, datagram_size: int, cache_mib: int) -> None:
+        self.args = ["--listen", "127.0.0.1:0", "--max-datagram-size", str(datagram_size),
+                     "--cache-mib", str(cache_mib), "--subscriber-queue-mib", "256",
+                     "--drain-timeout", "2"]
+        self.proc: asyncio.subprocess.Process | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> _RelayProcess:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "relay", *self.args, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        line = (await asyncio.wait_for(self.proc.stdout.readline(), 30)).decode().strip()
+        if not line.startswith("relay listening on "):
+            raise RuntimeError(f"relay did not start: {line!r}")
+        self.url = line.rsplit(" ", 1)[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size: int,
+                       via_relay: bool) -> float:
+    """Seconds from the first object written to the last one received by every subscriber."""
+    cert = make_self_signed()
+    common = {"max_datagram_size": datagram_size, "use_uvloop": True}
+    client_cfg = TransportConfig(insecure=True, **common)
+    count = len(data) // object_size
+    catalog = Catalog()
+    track = catalog.add(TrackPublisher(_NS, "block", keep=False))
+    server = None
+    relay: _RelayProcess | None = None
+    sessions = []
+    try:
+        if via_relay:
+            relay = await _RelayProcess(datagram_size, 64).__aenter__()
+            pub = await connect(relay.url, client_cfg, catalog=catalog)
+            sessions.append(pub)
+            await pub.publish_namespace(_NS)
+            url = relay.url
+        else:
+            server = await serve("127.0.0.1", 0, TransportConfig(
+                certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem, **common),
+                catalog=catalog)
+            url = f"moqt://127.0.0.1:{server.port}/bench"
+        bufs = [bytearray(len(data)) for _ in range(n_subs)]
+        subs = []
+        for buf in bufs:
+            s = await connect(url, client_cfg)
+            sessions.append(s)
+            view = memoryview(buf)
+            subs.append(await s.subscribe(_NS, "block", on_object_begin=(
+                lambda info, v=view: v[info.object_id * object_size:
+                                       (info.object_id + 1) * object_size])))
+        await track.subscribed.wait()
+
+        async def drain(sub: object) -> None:
+            got = 0
+            async for _obj in sub:  # type: ignore[attr-defined]
+                got += 1
+                if got == count:
+                    return
+
+        start = time.perf_counter()
+        readers = [asyncio.ensure_future(drain(sub)) for sub in subs]
+        for i in range(count):
+            await track.write_object(0, i, memoryview(data)[i * object_size:(i + 1) * object_size])
+        await asyncio.gather(*readers)
+        elapsed = time.perf_counter() - start
+        for buf in bufs:
+            if buf != data:
+                raise AssertionError("relay fan-out corrupted the data")
+        return elapsed
+    finally:
+        for s in sessions:
+            await s.close()
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        if relay is not None:
+            await relay.__aexit__()
+
+
+async def _fetch_latency(data: bytes, object_size: int, datagram_size: int,
+                         repeat: int) -> tuple[float, float]:
+    """(cold, warm) seconds for FETCH of the whole range through the relay: cold = the
+    first FETCH of a new track (relay → publisher), warm = the same range again (cache)."""
+    common = {"max_datagram_size": datagram_size, "use_uvloop": True}
+    client_cfg = TransportConfig(insecure=True, **common)
+    count = len(data) // object_size
+    colds, warms = [], []
+    async with _RelayProcess(datagram_size, 256) as relay:
+        catalog = Catalog()
+        pub = await connect(relay.url, client_cfg, catalog=catalog)
+        await pub.publish_namespace(_NS)
+        sub = await connect(relay.url, client_cfg)
+        try:
+            for r in range(repeat):
+                name = f"stored-{r}"
+                track = catalog.create(_NS, name, keep=True)
+                for i in range(count):
+                    await track.write_object(0, i, data[i * object_size:(i + 1) * object_size])
+                for bucket in (colds, warms):
+                    t0 = time.perf_counter()
+                    f = await sub.fetch(_NS, name, start=(0, 0), end=(0, count - 1))
+                    objs = await f.collect()
+                    bucket.append(time.perf_counter() - t0)
+                    if len(objs) != count or b"".join(bytes(o.payload) for o in objs) != data:
+                        raise AssertionError("FETCH through the relay returned other bytes")
+        finally:
+            await sub.close()
+            await pub.close()
+    return min(colds), min(warms)
+
+
+def run(run_bytes: int = 8 << 20, object_size: int = 256 << 10, datagram_size: int = 16384,
+        fanout: tuple[int, ...] = FANOUT, repeat: int = 1) -> list[Figure]:
+    data = os.urandom(run_bytes)
+    loop = new_event_loop(use_uvloop=True)
+    figures: list[Figure] = []
+    try:
+        direct = min(loop.run_until_complete(_fanout_once(data, object_size, 1, datagram_size,
+                                                          False)) for _ in range(repeat))
+        direct_mbps = run_bytes / direct / 1e6
+        params = {"run_bytes": run_bytes, "object_size": object_size,
+                  "max_datagram_size": datagram_size}
+        for n in fanout:
+            t = min(loop.run_until_complete(_fanout_once(data, object_size, n, datagram_size,
+                                                         True)) for _ in range(repeat))
+            figures.append(Figure(f"relay_fanout_{n}_delivered", "MB/s", n * run_bytes / t / 1e6,
+                                  "direct_1_subscriber", direct_mbps,
+                                  params={**params, "subscribers": n}))
+        cold, warm = loop.run_until_complete(
+            _fetch_latency(data, object_size, datagram_size, max(repeat, 2)))
+        figures.append(Figure("relay_fetch_warm_cache", "ms", warm * 1e3,
+                              "relay_fetch_cold_cache", cold * 1e3, params=params))
+    finally:
+        loop.close()
+    return figures
