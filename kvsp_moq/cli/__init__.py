@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..control import cli_holder, cli_index
+from ..control import cli_holder, cli_index, cli_instance, cli_pc
 from . import bench, core, demo, moq, relay_cmd
 
 
@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     moq.register(sub)
     cli_index.register_cli(sub)
     cli_holder.register_cli(sub)
+    cli_pc.register_cli(sub)
+    cli_instance.register_cli(sub)
     relay_cmd.register(sub)
     return parser
 

@@ -168,6 +168,125 @@ class HolderConfig:
         return self.refresh_interval_ms or max(1, self.record_ttl_ms // 3)
 
 
+def _check_ints(section: str, obj: object, minimums: tuple[tuple[str, int], ...]) -> None:
+    for name, minimum in minimums:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{section}.{name}", f"must be an integer >= {minimum}")
+
+
+def _check_url(section: str, name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or "://" not in value or not value.endswith("/")):
+        raise ConfigError(f"{section}.{name}", "must be an absolute URL ending in '/'")
+
+
+def _check_base_path(section: str, value: object) -> None:
+    if not isinstance(value, str) or not (value.startswith("/") and value.endswith("/")):
+        raise ConfigError(f"{section}.base_path", "must start and end with '/'")
+
+
+#: Sleep policies of the PC (§6.3 "The PC answers ... to accept, or ... to refuse").
+SLEEP_POLICIES = ("min-active", "always", "never")
+
+
+@dataclass(frozen=True)
+class PcConfig:
+    """Settings of the Placement Controller (§6.3, §6.4, §6.5; docs/http-api.md "Placement Controller")."""
+
+    base_path: str = "/"
+    #: The IS the PC looks up (§6.2, with targets) and feeds with the statuses it receives.
+    index_url: str | None = None
+    index_token: str | None = None
+    #: Bearer token the PC presents to instances (``PUT state``, ``POST prefetch``).
+    instance_token: str | None = None
+    max_status_ttl_ms: int = 60_000
+    max_body_octets: int = 1 * MiB
+    #: §6.4 ``wait_us = queued * mean service time``: the mean service time, in µs.
+    mean_service_us: int = 1_000_000
+    #: Acceptable cost (§6.4 "no active instance has acceptable cost"): 0 = any cost.
+    max_cost_us: int = 0
+    #: Capacity (§6.4): an instance with more queued requests, or a higher kv_utilization, is full.
+    max_queued: int = 1_000_000
+    max_kv_utilization: float = 1.0
+    #: ``min-active`` (accept while another instance stays active), ``always``, ``never``.
+    sleep_policy: str = "min-active"
+    min_active: int = 1
+    #: deadline_ms and lease_ms of the prefetch directives the PC sends (§6.5).
+    prefetch_deadline_ms: int = 1_000
+    prefetch_lease_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        _check_base_path("pc", self.base_path)
+        _check_url("pc", "index_url", self.index_url)
+        for name in ("index_token", "instance_token"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"pc.{name}", "must be a string")
+        _check_ints("pc", self, (
+            ("max_status_ttl_ms", 1), ("max_body_octets", 1024), ("mean_service_us", 0), ("max_cost_us", 0),
+            ("max_queued", 0), ("min_active", 0), ("prefetch_deadline_ms", 1), ("prefetch_lease_ms", 1),
+        ))
+        if isinstance(self.max_kv_utilization, bool) or not isinstance(self.max_kv_utilization, (int, float)) or not 0 <= self.max_kv_utilization <= 1:
+            raise ConfigError("pc.max_kv_utilization", "must be a number in [0, 1]")
+        if self.sleep_policy not in SLEEP_POLICIES:
+            raise ConfigError("pc.sleep_policy", f"must be one of {', '.join(SLEEP_POLICIES)}")
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """A link the instance reports (§4.4 ``links``): holder, rate and round-trip time."""
+
+    holder: str
+    mbit_per_s: float
+    rtt_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """Settings of an inference instance (§6.3, §6.5; docs/http-api.md "Inference Instance")."""
+
+    base_path: str = "/"
+    #: The instance URL (status records, the holder of its replicas); default: the bound address.
+    url: str | None = None
+    pc_url: str | None = None
+    index_url: str | None = None
+    #: The instance's bearer token at the PC, the IS and the holders.
+    token: str | None = None
+    #: §6.3: the status record's ttl_ms; reports go out every report_interval_ms (<= ttl/3).
+    status_ttl_ms: int = 3_000
+    report_interval_ms: int = 0
+    #: §6.3 epoch: a file holding a counter incremented at each start; none: start time in ms.
+    epoch_file: str | None = None
+    #: §6.3 "MAY ask to sleep": idle (nothing running or queued) this long; 0 = never ask.
+    sleep_after_idle_ms: int = 0
+    record_ttl_ms: int = 60_000
+    max_body_octets: int = 1 * MiB
+    max_directives: int = 1024
+    max_sessions: int = 1024
+    #: What the instance reports of itself (§4.4).
+    batch_size: int = 32
+    prefill_tokens_per_s: float = 10_000.0
+    decode_tokens_per_s: float = 1_000.0
+    links: tuple[LinkConfig, ...] = ()
+    tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
+
+    def __post_init__(self) -> None:
+        _check_base_path("instance", self.base_path)
+        for name in ("url", "pc_url", "index_url"):
+            _check_url("instance", name, getattr(self, name))
+        _check_ints("instance", self, (
+            ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
+            ("max_body_octets", 1024), ("max_directives", 1), ("max_sessions", 1), ("batch_size", 0),
+        ))
+        if not self.tiers:
+            raise ConfigError("instance.tiers", "at least one tier is required")
+
+    @property
+    def report_ms(self) -> int:
+        """The report period: at most a third of status_ttl_ms (§6.3 MUST-like "no longer than")."""
+        third = self.status_ttl_ms // 3
+        return min(self.report_interval_ms, third) if self.report_interval_ms else third
+
+
 @dataclass(frozen=True)
 class ControlConfig:
     """A whole configuration file: the principals and each role's section."""
@@ -175,6 +294,8 @@ class ControlConfig:
     auth: Authorizer
     index: IndexConfig = IndexConfig()
     holder: HolderConfig = HolderConfig()
+    pc: PcConfig = PcConfig()
+    instance: InstanceConfig = InstanceConfig()
 
 
 def load_config(path: str | Path) -> ControlConfig:
@@ -192,13 +313,45 @@ def load_config(path: str | Path) -> ControlConfig:
 
 def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None) -> ControlConfig:
     """The same from a decoded mapping; descriptor paths are relative to ``base_dir``."""
-    unknown = set(doc) - {"index", "holder", "principals"}
+    unknown = set(doc) - {"index", "holder", "pc", "instance", "principals"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section")
     auth = Authorizer.from_config(doc.get("principals", []))
     index = _index_config(doc.get("index", {}), base_dir or Path.cwd())
     holder = _holder_config(doc.get("holder", {}), base_dir or Path.cwd())
-    return ControlConfig(auth=auth, index=index, holder=holder)
+    pc = _pc_config(doc.get("pc", {}))
+    instance = _instance_config(doc.get("instance", {}), base_dir or Path.cwd())
+    return ControlConfig(auth=auth, index=index, holder=holder, pc=pc, instance=instance)
+
+
+def _known(section: object, name: str, cls: type) -> dict[str, Any]:
+    if not isinstance(section, dict):
+        raise ConfigError(name, "must be a table")
+    unknown = set(section) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ConfigError(f"{name}.{sorted(unknown)[0]}", "unknown key")
+    return dict(section)
+
+
+def _pc_config(section: object) -> PcConfig:
+    return PcConfig(**_known(section, "pc", PcConfig))
+
+
+def _instance_config(section: object, base_dir: Path) -> InstanceConfig:
+    values = _known(section, "instance", InstanceConfig)
+    if "tiers" in values:
+        tiers = values["tiers"]
+        if not isinstance(tiers, list):
+            raise ConfigError("instance.tiers", "must be an array of tables")
+        values["tiers"] = tuple(_tier_config(t, f"instance.tiers[{i}]", base_dir) for i, t in enumerate(tiers))
+    if "links" in values:
+        links = values["links"]
+        if not isinstance(links, list):
+            raise ConfigError("instance.links", "must be an array of tables")
+        values["links"] = tuple(LinkConfig(**_known(l, f"instance.links[{i}]", LinkConfig)) for i, l in enumerate(links))
+    if isinstance(values.get("epoch_file"), str):
+        values["epoch_file"] = str(base_dir / values["epoch_file"])
+    return InstanceConfig(**values)
 
 
 def _holder_config(section: object, base_dir: Path) -> HolderConfig:

@@ -96,3 +96,11 @@ class LeaseQuotaExceeded(ServiceError):
     on live leases (429 ``kvsp-lease-quota``, §6.6)."""
 
     problem = problems.LEASE_QUOTA
+
+
+class NotActive(ServiceError):
+    """A draining or sleeping instance refuses a new session or prefetch directive (409
+    ``kvsp-not-active``, §6.3: "MUST NOT accept new ones"); ours."""
+
+    problem = problems.NOT_ACTIVE
+

@@ -28,10 +28,11 @@ import contextlib
 import http
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
-from urllib.parse import quote
+from typing import TypeVar, cast
+from urllib.parse import quote, urljoin
 
 import aiohttp
 from aiohttp import web
@@ -40,25 +41,36 @@ from ..kvsp import problems
 from ..kvsp.errors import KvspError, RecordError
 from ..kvsp.records import (
     InstanceStatusRecord,
+    LeaseGrant,
     LeaseRenewal,
     LeaseRequest,
     LookupRequest,
+    LookupResponse,
+    MatchedBlock,
+    PrefetchDirective,
     Problem,
     Record,
     ReplicaRecord,
+    StateChange,
     decode_json,
     dump_json,
     parse_json,
 )
 from ..storage import BlockStore, RecordKey, ReplicaPinned, StoreFull
 from .auth import Authorizer, Principal
-from .clock import Clock, MonotonicClock
-from .config import ControlConfig, HolderConfig
+from .clock import Clock, MonotonicClock, Timer
+from .config import ControlConfig, HolderConfig, InstanceConfig, PcConfig
+from .control_records import InstanceStateRequest, PlacementRequest, SessionRequest, StatusAnswer
 from .errors import ServiceError
 from .holder import BLOCK_MEDIA_TYPE, HolderService, build_store, repr_digest
 from .index import IndexService
 from .index_store import BlockRef, IndexStore, ReplicaId
+from .instance import InstanceService
+from .instance_reporter import PcClient, persisted_epoch, wall_clock_epoch
 from .leases import LeaseLimits, LeaseManager
+from .pc import InstanceClient, InstanceUnreachable, PcIndex, PlacementController, SleepPolicy, StartInstance
+from .prefetch import LeaseRefused, MoqtRetriever, PrefetchExecutor
+from .retrieval import BlockFetcher
 from .publisher import IndexClient, IndexRefused, IndexUnreachable, ReplicaPublisher
 from .status_table import InstanceStatusTable
 
@@ -72,6 +84,8 @@ JSON_MEDIA_TYPES = frozenset({KVSP_JSON, "application/json"})
 AUTHORIZER = web.AppKey("kvsp_authorizer", Authorizer)
 INDEX_SERVICE = web.AppKey("kvsp_index_service", IndexService)
 HOLDER_SERVICE = web.AppKey("kvsp_holder_service", HolderService)
+PC_SERVICE = web.AppKey("kvsp_pc_service", PlacementController)
+INSTANCE_SERVICE = web.AppKey("kvsp_instance_service", InstanceService)
 
 R = TypeVar("R", bound=Record)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -426,6 +440,111 @@ class HolderRoutes:
 
 
 # ---------------------------------------------------------------------------------------------
+# The Placement Controller (§6.3, §6.4)
+
+
+class PcRoutes:
+    """Routes of the PC under ``service.config.base_path`` (docs/http-api.md "Placement Controller")."""
+
+    def __init__(self, service: PlacementController) -> None:
+        self.service = service
+        self.base = service.config.base_path
+        self.max_body = service.config.max_body_octets
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        return [
+            web.put(f"{base}instance-status", self.put_instance_status),
+            web.put(f"{base}instance-state", self.put_instance_state),
+            web.get(f"{base}instances", self.get_instances, allow_head=False),
+            web.post(f"{base}placements", self.post_placement),
+        ]
+
+    async def put_instance_status(self, request: web.Request) -> web.Response:
+        """§6.3 status PUT: 200 ``{"state": ...}``; 409 ``kvsp-stale-epoch`` for a lower epoch."""
+        principal = authenticate(request)
+        record = await read_record(request, InstanceStatusRecord, self.max_body)
+        return record_response(await self.service.report_status(principal, record))
+
+    async def put_instance_state(self, request: web.Request) -> web.Response:
+        """Ours: have the PC change an instance's state (it calls ``PUT state`` there, §6.3)."""
+        principal = authenticate(request)
+        body = await read_record(request, InstanceStateRequest, self.max_body)
+        return record_response(await self.service.set_state(principal, body.instance, body.state))
+
+    async def get_instances(self, request: web.Request) -> web.Response:
+        """Ours: the instances the principal may report for, with their effective state."""
+        return record_response(self.service.views(authenticate(request)))
+
+    async def post_placement(self, request: web.Request) -> web.Response:
+        """Ours: place a request by the §6.4 cost (and prefetch for it, §6.5)."""
+        principal = authenticate(request)
+        body = await read_record(request, PlacementRequest, self.max_body)
+        return record_response(await self.service.place(principal, body))
+
+
+# ---------------------------------------------------------------------------------------------
+# The inference instance (§6.3, §6.5)
+
+UUID_SEGMENT = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+class InstanceRoutes:
+    """Routes of an instance under ``service.config.base_path`` (docs/http-api.md "Inference Instance")."""
+
+    def __init__(self, service: InstanceService) -> None:
+        self.service = service
+        self.base = service.config.base_path
+        self.max_body = service.config.max_body_octets
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        return [
+            web.post(f"{base}prefetch", self.post_prefetch),
+            web.get(f"{base}prefetch/{{directive:{UUID_SEGMENT}}}", self.get_prefetch, allow_head=False),
+            web.put(f"{base}state", self.put_state),
+            web.post(f"{base}sessions", self.post_session),
+            web.delete(f"{base}sessions/{{session:{UUID_SEGMENT}}}", self.delete_session),
+        ]
+
+    def directive_location(self, directive: uuid.UUID) -> str:
+        return f"{self.base}prefetch/{directive}"
+
+    async def post_prefetch(self, request: web.Request) -> web.Response:
+        """§6.5: 202 (Accepted) with ``Location`` naming the directive's status resource."""
+        principal = authenticate(request)
+        directive = await read_record(request, PrefetchDirective, self.max_body)
+        directive_id = self.service.accept_directive(principal, directive)
+        status = self.service.directive_status(principal, directive_id)
+        return record_response(status, status=202, headers={"Location": self.directive_location(directive_id)})
+
+    async def get_prefetch(self, request: web.Request) -> web.Response:
+        """§6.5: the directive's state (pending, partial, complete, failed) and loaded keys."""
+        principal = authenticate(request)
+        directive = uuid.UUID(request.match_info["directive"])
+        return record_response(self.service.directive_status(principal, directive))
+
+    async def put_state(self, request: web.Request) -> web.Response:
+        """§6.3 ``PUT state`` from the PC: 200 ``{"state": entered}``."""
+        principal = authenticate(request)
+        body = await read_record(request, StateChange, self.max_body)
+        return record_response(await self.service.set_state(principal, body.state))
+
+    async def post_session(self, request: web.Request) -> web.Response:
+        """Ours: admit a session (409 ``kvsp-not-active`` when draining or sleeping, §6.3)."""
+        principal = authenticate(request)
+        body = await read_record(request, SessionRequest, self.max_body)
+        admitted = self.service.admit(principal, body)
+        return record_response(admitted, status=201, headers={"Location": f"{self.base}sessions/{body.session}"})
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        """Ours: the session completed; 204."""
+        principal = authenticate(request)
+        self.service.finish(principal, uuid.UUID(request.match_info["session"]))
+        return web.Response(status=204)
+
+
+# ---------------------------------------------------------------------------------------------
 # Application and server
 
 
@@ -435,6 +554,8 @@ def build_app(
     index: IndexService | None = None,
     holder: HolderService | None = None,
     holder_config: HolderConfig | None = None,
+    pc: PlacementController | None = None,
+    instance: InstanceService | None = None,
 ) -> web.Application:
     """One application serving the given roles, all authenticated by ``auth``.
 
@@ -452,6 +573,12 @@ def build_app(
     if holder is not None:
         app[HOLDER_SERVICE] = holder
         app.add_routes(HolderRoutes(holder, holder_config or HolderConfig()).routes())
+    if pc is not None:
+        app[PC_SERVICE] = pc
+        app.add_routes(PcRoutes(pc).routes())
+    if instance is not None:
+        app[INSTANCE_SERVICE] = instance
+        app.add_routes(InstanceRoutes(instance).routes())
     return app
 
 
@@ -690,6 +817,29 @@ class HttpIndexClient:
             raise IndexUnreachable(f"DELETE {key.path}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def lookup(self, request: LookupRequest) -> LookupResponse:
+        """``POST {is}lookup`` (§6.2), for the PC (``pc.PcIndex``)."""
+        status, body, name, detail = await _call(self._client(), "POST", f"{self.base_url}lookup", self._token, request, self._timeout)
+        if status != 200:
+            raise IndexUnreachable(f"lookup: status {status} {name or ''}: {detail}")
+        return parse_json(body, LookupResponse)
+
+    async def report_status(self, record: InstanceStatusRecord) -> None:
+        """``PUT {is}instance-status``: the PC passes on the statuses it receives (§6.4 inputs)."""
+        status, _, name, detail = await _call(self._client(), "PUT", f"{self.base_url}instance-status", self._token, record, self._timeout)
+        if status != 200:
+            raise IndexRefused(status, name, detail)
+
+    async def replicas(self, key: RecordKey) -> list[ReplicaRecord]:
+        """``GET {is}replicas/{compat}/{scope}/{key}`` (ours): the unexpired records of a block,
+        for an instance executing a directive (``prefetch.ReplicaSource``); [] on 404."""
+        status, body, name, detail = await _call(self._client(), "GET", self._url(key.path), self._token, None, self._timeout)
+        if status == 404:
+            return []
+        if status != 200:
+            raise IndexUnreachable(f"replicas of {key}: status {status} {name or ''}: {detail}")
+        return list(parse_json(body, MatchedBlock).replicas)
+
     @staticmethod
     async def _raise(resp: aiohttp.ClientResponse) -> None:
         name, detail = await _problem_of(resp)
@@ -765,3 +915,248 @@ class HttpBlockFetcher:
         if self._owned and self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _call(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    token: str | None,
+    body: Record | None,
+    timeout: aiohttp.ClientTimeout,
+) -> tuple[int, bytes, str | None, str]:
+    """One JSON request: (status, body, problem name, problem detail). Transport errors raise
+    ``aiohttp.ClientError`` / ``asyncio.TimeoutError``."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data = dump_json(body)
+        headers["Content-Type"] = KVSP_JSON
+    async with session.request(method, url, data=data, headers=headers, timeout=timeout) as resp:
+        if resp.status >= 400:
+            name, detail = await _problem_of(resp)
+            return resp.status, b"", name, detail
+        return resp.status, await resp.read(), None, ""
+
+
+class _Client:
+    """A lazily created aiohttp session and a bearer token."""
+
+    def __init__(self, token: str | None, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0) -> None:
+        self._token = token
+        self._session = session
+        self._owned = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _call(self, method: str, url: str, body: Record | None = None) -> tuple[int, bytes, str | None, str]:
+        return await _call(self._client(), method, url, self._token, body, self._timeout)
+
+    async def close(self) -> None:
+        if self._owned and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _base(url: str) -> str:
+    return url if url.endswith("/") else url + "/"
+
+
+class HttpLeaseClient(_Client):
+    """:class:`~.prefetch.LeaseClient` over HTTP (§6.6 ``POST``/``DELETE {holder}leases``)."""
+
+    async def lease(self, holder: str, request: LeaseRequest) -> LeaseGrant:
+        try:
+            status, body, name, detail = await self._call("POST", f"{_base(holder)}leases", request)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise LeaseRefused(f"{type(exc).__name__}: {exc}") from exc
+        if status != 201:
+            raise LeaseRefused(f"status {status} {name or ''}: {detail}")
+        return parse_json(body, LeaseGrant)
+
+    async def release(self, holder: str, lease: str) -> None:
+        status, _, name, detail = await self._call("DELETE", f"{_base(holder)}leases/{lease}")
+        if status not in (204, 404):  # 404: expired already
+            raise LeaseRefused(f"release: status {status} {name or ''}: {detail}")
+
+
+class HttpInstanceClient(_Client):
+    """:class:`~.pc.InstanceClient` over HTTP: the PC's ``PUT state`` and ``POST prefetch``."""
+
+    async def put_state(self, instance: str, state: str) -> str:
+        try:
+            status, body, name, detail = await self._call("PUT", f"{_base(instance)}state", StateChange(state=state))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise InstanceUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            raise InstanceUnreachable(f"status {status} {name or ''}: {detail}")
+        return parse_json(body, StatusAnswer).state
+
+    async def prefetch(self, instance: str, directive: PrefetchDirective) -> str:
+        url = f"{_base(instance)}prefetch"
+        headers = {"Content-Type": KVSP_JSON} | ({"Authorization": f"Bearer {self._token}"} if self._token else {})
+        try:
+            async with self._client().post(url, data=dump_json(directive), headers=headers, timeout=self._timeout) as resp:
+                if resp.status != 202:
+                    name, detail = await _problem_of(resp)
+                    raise InstanceUnreachable(f"status {resp.status} {name or ''}: {detail}")
+                location = resp.headers.get("Location")
+                if not location:
+                    raise InstanceUnreachable("202 without Location")
+                return urljoin(url, location)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise InstanceUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+
+class PcRefused(Exception):
+    """The PC refused a status report (e.g. 409 ``kvsp-stale-epoch``)."""
+
+    def __init__(self, status: int, problem: str | None, detail: str) -> None:
+        self.status = status
+        self.problem = problem
+        super().__init__(f"{status} {problem or ''}: {detail}")
+
+
+class HttpPcClient(_Client):
+    """:class:`~.instance_reporter.PcClient` over HTTP: ``PUT {pc}instance-status``."""
+
+    def __init__(self, pc_url: str, token: str | None, **kw: object) -> None:
+        super().__init__(token, **kw)  # type: ignore[arg-type]
+        self.pc_url = _base(pc_url)
+
+    async def report(self, record: InstanceStatusRecord) -> StatusAnswer:
+        status, body, name, detail = await self._call("PUT", f"{self.pc_url}instance-status", record)
+        if status != 200:
+            raise PcRefused(status, name, detail)
+        return parse_json(body, StatusAnswer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Servers of the PC and of an instance
+
+
+async def serve_pc(
+    config: ControlConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    clock: Clock | None = None,
+    index: PcIndex | None = None,
+    instances: InstanceClient | None = None,
+    policy: SleepPolicy | None = None,
+    start_instance: StartInstance | None = None,
+) -> RunningServer:
+    """Run a PC per ``config.pc``. ``index`` defaults to :class:`HttpIndexClient` for
+    ``index_url`` (none: no lookups, every placement recomputes); ``instances`` to
+    :class:`HttpInstanceClient` with ``instance_token``; ``start_instance`` is the
+    deployment's hook (§6.4)."""
+    pcc: PcConfig = config.pc
+    owned: list[_Client | HttpIndexClient] = []
+    if index is None and pcc.index_url is not None:
+        index_client = HttpIndexClient(pcc.index_url, pcc.index_token)
+        owned.append(index_client)
+        index = index_client
+    if instances is None:
+        instance_client = HttpInstanceClient(pcc.instance_token)
+        owned.append(instance_client)
+        instances = instance_client
+    service = PlacementController(
+        clock=clock if clock is not None else MonotonicClock(), index=index, instances=instances,
+        config=pcc, policy=policy, start_instance=start_instance,
+    )
+    app = build_app(auth=config.auth, pc=service)
+
+    async def close_clients(app: web.Application) -> AsyncIterator[None]:
+        yield
+        for client in owned:
+            await client.close()
+
+    app.cleanup_ctx.append(close_clients)
+    return await serve_app(app, host, port, base_path=pcc.base_path)
+
+
+async def serve_instance(
+    config: ControlConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    clock: Timer | None = None,
+    store: BlockStore | None = None,
+    epoch: int | None = None,
+    pc: PcClient | None = None,
+    report: bool = True,
+    moqt_retriever: MoqtRetriever | None = None,
+) -> RunningServer:
+    """Run an inference instance's control plane per ``config.instance``.
+
+    ``clock`` (a :class:`~.clock.Timer`: ``MonotonicClock`` or ``ManualClock``) drives the
+    status reports, deadlines and TTLs. ``epoch`` defaults to the configured ``epoch_file``
+    counter, else the start time in ms (§6.3). ``pc`` defaults to :class:`HttpPcClient` for
+    ``pc_url``. With ``report`` the reports run in the background (first one at start, then
+    every ``report_ms``; the first report is awaited before this returns); tests pass ``report=False`` and call ``service.reporter.report_now()``.
+    The instance URL is ``url``, else the bound address.
+    """
+    ic: InstanceConfig = config.instance
+    timer: Timer = clock if clock is not None else MonotonicClock()
+    store = store if store is not None else build_store(ic.tiers, timer)
+    if epoch is None:
+        epoch = persisted_epoch(ic.epoch_file) if ic.epoch_file else wall_clock_epoch()
+    owned: list[_Client | HttpIndexClient] = []
+    index_client: HttpIndexClient | None = None
+    if ic.index_url is not None:
+        index_client = HttpIndexClient(ic.index_url, ic.token)
+        owned.append(index_client)
+    if pc is None and ic.pc_url is not None:
+        pc_client = HttpPcClient(ic.pc_url, ic.token)
+        owned.append(pc_client)
+        pc = pc_client
+    leases = HttpLeaseClient(ic.token)
+    fetcher = HttpBlockFetcher(ic.token)
+    owned.append(leases)
+    url = _Url(ic.url)
+    publisher = ReplicaPublisher(store, index_client, holder_url=url, clock=timer, ttl_ms=ic.record_ttl_ms,
+                                 refresh_ms=max(1, ic.record_ttl_ms // 3))
+    replicas = index_client if index_client is not None else _NoIndex()
+    executor = PrefetchExecutor(
+        store=store, publisher=publisher, replicas=replicas, leases=leases, fetcher=cast(BlockFetcher, fetcher), timer=timer,
+        max_directives=ic.max_directives, moqt_retriever=moqt_retriever,
+    )
+    service = InstanceService(url=ic.url or "http://unbound/", epoch=epoch, store=store, prefetch=executor,
+                              timer=timer, pc=pc, config=ic)
+    app = build_app(auth=config.auth, instance=service)
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def shutdown(app: web.Application) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await service.close()
+        publisher.close()
+        await fetcher.close()
+        for client in owned:
+            await client.close()
+
+    app.on_cleanup.append(shutdown)
+    server = await serve_app(app, host, port, base_path=ic.base_path)
+    if url.url is None:
+        url.url = server.url
+    service.url = url()
+    # Background tasks start once the URL is known (the first report names the instance).
+    tasks.append(asyncio.create_task(publisher.run()))
+    if report:
+        await service.reporter.report_logged()  # known to the PC before it announces itself
+        tasks.append(asyncio.create_task(service.reporter.run()))
+    return server
+
+
+class _NoIndex:
+    """Without an IS the instance cannot verify anything it would load: no records."""
+
+    async def replicas(self, key: RecordKey) -> list[ReplicaRecord]:
+        return []
+

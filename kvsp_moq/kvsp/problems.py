@@ -30,9 +30,10 @@ FORBIDDEN: Final = "kvsp-forbidden"  # principal not authorized for the scope or
 BAD_RECORD: Final = "kvsp-bad-record"  # body fails validation (RecordError)
 NOT_FOUND: Final = "kvsp-not-found"  # no such block, lease, directive, session, ...
 PRECONDITION_FAILED: Final = "kvsp-precondition-failed"  # e.g. PUT with If-None-Match: * on a held block (§6.7)
+NOT_ACTIVE: Final = "kvsp-not-active"  # §6.3: a draining or sleeping instance refuses new sessions and directives
 
 SPEC_PROBLEMS: Final = (LEASE_QUOTA, LAYERS_UNAVAILABLE, STALE_EPOCH)
-OUR_PROBLEMS: Final = (UNAUTHORIZED, FORBIDDEN, BAD_RECORD, NOT_FOUND, PRECONDITION_FAILED)
+OUR_PROBLEMS: Final = (UNAUTHORIZED, FORBIDDEN, BAD_RECORD, NOT_FOUND, PRECONDITION_FAILED, NOT_ACTIVE)
 PROBLEM_NAMES: Final = SPEC_PROBLEMS + OUR_PROBLEMS
 
 #: The HTTP status each problem type is sent with. Only 404 for kvsp-layers-unavailable is
@@ -47,6 +48,7 @@ DEFAULT_STATUS: Mapping[str, int] = MappingProxyType(
         BAD_RECORD: 400,
         NOT_FOUND: 404,
         PRECONDITION_FAILED: 412,
+        NOT_ACTIVE: 409,
     }
 )
 
@@ -61,6 +63,7 @@ TITLES: Mapping[str, str] = MappingProxyType(
         BAD_RECORD: "Invalid record",
         NOT_FOUND: "Not found",
         PRECONDITION_FAILED: "Precondition failed",
+        NOT_ACTIVE: "Instance not active",
     }
 )
 

@@ -1,0 +1,151 @@
+"""The inference instance's control service (kvsp-draft §6.3, §6.5).
+
+A plain class; ``kvsp_moq/control/http.py`` maps ``prefetch``, ``prefetch/{directive}``,
+``state`` and ``sessions`` onto it (docs/http-api.md "Inference Instance"). Collaborators:
+
+- :class:`~.instance_lifecycle.Lifecycle` — active / draining / sleeping and the sessions in
+  flight (§6.3);
+- :class:`~.prefetch.PrefetchExecutor` — directives as background tasks (§6.5);
+- :class:`~.instance_reporter.StatusReporter` — status records to the PC (§6.3);
+- its own :class:`~kvsp_moq.storage.BlockStore` and :class:`~.publisher.ReplicaPublisher`
+  (the replicas it loads are published with the instance URL as holder, §6.5, so the IS
+  counts them as resident there, §6.4).
+
+Sessions (``POST sessions`` / ``DELETE sessions/{id}``) stand for the requests the engine
+runs: admitting one is what "a request already admitted" means in §6.5, and it completes
+whatever a directive is doing (the prefetch runs in its own task).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from ..kvsp.records import InstanceStatusRecord, Link, PrefetchDirective, PrefetchStatus
+from ..kvsp.records.instance import ACTIVE, DRAINING, SLEEPING
+from ..storage import BlockStore, RecordKey
+from .auth import Principal, require_instance, require_scope
+from .clock import Timer
+from .config import InstanceConfig
+from .control_records import SessionAdmitted, SessionRequest, StatusAnswer
+from .errors import NotActive, NotFound
+from .instance_lifecycle import Lifecycle
+from .instance_reporter import PcClient, StatusReporter, sleep_request
+from .prefetch import PrefetchExecutor
+
+__all__ = ["InstanceService"]
+
+
+class InstanceService:
+    """One inference instance's control plane."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        epoch: int,
+        store: BlockStore,
+        prefetch: PrefetchExecutor,
+        timer: Timer,
+        pc: PcClient | None = None,
+        config: InstanceConfig | None = None,
+    ) -> None:
+        self.config = config if config is not None else InstanceConfig()
+        self.url = url
+        self.epoch = epoch
+        self.store = store
+        self.prefetch = prefetch
+        self.timer = timer
+        self.lifecycle = Lifecycle(timer, max_sessions=self.config.max_sessions, on_sleep=self._entered_sleep)
+        self.reporter = StatusReporter(self, pc, timer, self.config.report_ms)
+        self.links = tuple(Link(holder=l.holder, mbit_per_s=l.mbit_per_s, rtt_us=l.rtt_us) for l in self.config.links)
+
+    @property
+    def state(self) -> str:
+        return self.lifecycle.state
+
+    # -- §6.5 prefetch ---------------------------------------------------------------------------
+
+    def accept_directive(self, principal: Principal, directive: PrefetchDirective) -> uuid.UUID:
+        """Start a directive; the caller answers 202 with its status resource. The principal
+        must act for this instance (the PC) and for the directive's scope (else 403); a
+        draining or sleeping instance refuses (409 ``kvsp-not-active``, §6.3)."""
+        require_instance(principal, self.url)
+        require_scope(principal, directive.scope_id)
+        existing = self.prefetch.get(directive.directive)
+        if existing is None and self.state != ACTIVE:
+            raise NotActive(f"the instance is {self.state}: it takes no prefetch directives")
+        return self.prefetch.start(directive).directive.directive
+
+    def directive_status(self, principal: Principal, directive: uuid.UUID) -> PrefetchStatus:
+        run = self.prefetch.get(directive)
+        if run is None:
+            raise NotFound(f"no directive {directive}")
+        require_scope(principal, run.directive.scope_id)
+        return run.status()
+
+    # -- §6.3 state ------------------------------------------------------------------------------
+
+    async def set_state(self, principal: Principal, state: str) -> StatusAnswer:
+        """``PUT state`` from the PC; the answer is the state entered (``draining`` when
+        sessions are still in flight for a requested ``sleeping``)."""
+        require_instance(principal, self.url)
+        return StatusAnswer(state=self.lifecycle.set_state(state))
+
+    def _entered_sleep(self) -> None:
+        self.reporter.trigger()  # §6.3 "enters sleeping and reports it"
+
+    # -- sessions (requests the engine runs) ---------------------------------------------------------
+
+    def admit(self, principal: Principal, request: SessionRequest) -> SessionAdmitted:
+        """Admit a session; ``NotActive`` when draining or sleeping (§6.3 MUST NOT accept).
+        ``resident`` is the number of leading blocks of its prompt held here (§6.5: the
+        request is served with the loaded prefix, the rest recomputed)."""
+        require_scope(principal, request.scope_id)
+        self.lifecycle.admit(request.session, request.scope_id)
+        resident = 0
+        for key in request.block_keys:
+            if self.store.get(RecordKey(request.compat_id, request.scope_id, key)) is None:
+                break
+            resident += 1
+        return SessionAdmitted(session=request.session, resident=resident)
+
+    def finish(self, principal: Principal, session: uuid.UUID) -> None:
+        scope = self.lifecycle.sessions.get(session)
+        if scope is None:
+            raise NotFound(f"no session {session} in flight")
+        require_scope(principal, scope)
+        self.lifecycle.finish(session)
+
+    # -- §6.3 status -----------------------------------------------------------------------------
+
+    def status_record(self) -> InstanceStatusRecord:
+        stats = self.store.stats()
+        capacity = sum(t.capacity for t in stats.tiers)
+        used = sum(t.used for t in stats.tiers)
+        return InstanceStatusRecord(
+            instance=self.url,
+            epoch=self.epoch,
+            state=self.state,
+            running=len(self.lifecycle.sessions),
+            queued=0,
+            batch_size=self.config.batch_size,
+            kv_utilization=min(1.0, used / capacity) if capacity else 0.0,
+            prefill_tokens_per_s=self.config.prefill_tokens_per_s,
+            decode_tokens_per_s=self.config.decode_tokens_per_s,
+            links=self.links,
+            requested_state=sleep_request(self.state, self.lifecycle.idle_for_ms(), self.config.sleep_after_idle_ms),
+            ttl_ms=self.config.status_ttl_ms,
+        )
+
+    def on_answer(self, record: InstanceStatusRecord, answer: StatusAnswer) -> None:
+        """The PC's answer to a report: ``draining`` accepts a request to sleep (§6.3)."""
+        if record.requested_state != SLEEPING or self.state != ACTIVE:
+            return
+        if answer.state == DRAINING:
+            self.lifecycle.set_state(DRAINING)
+        else:
+            self.lifecycle.restart_idle()
+
+    async def close(self) -> None:
+        await self.prefetch.close()
+        await self.reporter.flush()
