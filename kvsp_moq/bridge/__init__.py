@@ -1,1 +1,58 @@
-"""kvsp_moq.bridge (DESIGN.md §2)."""
+"""kvsp_moq.bridge — KVSP over MOQT, binding v1 (DESIGN.md §2, §4; docs/binding.md).
+
+Holder side: :class:`MoqtHolder` publishes a BlockStore's replicas (FETCH from the tier
+buffers, SUBSCRIBE for blocks still being computed) and issues ``moqt://`` Replica Records.
+Instance side: :func:`load_block` (FETCH a layer range into a layer sink, verify, fall back
+source by source, report what to recompute), :func:`subscribe_block` (prefill streaming),
+:func:`load_by_namespace` (verify against the Track Properties).
+"""
+
+from .binding import (
+    FIRST_LAYER,
+    LAYER_COUNT,
+    LAYER_DIGEST,
+    LAYER_DIGESTS,
+    MAX_CACHE_DURATION,
+    TOKEN_COUNT,
+    BindingError,
+    TrackInfo,
+)
+from .holder import MoqtHolder
+from .instance import (
+    Attempt,
+    BlockLoad,
+    LoadResult,
+    Source,
+    block_info,
+    fetch_into,
+    load_block,
+    load_by_namespace,
+    sink_for_record,
+    subscribe_block,
+)
+from .sessions import SessionPool
+from .track import BlockTrack
+
+__all__ = [
+    "FIRST_LAYER",
+    "LAYER_COUNT",
+    "LAYER_DIGEST",
+    "LAYER_DIGESTS",
+    "MAX_CACHE_DURATION",
+    "TOKEN_COUNT",
+    "Attempt",
+    "BindingError",
+    "BlockLoad",
+    "BlockTrack",
+    "LoadResult",
+    "MoqtHolder",
+    "SessionPool",
+    "Source",
+    "TrackInfo",
+    "block_info",
+    "fetch_into",
+    "load_block",
+    "load_by_namespace",
+    "sink_for_record",
+    "subscribe_block",
+]

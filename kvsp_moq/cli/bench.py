@@ -29,6 +29,23 @@ def _moqt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _relay(args: argparse.Namespace) -> int:
+    from ..bench import relay
+
+    report.emit(relay.run(run_bytes=args.run_mib << 20, object_size=args.object_kib << 10,
+                          datagram_size=args.datagram_size, repeat=args.repeat))
+    return 0
+
+
+def _kv(args: argparse.Namespace) -> int:
+    from . import bench_kv
+
+    report.emit(bench_kv.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
+                             datagram_size=args.datagram_size, repeat=args.repeat,
+                             http=not args.no_http))
+    return 0
+
+
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("bench", help="benchmarks: JSON figures on stdout, a table on stderr")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
@@ -48,3 +65,18 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                    help="QUIC max datagram size (repeatable; default 1200 1452 8952 16384)")
     q.add_argument("--repeat", type=int, default=1)
     q.set_defaults(handler=_moqt)
+    q = bsub.add_parser("relay", help="publisher -> relay -> 1/4/8 subscribers MB/s vs direct; "
+                                      "FETCH warm vs cold cache")
+    q.add_argument("--run-mib", type=int, default=8)
+    q.add_argument("--object-kib", type=int, default=256)
+    q.add_argument("--datagram-size", type=int, default=16384)
+    q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    q.set_defaults(handler=_relay)
+    q = bsub.add_parser("kv", help="one KV block into a layer sink: MOQT direct, relay cold/warm, "
+                                   "HTTP GET; first layer and whole block vs TCP")
+    q.add_argument("--layers", type=int, default=32)
+    q.add_argument("--layer-mib", type=int, default=1)
+    q.add_argument("--datagram-size", type=int, default=16384)
+    q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    q.add_argument("--no-http", action="store_true", help="skip the HTTP GET figure")
+    q.set_defaults(handler=_kv)

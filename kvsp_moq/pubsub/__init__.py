@@ -8,7 +8,7 @@ Failures raise :class:`MoqtError` carrying the MOQT code.
 """
 
 from .errors import ErrorKind, MoqtError, SessionClosedError
-from .publish import Catalog, ObjectWriter, TrackPublisher
+from .publish import Catalog, ObjectWriter, StoredObject, TrackPublisher
 from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Subscription
 from .session import IncomingPublish, MoqtServer, Session, connect, serve
 
@@ -25,6 +25,7 @@ __all__ = [
     "ReceivedObject",
     "Session",
     "SessionClosedError",
+    "StoredObject",
     "Subscription",
     "TrackPublisher",
     "connect",

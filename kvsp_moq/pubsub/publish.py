@@ -13,7 +13,7 @@ the declared length, then :meth:`ObjectWriter.write` sends chunks as they come, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,7 @@ from .window import Window
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Session
 
-__all__ = ["Catalog", "ObjectWriter", "TrackPublisher", "normalize_namespace"]
+__all__ = ["Catalog", "ObjectWriter", "StoredObject", "TrackPublisher", "normalize_namespace"]
 
 Namespace = tuple[bytes, ...]
 PropertyList = Sequence[tuple[int, int | bytes]]
@@ -62,13 +62,32 @@ class _Outgoing:
 
 @dataclass
 class _Stored:
-    payload: bytes | bytearray
+    """One object a FETCH can serve. ``payload`` is the buffer, or a zero-argument callable
+    that returns it when the FETCH reaches this object (a track that serves objects from
+    elsewhere, e.g. a block store, reads each payload only when it sends it)."""
+
+    payload: Buffer | Callable[[], Buffer]
     properties: tuple[tuple[int, int | bytes], ...]
     priority: int
 
 
+#: Public name of a FETCH-servable object (for :meth:`TrackPublisher.objects_in` overrides).
+StoredObject = _Stored
+
+
 class TrackPublisher:
-    """A track we publish: write objects, they reach every subscriber."""
+    """A track we publish: write objects, they reach every subscriber.
+
+    Extension points for tracks whose objects live elsewhere (docs/pubsub.md "Serving from
+    your own store"): override :meth:`objects_in` (FETCH), :meth:`response_properties` (the
+    Track Properties of SUBSCRIBE_OK, FETCH_OK and TRACK_STATUS's REQUEST_OK), and set
+    :attr:`subscribe_after_finish` to accept SUBSCRIBE on a finished track.
+    """
+
+    #: Accept a SUBSCRIBE after :meth:`finish`: SUBSCRIBE_OK (with LARGEST_OBJECT), then at
+    #: once PUBLISH_DONE TRACK_ENDED with Stream Count 0; the subscriber FETCHes the past
+    #: objects. False (the default): such a SUBSCRIBE gets REQUEST_ERROR DOES_NOT_EXIST.
+    subscribe_after_finish: bool = False
 
     def __init__(self, namespace: Sequence[str | bytes] | str | bytes, name: str | bytes, *,
                  keep: bool = True, priority: int = 128) -> None:
@@ -85,6 +104,13 @@ class TrackPublisher:
         self.subscribed = asyncio.Event()
         #: Set whenever a subscriber goes away (cancelled, stopped, session closed).
         self.unsubscribed = asyncio.Event()
+        #: Track Properties sent in SUBSCRIBE_OK / FETCH_OK / TRACK_STATUS (see
+        #: :meth:`response_properties`); types non-decreasing, even types int, odd bytes.
+        self.track_properties: tuple[tuple[int, int | bytes], ...] = ()
+
+    def response_properties(self) -> tuple[tuple[int, int | bytes], ...]:
+        """The Track Properties of a response sent now (default :attr:`track_properties`)."""
+        return self.track_properties
 
     @property
     def subscriber_count(self) -> int:
@@ -201,7 +227,8 @@ class TrackPublisher:
     def objects_in(self, start: tuple[int, int],
                    end: tuple[int, int | None] | None) -> list[tuple[tuple[int, int], _Stored]]:
         """Stored objects from ``start`` to ``end`` inclusive (end object None: whole
-        group; end None: to the largest)."""
+        group; end None: to the largest), ascending. Override to serve FETCH from another
+        store (payloads may be callables, read when sent)."""
         out = []
         for loc in sorted(self.store):
             if loc < tuple(start):
@@ -292,6 +319,10 @@ class Catalog:
 
     def get(self, namespace: Namespace, name: bytes) -> TrackPublisher | None:
         return self.tracks.get((tuple(namespace), bytes(name)))
+
+    def remove(self, namespace: Namespace, name: bytes) -> TrackPublisher | None:
+        """Stop serving a track (new requests for it get DOES_NOT_EXIST); returns it."""
+        return self.tracks.pop((tuple(namespace), bytes(name)), None)
 
     def namespaces(self) -> set[Namespace]:
         return {ns for ns, _ in self.tracks}

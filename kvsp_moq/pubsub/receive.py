@@ -28,6 +28,9 @@ __all__ = ["FetchStream", "ObjectStream", "ReceiveStats", "ReceivedObject", "Sub
 #: ``on_object_begin(info)`` returns where the payload goes (len == info.payload_length), or
 #: None to let the library allocate a bytearray.
 ObjectBeginCallback = Callable[[ObjectBegin], "memoryview | bytearray | None"]
+#: ``on_object_progress(info, n)``: the next ``n`` payload octets of the object ``info`` were
+#: just written into its destination (after the one copy), e.g. to hash incrementally.
+ObjectProgressCallback = Callable[[ObjectBegin, int], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class ObjectStream:
         self.session = session
         self.request_id = request_id
         self.on_object_begin: ObjectBeginCallback | None = None
+        self.on_object_progress: ObjectProgressCallback | None = None
         self.stats = ReceiveStats()
         self.response: Message | None = None
         self._queue: asyncio.Queue[object] = asyncio.Queue()
@@ -109,6 +113,8 @@ class ObjectStream:
             cur.dest[cur.pos:cur.pos + n] = ev.data  # the one copy of the payload
             cur.pos += n
             self.stats.payload_bytes += n
+            if self.on_object_progress is not None and n:
+                self.on_object_progress(cur.begin, n)
         elif isinstance(ev, ObjectBegin):
             dest: memoryview | bytearray | None = None
             if self.on_object_begin is not None:

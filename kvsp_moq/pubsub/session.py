@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from ..moqt import session_events as ev
 from ..moqt.data import FetchStreamEncoder
-from ..moqt.errors import RequestErrorCode, SessionErrorCode, StreamResetCode
+from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionErrorCode, StreamResetCode
 from ..moqt.messages import (
     Fetch,
     FetchWithType,
@@ -98,6 +98,7 @@ class Session(ConnectionHandler):
         #: Namespaces the peer published (PUBLISH_NAMESPACE), and NAMESPACE notifications.
         self.peer_namespaces: set[tuple[bytes, ...]] = set()
         self.namespace_updates: asyncio.Queue[tuple[str, tuple[bytes, ...]]] = asyncio.Queue()
+        self._published_namespaces: dict[tuple[bytes, ...], int] = {}
         for fut in (self.ready, self.closed, self.goaway_received):
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -221,7 +222,7 @@ class Session(ConnectionHandler):
             return  # already rejected with GOING_AWAY by the session
         if isinstance(msg, Subscribe):
             track = self.catalog.get(msg.track_namespace, msg.track_name)
-            if track is None or track.finished:
+            if track is None or (track.finished and not track.subscribe_after_finish):
                 moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
                 return
             window = subscription_window(msg.parameters.location_filter, track.largest)
@@ -233,8 +234,13 @@ class Session(ConnectionHandler):
             params = MessageParameters()
             if track.largest is not None:
                 params = MessageParameters(largest_object=track.largest)
-            moqt.accept_subscribe(rid, alias, params)
+            moqt.accept_subscribe(rid, alias, params, track.response_properties())
             self._serving[rid] = track
+            if track.finished:
+                # subscribe_after_finish: nothing more will be published (past objects
+                # are read with FETCH): the subscription ends at once, with no data stream.
+                self._publish_done(rid, PublishDoneCode.TRACK_ENDED, 0, "track ended")
+                return
             track._add(_Outgoing(self, rid, alias, window=window))
         elif isinstance(msg, Fetch | FetchWithType):
             self._spawn(self._serve_fetch(rid, msg))
@@ -255,7 +261,7 @@ class Session(ConnectionHandler):
             else:
                 params = (MessageParameters(largest_object=track.largest)
                           if track.largest is not None else MessageParameters())
-                moqt.request_ok(rid, params, end=True)
+                moqt.request_ok(rid, params, track.response_properties(), end=True)
         elif isinstance(msg, Publish) and self.accept_publish:
             self._accept_publish(rid, msg)
         else:
@@ -297,22 +303,26 @@ class Session(ConnectionHandler):
         if order is GroupOrder.DESCENDING:
             # §"FETCH": groups in the requested order, objects ascending within a group.
             objs.sort(key=lambda item: (-item[0][0], item[0][1]))
-        moqt.accept_fetch(rid, largest, end_of_track=track.finished)
+        moqt.accept_fetch(rid, largest, end_of_track=track.finished,
+                          track_properties=track.response_properties())
         sid = moqt.open_fetch_stream(rid)
         self._pump()
         enc = FetchStreamEncoder(rid, self.version, order)
         conn = self.connection
         try:
             for (g, o), obj in objs:
+                # A callable payload is read now, when the FETCH reaches it (no copy).
+                payload = obj.payload() if callable(obj.payload) else obj.payload
                 await conn.write(sid, enc.object_header(
-                    g, o, len(obj.payload), subgroup_id=0, publisher_priority=obj.priority,
+                    g, o, len(payload), subgroup_id=0, publisher_priority=obj.priority,
                     properties=obj.properties))
-                await conn.write(sid, obj.payload)
+                await conn.write(sid, payload)
+                del payload
             conn.send(sid, b"", end_stream=True)
         except TransportError:
             pass
-        except (ValueError, TypeError):  # an object that cannot be serialized: fail the stream, not hang
-            logger.exception("FETCH %d: cannot serialize an object", rid)
+        except Exception:  # an object that cannot be read or serialized: fail the stream, not hang
+            logger.exception("FETCH %d: cannot serve an object", rid)
             try:
                 conn.reset_stream(sid, StreamResetCode.INTERNAL_ERROR)
             except TransportError:
@@ -410,10 +420,23 @@ class Session(ConnectionHandler):
             raise MoqtError(msg.error_code, msg.error_reason, ErrorKind.REQUEST)
         return rid, msg, obj
 
-    async def publish_namespace(self, namespace: NamespaceLike) -> None:
-        """PUBLISH_NAMESPACE; returns on REQUEST_OK, raises :class:`MoqtError` otherwise."""
+    async def publish_namespace(self, namespace: NamespaceLike) -> int:
+        """PUBLISH_NAMESPACE; returns its Request ID on REQUEST_OK, raises
+        :class:`MoqtError` otherwise. Withdraw it with :meth:`withdraw_namespace`."""
         ns = normalize_namespace(namespace)
-        await self._request(lambda m: m.publish_namespace(ns))
+        rid, _, _ = await self._request(lambda m: m.publish_namespace(ns))
+        self._published_namespaces[ns] = rid
+        return rid
+
+    def withdraw_namespace(self, namespace: NamespaceLike) -> bool:
+        """Withdraw a namespace we published: cancel its PUBLISH_NAMESPACE request
+        (draft-20 §"Publishing Namespaces": withdrawal is request cancellation). False if
+        it was not published on this session (or the session is closed)."""
+        rid = self._published_namespaces.pop(normalize_namespace(namespace), None)
+        if rid is None or self.moqt is None or self.moqt.closed:
+            return False
+        self._cancel(rid)
+        return True
 
     async def subscribe_namespace(self, prefix: NamespaceLike) -> None:
         ns = normalize_namespace(prefix)
@@ -425,13 +448,16 @@ class Session(ConnectionHandler):
 
     async def subscribe(self, namespace: NamespaceLike, name: str | bytes, *,
                         parameters: MessageParameters = MessageParameters(),
-                        on_object_begin: Callable[..., object] | None = None) -> Subscription:
+                        on_object_begin: Callable[..., object] | None = None,
+                        on_object_progress: Callable[..., object] | None = None
+                        ) -> Subscription:
         """SUBSCRIBE; returns the :class:`Subscription` once SUBSCRIBE_OK arrived."""
         ns = normalize_namespace(namespace)
 
         def make(rid: int) -> ObjectStream:
             s = Subscription(self, rid)
             s.on_object_begin = on_object_begin  # type: ignore[assignment]
+            s.on_object_progress = on_object_progress  # type: ignore[assignment]
             return s
 
         _, _, sub = await self._request(lambda m: m.subscribe(ns, _name(name), parameters), make)
@@ -441,7 +467,8 @@ class Session(ConnectionHandler):
     async def fetch(self, namespace: NamespaceLike, name: str | bytes, *,
                     start: tuple[int, int] = (0, 0), end: tuple[int, int] | None = None,
                     group_order: GroupOrder | None = None,
-                    on_object_begin: Callable[..., object] | None = None) -> FetchStream:
+                    on_object_begin: Callable[..., object] | None = None,
+                    on_object_progress: Callable[..., object] | None = None) -> FetchStream:
         """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object), groups
         in ``group_order`` (None: the publisher's, ascending here)."""
         ns = normalize_namespace(namespace)
@@ -450,6 +477,7 @@ class Session(ConnectionHandler):
         def make(rid: int) -> ObjectStream:
             s = FetchStream(self, rid)
             s.on_object_begin = on_object_begin  # type: ignore[assignment]
+            s.on_object_progress = on_object_progress  # type: ignore[assignment]
             return s
 
         _, _, f = await self._request(

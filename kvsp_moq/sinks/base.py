@@ -50,8 +50,10 @@ __all__ = ["Digests", "LayerSink", "LayerState"]
 KV = TypeVar("KV")
 
 #: Expected layer digests: a sequence indexed by absolute layer (the Replica Record's
-#: ``layer_digests``, §4.4) or a mapping from absolute layer to digest. Each is 32 octets.
-Digests = Sequence[bytes] | Mapping[int, bytes]
+#: ``layer_digests``, §4.4) or a mapping from absolute layer to digest. Each is 32 octets,
+#: or ``None`` for a layer of a block still being computed whose digest is announced later
+#: (:meth:`LayerSink.set_expected_digest`; binding v1 per-object digest property).
+Digests = Sequence[bytes | None] | Mapping[int, bytes | None]
 
 _UINT32_LIMIT = 1 << 32
 
@@ -66,7 +68,7 @@ class LayerState(enum.Enum):
 @dataclass(slots=True)
 class _Layer:
     index: int
-    digest: bytes
+    digest: bytes | None  # None: not announced yet (no delivery can begin)
     state: LayerState = LayerState.EXPECTED
     reception: Reception | None = None
     reason: str | None = None
@@ -88,17 +90,22 @@ def _check_range(layers: tuple[int, int]) -> tuple[int, int]:
     return layers
 
 
-def _expected_digests(digests: Digests, first: int, last: int) -> list[bytes]:
-    """The digest of every layer first..last from a record-style sequence or a mapping."""
-    out = []
+def _check_digest(layer: int, digest: object) -> bytes:
+    if not isinstance(digest, (bytes, bytearray)) or len(digest) != DIGEST_SIZE:
+        raise SinkError(f"digest of layer {layer} is not {DIGEST_SIZE} octets: {digest!r}")
+    return bytes(digest)
+
+
+def _expected_digests(digests: Digests, first: int, last: int) -> list[bytes | None]:
+    """The digest of every layer first..last from a record-style sequence or a mapping
+    (``None``: announced later)."""
+    out: list[bytes | None] = []
     for layer in range(first, last + 1):
         try:
             digest = digests[layer]  # a Replica Record lists layer l at index l (§4.4)
         except (KeyError, IndexError):
             raise SinkError(f"no expected digest for layer {layer}") from None
-        if not isinstance(digest, (bytes, bytearray)) or len(digest) != DIGEST_SIZE:
-            raise SinkError(f"digest of layer {layer} is not {DIGEST_SIZE} octets: {digest!r}")
-        out.append(bytes(digest))
+        out.append(None if digest is None else _check_digest(layer, digest))
     return out
 
 
@@ -144,8 +151,21 @@ class LayerSink(ABC, Generic[KV]):
     def layer_range(self) -> range:
         return range(self.first_layer, self.last_layer + 1)
 
-    def expected_digest(self, layer: int) -> bytes:
+    def expected_digest(self, layer: int) -> bytes | None:
+        """The digest ``layer`` is verified against (None: not announced yet)."""
         return self._slot(layer).digest
+
+    def set_expected_digest(self, layer: int, digest: bytes) -> None:
+        """Announce the digest of a layer constructed with ``None`` (a block still being
+        computed: binding v1 carries each layer's digest in its object). Setting the same
+        digest again is a no-op; SinkError for another digest (a digest never changes once
+        announced) or a malformed one."""
+        slot = self._slot(layer)
+        digest = _check_digest(layer, digest)
+        if slot.digest is None:
+            slot.digest = digest
+        elif slot.digest != digest:
+            raise SinkError(f"layer {layer}: expected digest already set to another value")
 
     # -- transport side ---------------------------------------------------------------------
 
@@ -164,6 +184,8 @@ class LayerSink(ABC, Generic[KV]):
             raise SinkError(f"layer {layer} was already received and verified")
         if slot.state is LayerState.RECEIVING:
             raise SinkError(f"layer {layer} is already being received")
+        if slot.digest is None:
+            raise SinkError(f"layer {layer}: no expected digest announced (set_expected_digest)")
         if length != self.payload_bytes:
             reason = (
                 f"payload length {length!r} != {self.payload_bytes} "
@@ -214,6 +236,7 @@ class LayerSink(ABC, Generic[KV]):
         except SinkError as exc:
             self._fail(slot, str(exc))
             return False
+        assert slot.digest is not None  # begin_layer refuses a layer without a digest
         if digest != slot.digest:
             self._fail(
                 slot, f"digest mismatch: received {digest.hex()}, expected {slot.digest.hex()}"

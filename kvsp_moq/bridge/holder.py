@@ -1,0 +1,194 @@
+"""The holder side of binding v1 (docs/binding.md; DESIGN.md §1 "Holder", §4).
+
+:class:`MoqtHolder` publishes the replicas of a :class:`~kvsp_moq.storage.BlockStore` as MOQT
+tracks, each under its own five-field namespace:
+
+* as a MOQT server itself (:meth:`MoqtHolder.serve`), and/or
+* as a client of one or more relays (:meth:`MoqtHolder.attach_relay`): PUBLISH_NAMESPACE of
+  every replica's namespace, then it answers the relay's SUBSCRIBE and FETCH.
+
+FETCH is served straight from the store's tier buffers (:class:`~.track.BlockTrack`); a block
+still being computed (:meth:`MoqtHolder.begin`) is published layer by layer as it is written.
+:meth:`MoqtHolder.replica_record` gives the Replica Record with ``holder`` = the ``moqt://``
+URL and ``moqt_namespace`` (kvsp-draft §4.4). Every replica that leaves the store is withdrawn
+first (its namespace at each relay, its track here; §6.1 "withdraw ... before or immediately
+after evicting").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..kvsp.layout import Geometry
+from ..kvsp.records import ReplicaRecord
+from ..moqt.session import SessionConfig
+from ..pubsub import Catalog, MoqtError, MoqtServer, Session, connect, serve
+from ..storage import BlockStore, BlockWriter, RecordKey
+from ..transport import TransportConfig
+from .track import BlockTrack
+
+__all__ = ["MoqtHolder"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_MS = 600_000
+
+
+class MoqtHolder:
+    """Publishes the replicas of ``store`` over MOQT (binding v1)."""
+
+    def __init__(self, store: BlockStore, *, ttl_ms: int = DEFAULT_TTL_MS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        #: The catalog every session of this holder serves (server sessions and relay links).
+        self.catalog = Catalog()
+        self.ttl_ms = ttl_ms
+        self._clock = clock
+        self._tracks: dict[RecordKey, BlockTrack] = {}
+        #: Replica id -> monotonic expiry of the last record issued (MAX_CACHE_DURATION).
+        self._expires: dict[bytes, float] = {}
+        self._server: MoqtServer | None = None
+        self._host = "127.0.0.1"
+        self._relays: dict[str, Session] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        store.add_evict_listener(self._on_evict)
+        self._listening = True
+
+    # -- endpoints ----------------------------------------------------------------------------
+    async def serve(self, host: str = "127.0.0.1", port: int = 0,
+                    config: TransportConfig | None = None) -> str:
+        """Listen for MOQT clients; return this endpoint's ``moqt://`` URL."""
+        if config is None or config.certificate_pem is None:
+            raise ValueError("serve needs a TransportConfig with certificate_pem and private_key_pem")
+        self._server = await serve(host, port, config, catalog=self.catalog)
+        self._host = host
+        return self.url
+
+    @property
+    def url(self) -> str:
+        """``moqt://host:port/moq`` of :meth:`serve`."""
+        if self._server is None:
+            raise RuntimeError("not serving")
+        return f"moqt://{self._host}:{self._server.port}/moq"
+
+    async def attach_relay(self, url: str, config: TransportConfig | None = None, *,
+                           session_config: SessionConfig | None = None) -> Session:
+        """Connect to a relay as a publisher: PUBLISH_NAMESPACE every published replica (and
+        every later one); the relay's SUBSCRIBE / FETCH are answered from the store.
+        ``session_config.extra_setup_options`` carries the AUTHORIZATION_TOKEN SETUP option
+        of a principal allowed to publish the scopes (binding §9)."""
+        session = await connect(url, config or TransportConfig(insecure=True),
+                                catalog=self.catalog, session_config=session_config)
+        self._relays[url] = session
+        for track in list(self._tracks.values()):
+            await session.publish_namespace(track.namespace)
+        return session
+
+    # -- publishing -------------------------------------------------------------------------
+    def publish(self, key: RecordKey) -> BlockTrack:
+        """Publish the stored replica of ``key`` (complete, or being written through a
+        writer whose layers reach :meth:`BlockTrack.layer_written`). Idempotent."""
+        info = self.store.info(key)
+        track = self._tracks.get(key)
+        if track is not None and track.replica_id == info.replica_id:
+            return track
+        rid = info.replica_id
+        track = BlockTrack(self.store, key, remaining_ttl_ms=lambda: self._remaining_ttl_ms(rid))
+        self._tracks[key] = track
+        self.catalog.add(track)
+        self._expires.setdefault(info.replica_id, self._clock() + self.ttl_ms / 1000)
+        for session in self._relays.values():
+            self._spawn(self._announce(session, track))
+        return track
+
+    def publish_all(self) -> list[BlockTrack]:
+        """Publish every replica of the store."""
+        return [self.publish(info.key) for info in self.store.replicas()]
+
+    def begin(self, key: RecordKey, geometry: Geometry, layers: int | range, tokens: int,
+              **kw: Any) -> BlockWriter:
+        """``store.begin`` for a block still being computed, published at once: each layer
+        goes to the track's subscribers the moment ``write_layer`` stored it."""
+        writer = self.store.begin(key, geometry, layers, tokens, **kw)
+        track = self.publish(key)
+        writer.add_listener(track.layer_written)
+        return writer
+
+    async def wait_announced(self) -> None:
+        """Wait until every pending PUBLISH_NAMESPACE to the relays was answered."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def track(self, key: RecordKey) -> BlockTrack | None:
+        return self._tracks.get(key)
+
+    # -- records ----------------------------------------------------------------------------
+    def replica_record(self, key: RecordKey, *, holder: str | None = None,
+                       ttl_ms: int | None = None) -> ReplicaRecord:
+        """The Replica Record of a published, complete replica (kvsp-draft §4.4): ``holder``
+        defaults to the first attached relay's URL, else this server's; ``moqt_namespace``
+        names the replica. Issuing it sets the replica's expiry, hence the
+        MAX_CACHE_DURATION relays get (binding §7)."""
+        track = self.publish(key)
+        ttl = self.ttl_ms if ttl_ms is None else ttl_ms
+        url = holder or (next(iter(self._relays)) if self._relays else self.url)
+        self._expires[track.replica_id] = self._clock() + ttl / 1000
+        return self.store.info(key).replica_record(url, ttl)
+
+    def _remaining_ttl_ms(self, replica_id: bytes) -> int | None:
+        expires = self._expires.get(replica_id)
+        return None if expires is None else max(0, int((expires - self._clock()) * 1000))
+
+    # -- withdrawal -------------------------------------------------------------------------
+    def _on_evict(self, key: RecordKey, replica_id: bytes) -> None:
+        track = self._tracks.get(key)
+        if track is None or track.replica_id != replica_id:
+            return
+        del self._tracks[key]
+        self._expires.pop(replica_id, None)
+        self.catalog.remove(track.namespace, track.name)  # new requests: DOES_NOT_EXIST
+        for session in self._relays.values():
+            session.withdraw_namespace(track.namespace)
+        self._spawn(track.withdraw("replica evicted"))
+
+    async def _announce(self, session: Session, track: BlockTrack) -> None:
+        try:
+            await session.publish_namespace(track.namespace)
+        except MoqtError as exc:
+            log.warning("PUBLISH_NAMESPACE of %s refused: %s", track.key, exc)
+
+    def _spawn(self, coro: Any) -> None:
+        try:
+            task = asyncio.ensure_future(coro)
+        except RuntimeError:  # no running loop (a store call outside the holder's loop)
+            coro.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        await self.wait_announced()
+        if self._listening:
+            self._listening = False
+            self.store.remove_evict_listener(self._on_evict)
+        for session in list(self._relays.values()):
+            await session.close()
+        self._relays.clear()
+        if self._server is not None:
+            for s in list(self._server.sessions):
+                await s.close()
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> MoqtHolder:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+

@@ -1,0 +1,81 @@
+"""Receiving binding-v1 objects of one block into a layer sink (docs/binding.md §6, §8).
+
+The payload of layer ``l`` is copied once, from the QUIC buffer into the sink's own buffer
+(``on_object_begin`` returns ``sink.begin_layer``), hashed per chunk as it lands
+(``on_object_progress`` -> ``sink.chunk_written``), and verified by the sink when the object
+ends (``sink.end_layer``). Nothing here exposes a layer: only the sink does, once verified.
+"""
+
+from __future__ import annotations
+
+from ..moqt.objects import ObjectBegin
+from ..sinks import LayerSink, LayerState, SinkError
+from .binding import BLOCK_GROUP, layer_digest_of
+
+__all__ = ["LayerReceiver"]
+
+
+class LayerReceiver:
+    """The pubsub callbacks that route the objects of one request into ``sink``.
+
+    ``accept_announced_digests``: for a layer whose expected digest is not known yet (a block
+    still being computed), take it from the object's LAYER_DIGEST property (prefill
+    streaming); otherwise the sink's digests (from the Replica Record or the Track
+    Properties) are the only reference.
+    """
+
+    def __init__(self, sink: LayerSink[object], first: int, last: int, *,
+                 accept_announced_digests: bool = False) -> None:
+        self.sink = sink
+        self.first, self.last = first, last
+        self.accept_announced = accept_announced_digests
+        #: Layers this request is delivering into the sink now.
+        self.receiving: set[int] = set()
+        #: Why this source is bad (unexpected objects, wrong lengths...), first reason first.
+        self.problems: list[str] = []
+
+    def on_object_begin(self, info: ObjectBegin) -> memoryview | None:
+        layer = info.object_id
+        if info.group_id != BLOCK_GROUP or not self.first <= layer <= self.last:
+            self.problems.append(f"unexpected object {info.group_id}/{layer}")
+            return None  # received into a scratch buffer of pubsub, then dropped
+        state = self.sink.state(layer)
+        if state is LayerState.READY or state is LayerState.RECEIVING:
+            return None  # a duplicate (live + fetched, or two sources): keep the first
+        announced = layer_digest_of(info.properties)
+        expected = self.sink.expected_digest(layer)
+        if expected is None and announced is not None and self.accept_announced:
+            self.sink.set_expected_digest(layer, announced)
+        elif expected is not None and announced is not None and announced != expected:
+            # The source announces another replica's layer: it can only fail. Receive it
+            # anyway (the sink proves it) so that the failure is on record.
+            pass
+        try:
+            view = self.sink.begin_layer(layer, info.payload_length)
+        except SinkError as exc:
+            self.problems.append(str(exc))
+            return None
+        self.receiving.add(layer)
+        return view
+
+    def on_object_progress(self, info: ObjectBegin, n: int) -> None:
+        if info.object_id in self.receiving:
+            try:
+                self.sink.chunk_written(info.object_id, n)
+            except SinkError as exc:  # more octets than announced: the layer failed
+                self.receiving.discard(info.object_id)
+                self.problems.append(str(exc))
+
+    def object_done(self, layer: int) -> bool | None:
+        """The object of ``layer`` completed: verify it. True verified, False failed, None
+        not ours (a duplicate or an unexpected object)."""
+        if layer not in self.receiving:
+            return None
+        self.receiving.discard(layer)
+        return self.sink.end_layer(layer)
+
+    def abort_pending(self, reason: str) -> None:
+        """The request ended: layers still in flight failed (their octets are never exposed)."""
+        for layer in sorted(self.receiving):
+            self.sink.abort(layer, reason)
+        self.receiving.clear()

@@ -1,0 +1,60 @@
+"""MOQT client sessions of an instance, one per holder or relay URL (reused across loads)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..moqt.session import SessionConfig
+from ..pubsub import Session, connect
+from ..transport import TransportConfig
+
+__all__ = ["SessionPool"]
+
+
+class SessionPool:
+    """``await pool.get(url)``: a live session to ``url``, connected on first use (one
+    connect in flight per URL), reconnected after it closed. A source that does not answer
+    within ``connect_timeout`` seconds raises ``TimeoutError`` (a dead holder)."""
+
+    def __init__(self, config: TransportConfig | None = None, *,
+                 connect_timeout: float = 5.0,
+                 session_config: Callable[[], SessionConfig] | None = None) -> None:
+        self.config = config or TransportConfig(insecure=True)
+        #: A fresh SessionConfig per connection (e.g. the AUTHORIZATION_TOKEN SETUP option).
+        self.session_config = session_config
+        self.connect_timeout = connect_timeout
+        self._sessions: dict[str, asyncio.Future[Session]] = {}
+
+    async def get(self, url: str) -> Session:
+        fut = self._sessions.get(url)
+        if fut is not None and fut.done() and (fut.exception() is not None or
+                                               _closed(fut.result())):
+            fut = None
+        if fut is None:
+            fut = asyncio.ensure_future(asyncio.wait_for(
+                connect(url, self.config, setup_timeout=self.connect_timeout,
+                        session_config=self.session_config() if self.session_config else None),
+                self.connect_timeout))
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._sessions[url] = fut
+        return await asyncio.shield(fut)
+
+    async def close(self) -> None:
+        futs, self._sessions = list(self._sessions.values()), {}
+        for fut in futs:
+            if not fut.done():
+                fut.cancel()
+                continue
+            if fut.exception() is None and not _closed(fut.result()):
+                await fut.result().close()
+
+    async def __aenter__(self) -> SessionPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _closed(session: Session) -> bool:
+    return session.closed.done() or session.moqt is None or session.moqt.closed
