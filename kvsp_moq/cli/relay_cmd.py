@@ -18,7 +18,7 @@ def _relay(args: argparse.Namespace) -> int:
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("relay", help="run the MOQT relay (options: kvsp relay -- --help)",
+    p = sub.add_parser("relay", help="run the MOQT relay (options: kvsp relay --help)",
                        add_help=False)
     p.add_argument("relay_args", nargs=argparse.REMAINDER,
                    help="--listen HOST:PORT [--upstream URL] [--cert PEM --key PEM] ...")
