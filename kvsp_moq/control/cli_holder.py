@@ -1,59 +1,27 @@
-"""``kvsp holder --listen HOST:PORT --config FILE``: run a holder (kvsp-draft §6.1, §6.6, §6.7).
-
-:func:`register_cli` adds the subcommand to the ``kvsp`` parser (``kvsp_moq/cli/``). Once
-listening, the command prints one line, ``kvsp holder: listening on URL``, with the bound port
-(useful with port 0), and serves until SIGINT or SIGTERM. The ``[holder]`` section of the
-configuration (docs/http-api.md "Holder") sets its tiers, quotas and the Index Service it
-publishes to.
-"""
+"""``kvsp holder --listen HOST:PORT --config FILE`` (kvsp-draft §6.1, §6.6, §6.7); see :mod:`.cli_roles`."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
-import sys
 
-from .cli_index import parse_listen
-from .config import ControlConfig, load_config
-from .errors import ConfigError
+from . import cli_roles
 from .http import serve_holder
 
-DEFAULT_LISTEN = "127.0.0.1:8471"
+ROLE = cli_roles.RoleCommand(
+    name="holder",
+    help="run a holder (block storage and retrieval, leases)",
+    description="Run a KVSP holder over HTTP (docs/http-api.md, section Holder).",
+    default_listen="127.0.0.1:8471",
+    section="holder",
+    serve=serve_holder,
+)
+DEFAULT_LISTEN = ROLE.default_listen
 
 
 def register_cli(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
-    """Add ``holder`` to ``subparsers``; its handler is ``args.handler(args) -> int``."""
-    parser = subparsers.add_parser(
-        "holder",
-        help="run a holder (block storage and retrieval, leases)",
-        description="Run a KVSP holder over HTTP (docs/http-api.md, section Holder).",
-    )
-    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
-                        help=f"address to listen on; port 0 picks a free port (default {DEFAULT_LISTEN})")
-    parser.add_argument("--config", required=True, metavar="FILE", help="TOML configuration (principals, [holder])")
-    parser.set_defaults(handler=run_holder)
-    return parser
+    """Add ``holder`` to ``subparsers``; its handler is :func:`run_holder`."""
+    return cli_roles.register(subparsers, ROLE, run_holder)
 
 
 def run_holder(args: argparse.Namespace) -> int:
-    try:
-        host, port = parse_listen(args.listen)
-        config = load_config(args.config)
-    except (ValueError, ConfigError) as exc:
-        print(f"kvsp: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_serve(config, host, port))
-    return 0
-
-
-async def _serve(config: ControlConfig, host: str, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):  # not on Windows
-            loop.add_signal_handler(sig, stop.set)
-    async with await serve_holder(config, host, port) as server:
-        print(f"kvsp holder: listening on {server.url}", flush=True)
-        await stop.wait()
+    return cli_roles.run(ROLE, args)
