@@ -1,0 +1,305 @@
+"""The interop matrix: every moq-interop-runner case, per draft, for each pairing of a test
+client and a relay, compared with a committed baseline (``interop/matrix-baseline.json``).
+
+    python -m interop.matrix [--drafts 22,20,18] [--write-docs] [--json OUT] [--update-baseline]
+
+Columns: ``aiomoqt>ours`` (aiomoqt's ``moq-interop-client`` against our relay,
+``python -m relay``), ``ours>aiomoqt`` (our ``interop.test_client`` against aiomoqt's
+``moq-interop-relay``) and ``ours>ours``. aiomoqt's relay listens on every address whatever
+``--bind`` says, so the whole matrix runs in a private network namespace with only loopback
+(``unshare -n``; the command re-executes itself there). Without one (not root) the aiomoqt
+relay column is skipped, loudly. Each process runs in its own process group and is killed when
+its step ends; readiness is the line each relay prints.
+
+Exit status: 0, or 1 when a cell that passed in the baseline fails now (a regression);
+improvements (baseline fail, now pass) are reported and do not fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvsp_moq.transport.tls import make_self_signed
+
+from . import peers
+from .client_cases import CASES
+from .harness import ROOT, CaseError, PeerProcess, only_loopback
+from .tap import parse
+
+BASELINE = Path(__file__).resolve().parent / "matrix-baseline.json"
+DOCS = ROOT / "docs" / "interop.md"
+BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+COLUMNS = ("aiomoqt>ours", "ours>aiomoqt", "ours>ours")
+AIOMOQT_ONLY_WITH_T = ("fetch", "join")  # its client runs these only when named with -t
+RUN_LIMIT = 90.0  # seconds for one client process (safety net)
+
+Results = dict[str, dict[str, dict[str, dict[str, str]]]]  # draft -> column -> case -> cell
+
+
+@dataclass
+class Env:
+    tmp: Path
+    cert: Path
+    key: Path
+    aiomoqt_bin: Path | None
+    isolated: bool
+
+
+def _env_with_path() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+async def _start_our_relay(env: Env) -> tuple[PeerProcess, str]:
+    relay = PeerProcess("our relay", [sys.executable, "-m", "relay", "--listen", "127.0.0.1:0",
+                                      "--cert", env.cert, "--key", env.key],
+                        cwd=ROOT, env=_env_with_path())
+    await relay.start()
+    url = await relay.expect(lambda ln: ln.split("relay listening on ")[-1].strip()
+                             if "relay listening on " in ln else None, 30, "listening line")
+    return relay, str(url)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _start_aiomoqt_relay(env: Env, drafts: Sequence[int]) -> tuple[PeerProcess, str]:
+    if not only_loopback():
+        raise CaseError("refusing to start moq-interop-relay outside a loopback-only namespace")
+    assert env.aiomoqt_bin is not None
+    port = _free_port()
+    relay = PeerProcess("moq-interop-relay", [
+        env.aiomoqt_bin / "moq-interop-relay", "--bind", "127.0.0.1", "--port", port, "--quic",
+        "--draft", ",".join(map(str, drafts)), "--cert", env.cert, "--key", env.key])
+    await relay.start()
+    await relay.expect(lambda ln: "Listening on" in ln, 30, "listening line")
+    return relay, f"moqt://127.0.0.1:{port}/"
+
+
+async def _tap_run(name: str, argv: Sequence[object], cwd: Path | None = None
+                   ) -> dict[str, dict[str, str]]:
+    """Run one TAP-speaking client; {case: cell}. A crash or hang fails the cases it names."""
+    proc = PeerProcess(name, argv, cwd=cwd, env=_env_with_path(), keep_lines=5000)
+    try:
+        await proc.start()
+        await proc.wait(RUN_LIMIT)
+    finally:
+        await proc.stop()
+    text = "\n".join(proc.lines)
+    cells: dict[str, dict[str, str]] = {}
+    messages = _messages(text)
+    for case, ok in parse(text).items():
+        cells[case] = {"result": "pass" if ok else "fail", "message": messages.get(case, "")}
+    return cells
+
+
+def _messages(text: str) -> dict[str, str]:
+    """{case: the YAML ``message`` of its test point}."""
+    out: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith(("ok ", "not ok ")):
+            current = line.split(" - ", 1)[-1].split(" # ")[0].strip()
+        elif current and line.strip().startswith("message:"):
+            raw = line.split("message:", 1)[1].strip()
+            try:
+                out[current] = str(json.loads(raw))
+            except ValueError:
+                out[current] = raw
+    return out
+
+
+def _our_client(url: str, draft: int) -> list[object]:
+    return [sys.executable, "-m", "interop.test_client", "-r", url, "--tls-disable-verify",
+            "--draft", draft]
+
+
+def _aiomoqt_client(env: Env, url: str, draft: int, case: str | None) -> list[object]:
+    assert env.aiomoqt_bin is not None
+    argv: list[object] = [env.aiomoqt_bin / "moq-interop-client", "-r", url,
+                          "--tls-disable-verify", "--draft", draft]
+    return argv + (["-t", case] if case else [])
+
+
+def _missing(cells: dict[str, dict[str, str]], why: str) -> dict[str, dict[str, str]]:
+    for case in CASES:
+        cells.setdefault(case, {"result": "fail", "message": why})
+    return cells
+
+
+async def run_matrix(env: Env, drafts: Sequence[int]) -> Results:
+    results: Results = {str(d): {} for d in drafts}
+    procs: list[PeerProcess] = []
+    try:
+        ours, our_url = await _start_our_relay(env)
+        procs.append(ours)
+        aio_url = None
+        if env.aiomoqt_bin is not None and env.isolated:
+            aio, aio_url = await _start_aiomoqt_relay(env, drafts)
+            procs.append(aio)
+        for d in drafts:
+            row = results[str(d)]
+            if env.aiomoqt_bin is not None:
+                cells = await _tap_run("moq-interop-client", _aiomoqt_client(env, our_url, d, None))
+                for case in AIOMOQT_ONLY_WITH_T:
+                    cells.update(await _tap_run("moq-interop-client",
+                                                _aiomoqt_client(env, our_url, d, case)))
+                row["aiomoqt>ours"] = _missing(cells, "no TAP line for this case")
+            if aio_url is not None:
+                row["ours>aiomoqt"] = _missing(
+                    await _tap_run("our test client", _our_client(aio_url, d), ROOT),
+                    "no TAP line for this case")
+            row["ours>ours"] = _missing(
+                await _tap_run("our test client", _our_client(our_url, d), ROOT),
+                "no TAP line for this case")
+    finally:
+        for p in reversed(procs):
+            await p.stop()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# baseline, table, docs
+def load_baseline(path: Path = BASELINE) -> Results:
+    return json.loads(path.read_text())["cells"] if path.exists() else {}
+
+
+def compare(baseline: Results, now: Results) -> tuple[list[str], list[str]]:
+    """(regressions, improvements) as 'draft column case: ...' lines."""
+    regressions, improvements = [], []
+    for d, columns in now.items():
+        for col, cases in columns.items():
+            for case, cell in cases.items():
+                base = baseline.get(d, {}).get(col, {}).get(case)
+                where = f"draft {d} {col} {case}"
+                if base is None:
+                    continue
+                if base["result"] == "pass" and cell["result"] != "pass":
+                    regressions.append(f"{where}: was pass, now {cell['result']}: "
+                                       f"{cell.get('message', '')}")
+                elif base["result"] != "pass" and cell["result"] == "pass":
+                    improvements.append(f"{where}: was fail ({base.get('reason', '')}), now pass")
+    return regressions, improvements
+
+
+def updated_baseline(old: Results, now: Results) -> Results:
+    """``now`` as a baseline: failing cells keep the recorded reason (or take the message)."""
+    out: Results = {}
+    for d, columns in now.items():
+        for col, cases in columns.items():
+            for case, cell in cases.items():
+                entry = {"result": cell["result"]}
+                if cell["result"] != "pass":
+                    prior = old.get(d, {}).get(col, {}).get(case, {})
+                    entry["reason"] = prior.get("reason") or cell.get("message", "")
+                out.setdefault(d, {}).setdefault(col, {})[case] = entry
+    return out
+
+
+def table(now: Results, baseline: Results) -> str:
+    drafts = list(now)
+    cols = [c for c in COLUMNS if any(c in now[d] for d in drafts)]
+    head = "| case | " + " | ".join(f"{c} {d}" for c in cols for d in drafts) + " |"
+    lines = [head, "|---" * (1 + len(cols) * len(drafts)) + "|"]
+    for case in CASES:
+        row = []
+        for c in cols:
+            for d in drafts:
+                cell = now[d].get(c, {}).get(case)
+                if cell is None:
+                    row.append("—")
+                elif cell["result"] == "pass":
+                    row.append("pass")
+                else:
+                    gap = baseline.get(d, {}).get(c, {}).get(case, {}).get("result") == "fail"
+                    row.append("gap" if gap else "**FAIL**")
+        lines.append(f"| {case} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def write_docs(text: str, path: Path = DOCS) -> None:
+    doc = path.read_text()
+    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m interop.matrix", description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafts", default="22,20,18")
+    p.add_argument("--write-docs", action="store_true", help="rewrite the table in docs/interop.md")
+    p.add_argument("--json", type=Path, help="write the observed cells here")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="record this run as interop/matrix-baseline.json")
+    p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _reexec_isolated(argv: Sequence[str]) -> int:
+    cmd = [sys.executable, "-m", "interop.matrix", *argv, "--inside"]
+    proc = __import__("subprocess").run(peers.isolated_command("exec " + shlex.join(cmd)),
+                                        cwd=ROOT, env=_env_with_path())
+    return proc.returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = _args(raw)
+    if not args.inside and not only_loopback() and peers.can_isolate():
+        return _reexec_isolated(raw)
+    drafts = [int(d) for d in args.drafts.split(",") if d.strip()]
+    try:
+        aiomoqt_bin: Path | None = peers.ensure_peer(peers.AIOMOQT)
+    except peers.PeerUnavailable as exc:
+        print(f"LOUD SKIP: aiomoqt columns cannot run here: {exc}", file=sys.stderr)
+        aiomoqt_bin = None
+    isolated = only_loopback()
+    if not isolated:
+        print("LOUD SKIP: no loopback-only network namespace (needs root): the ours>aiomoqt "
+              "column is skipped", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="kvsp-matrix-") as tmp:
+        cert = make_self_signed()
+        cert_path, key_path = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+        cert_path.write_bytes(cert.cert_pem if isinstance(cert.cert_pem, bytes)
+                              else cert.cert_pem.encode())
+        key_path.write_bytes(cert.key_pem if isinstance(cert.key_pem, bytes)
+                             else cert.key_pem.encode())
+        env = Env(Path(tmp), cert_path, key_path, aiomoqt_bin, isolated)
+        now = asyncio.run(run_matrix(env, drafts))
+    old = load_baseline()
+    regressions, improvements = compare(old, now)
+    text = table(now, old)
+    print(text)
+    for line in improvements:
+        print(f"IMPROVEMENT {line}")
+    for line in regressions:
+        print(f"REGRESSION {line}")
+    if args.json:
+        args.json.write_text(json.dumps({"cells": now, "regressions": regressions,
+                                         "improvements": improvements}, indent=1))
+    if args.update_baseline:
+        merged = {**old, **updated_baseline(old, now)}
+        BASELINE.write_text(json.dumps({"cells": merged}, indent=1, sort_keys=True) + "\n")
+    if args.write_docs:
+        write_docs(text)
+    return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``moq-test-client``: our side of the moq-interop-runner test-client contract.
+
+    python -m interop.test_client -r moqt://127.0.0.1:4443/moq -t setup-only [--draft 22]
+    RELAY_URL=... TESTCASE=... TLS_DISABLE_VERIFY=1 python -m interop.test_client
+
+TAP version 14 on stdout; exit 0 when every case passed, 1 when one failed, 127 for a test
+name we do not know (or a draft we cannot speak). ``-l`` lists the cases; no ``-t`` runs all
+fourteen. ``--draft`` pins the ALPN to ``moqt-NN`` (default: our list, newest first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import sys
+from collections.abc import Sequence
+
+from .client_cases import CASES, Run, run_case
+from .client_support import Target
+from .tap import CaseResult, render
+
+DRAFTS = (22, 20, 18)
+EXIT_UNSUPPORTED = 127
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moq-test-client", description=__doc__.split("\n\n")[0])
+    p.add_argument("-r", "--relay", default=os.environ.get("RELAY_URL", ""),
+                   help="relay URL, moqt://host:port/path (env RELAY_URL)")
+    p.add_argument("-t", "--test", default=os.environ.get("TESTCASE") or None,
+                   help="one test case (env TESTCASE); default: all")
+    p.add_argument("-l", "--list", action="store_true", help="list the test cases")
+    p.add_argument("--tls-disable-verify", action="store_true",
+                   default=_truthy(os.environ.get("TLS_DISABLE_VERIFY")),
+                   help="do not verify the relay's certificate (env TLS_DISABLE_VERIFY=1)")
+    p.add_argument("--draft", type=int, default=None,
+                   help=f"pin the ALPN to moqt-NN (one of {', '.join(map(str, DRAFTS))})")
+    return p
+
+
+def _relay_url(raw: str) -> str:
+    """moq-interop-runner passes ``https://`` or ``moqt://`` URLs; we speak raw QUIC (moqt)."""
+    for scheme in ("https://", "quic://"):
+        if raw.startswith(scheme):
+            return "moqt://" + raw[len(scheme):]
+    return raw
+
+
+async def _run_all(target: Target, names: Sequence[str]) -> list[CaseResult]:
+    run = Run(target)
+    results = []
+    for name in names:
+        result = await run_case(run, name)
+        print(f"  [{'PASS' if result.passed else 'FAIL'}] {name}: {result.message}",
+              file=sys.stderr, flush=True)
+        results.append(result)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    header = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+              f"target: {args.relay}", "implementation: kvsp_moq interop test client"]
+    if args.draft is not None and args.draft not in DRAFTS:
+        print(f"TAP version 14\n1..0 # SKIP draft {args.draft} not supported "
+              f"(we speak {', '.join(map(str, DRAFTS))})")
+        return EXIT_UNSUPPORTED
+    if args.test is not None and args.test not in CASES:
+        print(f"TAP version 14\n1..0 # SKIP unsupported test case {args.test}")
+        return EXIT_UNSUPPORTED
+    if not args.relay:
+        print("moq-test-client: no relay URL (-r or RELAY_URL)", file=sys.stderr)
+        return 2
+    target = Target(_relay_url(args.relay), args.draft, args.tls_disable_verify)
+    names = [args.test] if args.test else list(CASES)
+    results = asyncio.run(_run_all(target, names))
+    print(render(results, header=header), flush=True)
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
