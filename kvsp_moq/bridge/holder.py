@@ -13,6 +13,12 @@ still being computed (:meth:`MoqtHolder.begin`) is published layer by layer as i
 URL and ``moqt_namespace`` (kvsp-draft §4.4). Every replica that leaves the store is withdrawn
 first (its namespace at each relay, its track here; §6.1 "withdraw ... before or immediately
 after evicting").
+
+Authorization (binding §9): a holder serving directly with an ``authorizer``
+(:class:`ScopeAuthorizer`) serves a request only if one of the session's SETUP tokens, the
+request's own AUTHORIZATION_TOKENs or no token at all (anonymous) is allowed the scope (field 3)
+of the namespace it names; otherwise REQUEST_ERROR UNAUTHORIZED, before any lookup.
+SUBSCRIBE_NAMESPACE listings show only namespaces of such scopes.
 """
 
 from __future__ import annotations
@@ -20,30 +26,94 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from ..kvsp.layout import Geometry
+from ..kvsp.naming import NAMESPACE_TAG, BlockName, NamingError
 from ..kvsp.records import ReplicaRecord
+from ..moqt.messages import Message, SubscribeNamespace, SubscribeTracks, Token
 from ..moqt.session import SessionConfig
 from ..pubsub import Catalog, MoqtError, MoqtServer, Session, connect, serve
+from ..pubsub.session import token_values
 from ..storage import BlockStore, BlockWriter, RecordKey
 from ..transport import TransportConfig
 from .track import BlockTrack
 
-__all__ = ["MoqtHolder"]
+__all__ = ["MoqtHolder", "ScopeAuthorizer", "ScopeGate"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_MS = 600_000
 
 
+class ScopeAuthorizer(Protocol):
+    """Decides whether a bearer token (a MOQT AUTHORIZATION_TOKEN's Token Value; ``None``:
+    a request with no token) may use a Scope ID: publish, subscribe to, fetch and list the
+    blocks of that scope (binding §9). The control plane's ``Authorizer`` satisfies it through
+    ``kvsp_moq.control.moqt_auth.ControlScopeAuthorizer``."""
+
+    def allowed(self, token: bytes | None, scope_id: bytes) -> bool: ...
+
+
+def _scope_of(namespace: tuple[bytes, ...]) -> bytes | None:
+    """The Scope ID of a binding-v1 block namespace; None if it is not one."""
+    try:
+        return BlockName.from_fields(namespace).scope_id
+    except NamingError:
+        return None
+
+
+class ScopeGate:
+    """The :class:`~kvsp_moq.pubsub.session.RequestGate` of a holder serving directly.
+
+    Every request naming a namespace (SUBSCRIBE, FETCH, TRACK_STATUS, and from a peer that
+    publishes: PUBLISH_NAMESPACE, PUBLISH) needs the scope of that namespace; a namespace that
+    is not a block's is refused the same way (nothing else is served here). SUBSCRIBE_NAMESPACE
+    on a prefix that names a scope needs that scope; a shorter prefix is accepted and its
+    listing filtered. Requests that name no namespace (a joining FETCH refers to a
+    subscription of the same session, itself authorized) pass."""
+
+    def __init__(self, authorizer: ScopeAuthorizer) -> None:
+        self.authorizer = authorizer
+
+    def _tokens(self, session: Session, message: Message) -> tuple[bytes | None, ...]:
+        params = getattr(message, "parameters", None)
+        own = token_values(getattr(params, "authorization_tokens", ())
+                           if params is not None else ())
+        return (*session.peer_setup_tokens, *own, None)  # None: the anonymous rights
+
+    def _may_use(self, session: Session, message: Message, scope: bytes) -> bool:
+        allowed = [self.authorizer.allowed(t, scope) for t in self._tokens(session, message)]
+        return any(allowed)  # every token is asked: the time taken does not tell which matched
+
+    def allows(self, session: Session, message: Message) -> bool:
+        if isinstance(message, SubscribeNamespace | SubscribeTracks):
+            prefix = tuple(message.track_namespace_prefix)
+            if len(prefix) >= 3 and prefix[0] == NAMESPACE_TAG:
+                return self._may_use(session, message, bytes(prefix[2]))
+            return True  # the listing is filtered (shows)
+        namespace = getattr(message, "track_namespace", None)
+        if namespace is None:
+            return True
+        scope = _scope_of(tuple(namespace))
+        return scope is not None and self._may_use(session, message, scope)
+
+    def shows(self, session: Session, message: Message, namespace: tuple[bytes, ...]) -> bool:
+        scope = _scope_of(namespace)
+        return scope is not None and self._may_use(session, message, scope)
+
+
 class MoqtHolder:
     """Publishes the replicas of ``store`` over MOQT (binding v1)."""
 
     def __init__(self, store: BlockStore, *, ttl_ms: int = DEFAULT_TTL_MS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 authorizer: ScopeAuthorizer | None = None) -> None:
         self.store = store
+        #: Checks the tokens of the clients of :meth:`serve` (None: serve everyone, as a
+        #: holder behind a relay that enforces binding §9, or on a trusted network).
+        self.authorizer = authorizer
         #: The catalog every session of this holder serves (server sessions and relay links).
         self.catalog = Catalog()
         self.ttl_ms = ttl_ms
@@ -64,7 +134,8 @@ class MoqtHolder:
         """Listen for MOQT clients; return this endpoint's ``moqt://`` URL."""
         if config is None or config.certificate_pem is None:
             raise ValueError("serve needs a TransportConfig with certificate_pem and private_key_pem")
-        self._server = await serve(host, port, config, catalog=self.catalog)
+        gate = ScopeGate(self.authorizer) if self.authorizer is not None else None
+        self._server = await serve(host, port, config, catalog=self.catalog, gate=gate)
         self._host = host
         return self.url
 
@@ -76,13 +147,16 @@ class MoqtHolder:
         return f"moqt://{self._host}:{self._server.port}/moq"
 
     async def attach_relay(self, url: str, config: TransportConfig | None = None, *,
-                           session_config: SessionConfig | None = None) -> Session:
+                           session_config: SessionConfig | None = None,
+                           setup_tokens: Sequence[Token | bytes | str] = ()) -> Session:
         """Connect to a relay as a publisher: PUBLISH_NAMESPACE every published replica (and
         every later one); the relay's SUBSCRIBE / FETCH are answered from the store.
-        ``session_config.extra_setup_options`` carries the AUTHORIZATION_TOKEN SETUP option
-        of a principal allowed to publish the scopes (binding §9)."""
+        ``setup_tokens`` are sent as AUTHORIZATION_TOKEN Setup Options: the token of a
+        principal allowed to publish the scopes (binding §9). The relay's requests on this
+        session are not checked against :attr:`authorizer`: the relay enforces binding §9."""
         session = await connect(url, config or TransportConfig(insecure=True),
-                                catalog=self.catalog, session_config=session_config)
+                                catalog=self.catalog, session_config=session_config,
+                                setup_tokens=setup_tokens)
         self._relays[url] = session
         for track in list(self._tracks.values()):
             await session.publish_namespace(track.namespace)

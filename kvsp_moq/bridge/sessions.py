@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from ..moqt.messages import Token
 from ..moqt.session import SessionConfig
 from ..pubsub import Session, connect
 from ..transport import TransportConfig
@@ -15,14 +16,20 @@ __all__ = ["SessionPool"]
 class SessionPool:
     """``await pool.get(url)``: a live session to ``url``, connected on first use (one
     connect in flight per URL), reconnected after it closed. A source that does not answer
-    within ``connect_timeout`` seconds raises ``TimeoutError`` (a dead holder)."""
+    within ``connect_timeout`` seconds raises ``TimeoutError`` (a dead holder).
+
+    ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options sent on every connection (a bearer
+    token of the control plane as bytes / str, or a ``Token``): the instance's credentials
+    for the scopes it reads (binding §9)."""
 
     def __init__(self, config: TransportConfig | None = None, *,
                  connect_timeout: float = 5.0,
-                 session_config: Callable[[], SessionConfig] | None = None) -> None:
+                 session_config: Callable[[], SessionConfig] | None = None,
+                 setup_tokens: Sequence[Token | bytes | str] = ()) -> None:
         self.config = config or TransportConfig(insecure=True)
-        #: A fresh SessionConfig per connection (e.g. the AUTHORIZATION_TOKEN SETUP option).
+        #: A fresh SessionConfig per connection (PATH / AUTHORITY, implementation...).
         self.session_config = session_config
+        self.setup_tokens = tuple(setup_tokens)
         self.connect_timeout = connect_timeout
         self._sessions: dict[str, asyncio.Future[Session]] = {}
 
@@ -34,7 +41,8 @@ class SessionPool:
         if fut is None:
             fut = asyncio.ensure_future(asyncio.wait_for(
                 connect(url, self.config, setup_timeout=self.connect_timeout,
-                        session_config=self.session_config() if self.session_config else None),
+                        session_config=self.session_config() if self.session_config else None,
+                        setup_tokens=self.setup_tokens),
                 self.connect_timeout))
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._sessions[url] = fut

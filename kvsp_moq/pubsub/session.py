@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
 
 from ..moqt import session_events as ev
 from ..moqt.data import FetchStreamEncoder
 from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionErrorCode, StreamResetCode
 from ..moqt.messages import (
+    AliasType,
     Fetch,
     FetchWithType,
     LocationFilterType,
@@ -28,14 +30,19 @@ from ..moqt.messages import (
     PublishDone,
     PublishNamespace,
     RequestError,
+    Setup,
     StandaloneFetch,
     Subscribe,
     SubscribeNamespace,
+    Token,
     TrackStatus,
+    decode_message,
+    encode_message,
 )
 from ..moqt.objects import GroupOrder, SubgroupHeader
 from ..moqt.session import Role, SessionConfig
 from ..moqt.session import Session as MoqtSession
+from ..moqt.session_events import SendStream
 from ..moqt.version import Version
 from ..transport import (
     Connection,
@@ -52,12 +59,44 @@ from .window import subscription_window
 from .publish import Catalog, TrackPublisher, _Outgoing, _name, normalize_namespace
 from .receive import FetchStream, ObjectStream, Subscription
 
-__all__ = ["MoqtServer", "Session", "connect", "serve"]
+__all__ = ["MoqtServer", "RequestGate", "Session", "connect", "serve", "token_values"]
 
 logger = logging.getLogger(__name__)
 
 NamespaceLike = Sequence[str | bytes] | str | bytes
+TokenLike = Token | bytes | str
 GUARD = 30.0
+
+
+def token_values(tokens: Iterable[Token]) -> tuple[bytes, ...]:
+    """The Token Values AUTHORIZATION_TOKENs carry (USE_VALUE and REGISTER, in order).
+
+    This layer keeps no token-alias cache (it advertises MAX_AUTH_TOKEN_CACHE_SIZE 0, so a
+    peer may not register aliases): USE_ALIAS and DELETE stand for no value here."""
+    return tuple(t.token_value for t in tokens
+                 if t.alias_type in (AliasType.USE_VALUE, AliasType.REGISTER)
+                 and t.token_value is not None)
+
+
+def _as_token(t: TokenLike) -> Token:
+    if isinstance(t, Token):
+        return t
+    return Token.use_value(0, t.encode("utf-8") if isinstance(t, str) else t)
+
+
+class RequestGate(Protocol):
+    """Authorization of the requests a peer opens on a :class:`Session` (``serve(gate=...)``).
+
+    ``allows`` runs before the catalog is consulted, so a refusal (REQUEST_ERROR
+    UNAUTHORIZED) is the same whether or not the track exists. ``shows`` filters the
+    NAMESPACE answers of an allowed SUBSCRIBE_NAMESPACE. The peer's credentials are
+    :attr:`Session.peer_setup_tokens` and ``token_values(message.parameters.authorization_tokens)``.
+    """
+
+    def allows(self, session: Session, message: Message) -> bool: ...
+
+    def shows(self, session: Session, message: Message,
+              namespace: tuple[bytes, ...]) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -75,8 +114,13 @@ class Session(ConnectionHandler):
 
     def __init__(self, role: Role, *, catalog: Catalog | None = None,
                  session_config: SessionConfig | None = None,
-                 accept_publish: bool = False) -> None:
+                 accept_publish: bool = False, gate: RequestGate | None = None,
+                 setup_tokens: Sequence[TokenLike] = ()) -> None:
         self.role = role
+        #: Authorizes each request of the peer (None: every request is served).
+        self.gate = gate
+        #: AUTHORIZATION_TOKEN Setup Options our SETUP carries (bytes / str: USE_VALUE, type 0).
+        self.setup_tokens: tuple[Token, ...] = tuple(_as_token(t) for t in setup_tokens)
         #: Accept the peer's PUBLISH (its tracks arrive on :attr:`incoming_publishes`);
         #: otherwise PUBLISH is answered with REQUEST_ERROR NOT_SUPPORTED.
         self.accept_publish = accept_publish
@@ -107,13 +151,45 @@ class Session(ConnectionHandler):
         assert self.moqt is not None
         return self.moqt.version
 
+    @property
+    def peer_setup_tokens(self) -> tuple[bytes, ...]:
+        """The Token Values of the AUTHORIZATION_TOKEN options of the peer's SETUP (empty
+        before it arrived or without any); see :func:`token_values`."""
+        setup = self.moqt.peer_setup if self.moqt is not None else None
+        return token_values(setup.authorization_tokens) if setup is not None else ()
+
     # ======================================================================================
     # ConnectionHandler
     def connection_made(self, conn: Connection, alpn: str) -> None:
         self.connection = conn
         self.moqt = MoqtSession(self.role, Version.from_alpn(alpn), self._session_config)
         self.moqt.start()
+        if self.setup_tokens:
+            self._add_setup_tokens()
         self._pump()
+
+    def _add_setup_tokens(self) -> None:
+        """Put :attr:`setup_tokens` into the SETUP that ``start`` queued (``SessionConfig``
+        cannot carry known Setup Options): decode it, add the options, re-encode it."""
+        assert self.moqt is not None
+        actions = self.moqt.actions()
+        for i, a in enumerate(actions):
+            if not isinstance(a, SendStream):
+                continue
+            decoded = decode_message(self.version, a.data)
+            if decoded is None:
+                continue
+            setup, used = decoded
+            if not isinstance(setup, Setup):
+                continue
+            setup = replace(setup, authorization_tokens=tuple(setup.authorization_tokens)
+                            + self.setup_tokens)
+            actions[i] = SendStream(a.stream_id,
+                                    encode_message(self.version, setup) + bytes(a.data[used:]),
+                                    a.end_stream)
+            break
+        for a in actions:
+            self._do(a)
 
     def stream_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
         assert self.moqt is not None
@@ -220,6 +296,10 @@ class Session(ConnectionHandler):
         assert moqt is not None
         if moqt.goaway_sent:
             return  # already rejected with GOING_AWAY by the session
+        if self.gate is not None and not self.gate.allows(self, msg):
+            # Before any lookup: the answer does not tell whether the track exists.
+            moqt.reject(rid, RequestErrorCode.UNAUTHORIZED, "not authorized")
+            return
         if isinstance(msg, Subscribe):
             track = self.catalog.get(msg.track_namespace, msg.track_name)
             if track is None or (track.finished and not track.subscribe_after_finish):
@@ -252,7 +332,8 @@ class Session(ConnectionHandler):
             moqt.request_ok(rid)
             prefix = msg.track_namespace_prefix
             for ns in sorted(self.catalog.namespaces()):
-                if ns[:len(prefix)] == prefix:
+                if ns[:len(prefix)] == prefix and (
+                        self.gate is None or self.gate.shows(self, msg, ns)):
                     moqt.namespace(rid, ns[len(prefix):])
         elif isinstance(msg, TrackStatus):
             track = self.catalog.get(msg.track_namespace, msg.track_name)
@@ -585,9 +666,12 @@ def _fetch_range(msg: Message) -> tuple[tuple[bytes, ...], bytes, tuple[int, int
 async def connect(url: str, config: TransportConfig | None = None, *,
                   catalog: Catalog | None = None,
                   session_config: SessionConfig | None = None,
-                  setup_timeout: float = GUARD, accept_publish: bool = False) -> Session:
+                  setup_timeout: float = GUARD, accept_publish: bool = False,
+                  setup_tokens: Sequence[TokenLike] = ()) -> Session:
     """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
-    The MOQT version is the ALPN negotiated from ``config.alpn_protocols``."""
+    The MOQT version is the ALPN negotiated from ``config.alpn_protocols``.
+    ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options (a ``Token``, or bytes / str sent
+    as USE_VALUE with Token Type 0)."""
     parsed = parse_moqt_url(url)
     cfg = session_config or SessionConfig()
     if cfg.path is None:
@@ -598,7 +682,7 @@ async def connect(url: str, config: TransportConfig | None = None, *,
 
     def factory() -> Session:
         s = Session(Role.CLIENT, catalog=catalog, session_config=cfg,
-                    accept_publish=accept_publish)
+                    accept_publish=accept_publish, setup_tokens=setup_tokens)
         made.append(s)
         return s
 
@@ -641,15 +725,16 @@ async def serve(host: str, port: int, config: TransportConfig, *,
                 on_session: Callable[[Session], object] | None = None,
                 catalog: Catalog | None = None,
                 session_config: SessionConfig | None = None,
-                accept_publish: bool = False) -> MoqtServer:
+                accept_publish: bool = False, gate: RequestGate | None = None) -> MoqtServer:
     """Listen for MOQT clients; ``on_session(session)`` (sync or async) runs once each
-    client's SETUP arrived. Sessions serve the tracks of ``catalog`` (shared)."""
+    client's SETUP arrived. Sessions serve the tracks of ``catalog`` (shared); ``gate``
+    authorizes every request of every session (:class:`RequestGate`)."""
     srv = MoqtServer()
     shared = catalog if catalog is not None else Catalog()
 
     def factory() -> Session:
         s = Session(Role.SERVER, catalog=shared, session_config=session_config,
-                    accept_publish=accept_publish)
+                    accept_publish=accept_publish, gate=gate)
         srv.sessions.add(s)
         s.closed.add_done_callback(lambda _f: srv.sessions.discard(s))
 
