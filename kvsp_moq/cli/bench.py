@@ -46,6 +46,24 @@ def _kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    from . import bench_index
+    from .core import UsageError
+
+    if args.records < args.prompt_blocks or args.prompt_blocks < 1:
+        raise UsageError(f"--records {args.records} must hold at least one prompt of --prompt-blocks {args.prompt_blocks}")
+    if args.block_layers < 1 or args.layer_digests < 1 or args.lookups < 1 or args.repeat < 1 \
+            or (args.block_mib << 20) // args.block_layers < 2:
+        raise UsageError("--block-layers, --layer-digests, --lookups, --repeat must be >= 1 and "
+                         "--block-mib large enough for two octets per layer")
+    report.emit(bench_index.run(records=args.records, prompt_blocks=args.prompt_blocks,
+                                layers=args.layer_digests, lookups=args.lookups,
+                                block_layers=args.block_layers,
+                                layer_bytes=(args.block_mib << 20) // args.block_layers,
+                                repeat=args.repeat))
+    return 0
+
+
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("bench", help="benchmarks: JSON figures on stdout, a table on stderr")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
@@ -80,3 +98,13 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
     q.add_argument("--no-http", action="store_true", help="skip the HTTP GET figure")
     q.set_defaults(handler=_kv)
+    q = bsub.add_parser("index", help="IS lookups/s over HTTP vs in-process; holder block GET "
+                                      "MB/s (plain and verified) vs TCP")
+    q.add_argument("--records", type=int, default=100_000, help="Replica Records at the IS")
+    q.add_argument("--prompt-blocks", type=int, default=64, help="Block Keys per lookup")
+    q.add_argument("--layer-digests", type=int, default=32, help="layer digests per record")
+    q.add_argument("--lookups", type=int, default=200, help="lookups per timed run")
+    q.add_argument("--block-mib", type=int, default=32, help="block size for the GET figures")
+    q.add_argument("--block-layers", type=int, default=32)
+    q.add_argument("--repeat", type=int, default=3, help="timed runs per figure; the best is kept")
+    q.set_defaults(handler=_index)

@@ -15,7 +15,8 @@ For each block in the directive's order that the instance does not already hold 
    on to the next source;
 3. the block is retrieved and verified (§6.7: ``retrieval.retrieve_block`` over HTTP —
    Repr-Digest, layer digests, replica digest — or, for a ``moqt://`` holder,
-   :func:`retrieve_via_moqt` when the bridge is installed); layers arrive in ascending order
+   :func:`retrieve_via_moqt`: ``moqt_retrieval.retrieve_block``, binding v1 FETCH through the
+   bridge with the same verification, when the MOQT stack is installed); layers arrive in ascending order
    (``layer_order: "ascending"``, the only order defined) and are stored in that order;
    a failed verification moves on to the next source;
 4. the block is placed in the instance's own tiers (:class:`~kvsp_moq.storage.BlockStore`)
@@ -59,10 +60,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The module another engineer provides for MOQT retrieval (DESIGN.md §4, ``bridge/``). It must
-#: define ``async def retrieve_block(replicas: Sequence[ReplicaRecord]) -> Retrieved`` with the
-#: verification of ``retrieval.retrieve_block`` (raising ``RetrievalFailed``).
-BRIDGE_MODULE = "kvsp_moq.bridge.instance"
+#: The module of the MOQT retrieval (DESIGN.md §4; docs/binding.md §5). It defines
+#: ``async def retrieve_block(replicas: Sequence[ReplicaRecord]) -> Retrieved`` with the
+#: verification of ``retrieval.retrieve_block`` (raising ``RetrievalFailed``). It is on the
+#: control side, over ``kvsp_moq.bridge.load_block``, because ``Retrieved`` is control's type
+#: and the bridge may not import control (tests/test_layering.py). Imported lazily: an
+#: instance without the MOQT stack (aioquic) still serves HTTP sources.
+BRIDGE_MODULE = "kvsp_moq.control.moqt_retrieval"
 
 MoqtRetriever = Callable[[Sequence[ReplicaRecord]], Awaitable[Retrieved]]
 
@@ -241,7 +245,11 @@ class PrefetchExecutor:
                 except RetrievalFailed as exc:
                     reasons.append(f"{source}: {exc}")
                     continue
-                return await self._place(key, retrieved)
+                error = await self._place(key, retrieved)
+                if error is None:
+                    return None
+                reasons.append(f"{source}: {error}")
+                continue
             request = LeaseRequest(block_keys=(key.block_key,), compat_id=key.compat_id, scope_id=key.scope_id, ttl_ms=d.lease_ms)
             try:
                 grant = await self.leases.lease(source, request)  # §6.6: before the retrieval

@@ -1,0 +1,193 @@
+"""``kvsp bench index``: the control plane's two hot HTTP paths, each against a baseline
+measured in the same run.
+
+* **Lookup** (kvsp-draft §6.2, ``POST {is}lookup``): lookups/s for prompts of
+  ``prompt_blocks`` (default 64) Block Keys against a real Index Service
+  (``kvsp_moq.control.http.serve_index``) holding ``records`` (default 100 000) Replica
+  Records, one per block, each listing ``layers`` layer digests (§4.4: REQUIRED to serve
+  layer ranges, so a realistic record carries them). The store is filled directly in-process
+  (``IndexStore.put`` on the service's own store: no HTTP PUTs); every prompt's keys are all
+  present, so each lookup returns ``prompt_blocks`` matched blocks (the largest answer).
+  The client is the control plane's own ``HttpIndexClient.lookup`` (aiohttp, JSON encode and
+  I-JSON parse of the answer included). **Baseline**: the same lookups called in-process on
+  the same ``IndexService`` (``service.lookup``: the store read and the records built, no
+  HTTP, no JSON), so the ratio is what HTTP + JSON cost on top of the index itself.
+* **Block GET** (§6.7, ``GET {h}blocks/...``): MB/s of a ``block_layers`` x ``layer_bytes``
+  (default 32 x 1 MiB) raw block from the real holder (``serve_holder``) over loopback,
+  read (a) as plain body chunks through ``HttpBlockFetcher`` (aiohttp) and (b) with full §6.7
+  verification (``retrieval.retrieve_block``: Repr-Digest, every layer digest, the replica
+  digest, size). **Baseline**: a raw TCP socket copy of the same number of bytes
+  (``bench.moqt._tcp_copy``), same run.
+
+This module lives in ``kvsp_moq.cli`` (not ``kvsp_moq.bench``) because it starts control-plane
+servers, which ``kvsp_moq.bench`` may not import (tests/test_layering.py); its HTTP clients
+are the ones in ``kvsp_moq/control/http.py``, the only module that may import aiohttp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import numpy as np
+
+from ..bench.moqt import _tcp_copy
+from ..bench.report import Figure
+from ..control.auth import Authorizer, Grant, Principal
+from ..control.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
+from ..control.http import INDEX_SERVICE, HttpBlockFetcher, HttpIndexClient, serve_holder, serve_index
+from ..control.index import IndexService
+from ..control.retrieval import BlockFetcher, block_url, retrieve_block
+from ..kvsp.container import replica_digest
+from ..kvsp.records import LookupRequest, ReplicaRecord, Residency
+from ..storage import BlockStore, HostTier, RecordKey
+from ..transport import new_event_loop
+
+__all__ = ["run"]
+
+_TOKEN = "bench-index-token".ljust(32, "x")
+_PRINCIPAL = Principal("bench", scopes=Grant(everything=True), holders=Grant(everything=True))
+_COMPAT = b"\x01" * 32
+_SCOPE = b"\x02" * 16
+_TTL_MS = 3_600_000  # nothing expires during a run
+_HOLDERS = tuple(f"http://10.0.0.{i}:8080/kvsp/" for i in range(1, 5))
+
+
+def _config() -> ControlConfig:
+    return ControlConfig(auth=Authorizer.from_tokens({_TOKEN: _PRINCIPAL}),
+                         index=IndexConfig(purge_interval_ms=0),
+                         holder=HolderConfig(tiers=(TierConfig("host", 1 << 30),)))
+
+
+def _key(i: int) -> bytes:
+    return hashlib.sha256(i.to_bytes(8, "big")).digest()
+
+
+def _records(count: int, layers: int) -> list[ReplicaRecord]:
+    """``count`` records, one per block, holders round-robin; the layer digests are shared
+    (their values do not change the cost of a lookup, only their number does)."""
+    digests = tuple(hashlib.sha256(b"layer %d" % i).digest() for i in range(layers))
+    digest = replica_digest(digests)
+    residency = (Residency(tier="host", layers=(0, layers - 1)),)
+    return [
+        ReplicaRecord(block_key=_key(i), compat_id=_COMPAT, scope_id=_SCOPE, holder=_HOLDERS[i % len(_HOLDERS)],
+                      codec=1, size=(20 + 16 * layers) + layers * 2 * 4096, digest=digest,
+                      layer_digests=digests, residency=residency, ttl_ms=_TTL_MS)
+        for i in range(count)
+    ]
+
+
+def _prompts(records: int, prompt_blocks: int, count: int) -> list[LookupRequest]:
+    """``count`` prompts, each ``prompt_blocks`` consecutive keys of one chain (all stored)."""
+    chains = records // prompt_blocks
+    rng = random.Random(7)
+    out = []
+    for _ in range(count):
+        start = rng.randrange(chains) * prompt_blocks
+        keys = tuple(_key(i) for i in range(start, start + prompt_blocks))
+        out.append(LookupRequest(scope_id=_SCOPE, compat_id=_COMPAT, block_keys=keys))
+    return out
+
+
+async def _best_rate(once: Callable[[], Awaitable[None]], operations: int, repeat: int) -> float:
+    """Operations/s of the fastest of ``repeat`` runs, after one warm-up run."""
+    await once()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        await once()
+        best = min(best, time.perf_counter() - start)
+    return operations / best
+
+
+async def _measure_lookups(records: int, prompt_blocks: int, layers: int, lookups: int,
+                           repeat: int) -> tuple[float, float]:
+    """(HTTP lookups/s, in-process lookups/s)."""
+    server = await serve_index(_config())
+    client = HttpIndexClient(server.url, _TOKEN)
+    try:
+        service: IndexService = server.app[INDEX_SERVICE]
+        for record in _records(records, layers):  # straight into the service's store
+            await service.store.put(record, _TTL_MS)
+        prompts = _prompts(records, prompt_blocks, lookups)
+
+        async def over_http() -> None:
+            for request in prompts:
+                answer = await client.lookup(request)
+                if answer.matched != prompt_blocks:
+                    raise AssertionError(f"matched {answer.matched} of {prompt_blocks}")
+
+        async def in_process() -> None:
+            for request in prompts:
+                answer = await service.lookup(_PRINCIPAL, request)
+                if answer.matched != prompt_blocks:
+                    raise AssertionError(f"matched {answer.matched} of {prompt_blocks}")
+
+        http = await _best_rate(over_http, lookups, repeat)
+        local = await _best_rate(in_process, lookups, repeat)
+        return http, local
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def _measure_block_get(block_layers: int, layer_bytes: int, repeat: int) -> tuple[float, float]:
+    """(plain GET MB/s, verified GET MB/s) of one raw block from the real holder."""
+    rng = np.random.default_rng(3)
+    half = layer_bytes // 2
+    sections = [(rng.bytes(half), rng.bytes(half)) for _ in range(block_layers)]
+    store = BlockStore([HostTier(4 * block_layers * layer_bytes)])
+    key = RecordKey(_COMPAT, _SCOPE, _key(0))
+    store.put_layers(key, sections, token_count=1)  # 1 token: sections of any length
+    server = await serve_holder(_config(), "127.0.0.1", 0, store=store)
+    fetcher = HttpBlockFetcher(_TOKEN, chunk_octets=1 << 20)
+    try:
+        record = store.info(key).replica_record(server.url, _TTL_MS)
+        url = block_url(server.url, record)
+
+        async def plain() -> None:
+            got = 0
+            async with fetcher.get(url) as response:
+                if response.status != 200:
+                    raise AssertionError(f"GET {url}: {response.status}")
+                async for chunk in response.chunks():
+                    got += len(chunk)
+            if got != record.size:
+                raise AssertionError(f"GET returned {got} of {record.size} octets")
+
+        async def verified() -> None:
+            # RetrievalFailed on any failed check; the cast as in control/http.py serve_instance
+            await retrieve_block(cast(BlockFetcher, fetcher), [record])
+
+        mb = record.size / 1e6
+        return (await _best_rate(plain, 1, repeat) * mb, await _best_rate(verified, 1, repeat) * mb)
+    finally:
+        await fetcher.close()
+        await server.close()
+
+
+def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, lookups: int = 200,
+        block_layers: int = 32, layer_bytes: int = 1 << 20, repeat: int = 3) -> list[Figure]:
+    if records < prompt_blocks:
+        raise ValueError(f"--records {records} is fewer than one prompt of {prompt_blocks} blocks")
+    loop = new_event_loop(use_uvloop=True)
+    try:
+        http, local = loop.run_until_complete(_measure_lookups(records, prompt_blocks, layers, lookups, repeat))
+        plain, verified = loop.run_until_complete(_measure_block_get(block_layers, layer_bytes, repeat))
+    finally:
+        loop.close()
+    block = block_layers * layer_bytes
+    data = np.random.default_rng(2).integers(0, 256, block, dtype=np.uint8).tobytes()
+    tcp_s = min(_tcp_copy(data, layer_bytes)[0] for _ in range(max(repeat, 3)))
+    tcp = block / tcp_s / 1e6
+    lookup_params: dict[str, object] = {"records": records, "prompt_blocks": prompt_blocks,
+                                        "layer_digests": layers, "lookups": lookups}
+    block_params: dict[str, object] = {"layers": block_layers, "layer_bytes": layer_bytes}
+    return [
+        Figure("is_lookup_http", "lookups/s", http, "is_lookup_in_process", local, params=lookup_params),
+        Figure("holder_block_get", "MB/s", plain, "tcp_copy", tcp, params=block_params),
+        Figure("holder_block_get_verified", "MB/s", verified, "tcp_copy", tcp, params=block_params),
+    ]

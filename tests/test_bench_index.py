@@ -1,0 +1,36 @@
+"""``kvsp bench index`` run as a real process with small sizes: its JSON figures (members,
+ratio = value / baseline_value, both measured) and the table. Never asserts on speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_cli import kvsp
+
+FIGURES = {
+    "is_lookup_http": ("lookups/s", "is_lookup_in_process"),
+    "holder_block_get": ("MB/s", "tcp_copy"),
+    "holder_block_get_verified": ("MB/s", "tcp_copy"),
+}
+
+
+def test_bench_index_prints_its_figures() -> None:
+    proc = kvsp("bench", "index", "--records", "2000", "--block-mib", "2", "--lookups", "10", "--repeat", "1")
+    figures = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [f["name"] for f in figures] == list(FIGURES)
+    for fig in figures:
+        assert {"name", "unit", "value", "baseline_name", "baseline_value", "ratio", "params"} <= fig.keys()
+        assert (fig["unit"], fig["baseline_name"]) == FIGURES[fig["name"]]
+        assert fig["value"] > 0 and fig["baseline_value"] > 0
+        assert fig["ratio"] == pytest.approx(fig["value"] / fig["baseline_value"], rel=1e-3)
+        assert fig["name"] in proc.stderr and fig["baseline_name"] in proc.stderr
+    lookup, block = figures[0]["params"], figures[1]["params"]
+    assert lookup == {"records": 2000, "prompt_blocks": 64, "layer_digests": 32, "lookups": 10}
+    assert block == {"layers": 32, "layer_bytes": 65536}
+
+
+def test_bench_index_refuses_fewer_records_than_a_prompt() -> None:
+    proc = kvsp("bench", "index", "--records", "10", check=False)
+    assert proc.returncode == 2 and "--prompt-blocks" in proc.stderr and proc.stdout == ""
