@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m relay", description="MOQT relay")
     p.add_argument("--listen", type=_host_port, default=("127.0.0.1", 4443),
                    help="HOST:PORT to listen on (port 0: any free port)")
-    p.add_argument("--upstream", help="moqt:// URL of the relay to ask when no route matches")
+    p.add_argument("--upstream", help="moqt:// URL of the relay to ask when no route matches (local "
+                        "namespaces are announced to it, namespace interest forwarded)")
     p.add_argument("--cert", help="certificate PEM file (default: self-signed)")
     p.add_argument("--key", help="private key PEM file")
     p.add_argument("--insecure-upstream", action="store_true",

@@ -19,7 +19,9 @@ class RelayConfig:
 
     ``server_transport`` must carry the certificate and key (``python -m relay`` makes a
     self-signed pair when none is given). ``upstream`` is the ``moqt://`` URL of another
-    relay that SUBSCRIBE / FETCH / TRACK_STATUS go to when no announced namespace matches.
+    relay that SUBSCRIBE / FETCH / TRACK_STATUS go to when no announced namespace matches;
+    local PUBLISH_NAMESPACEs and SUBSCRIBE_NAMESPACE interest are forwarded to it too
+    (:mod:`relay.namespaces`).
     """
 
     host: str = "127.0.0.1"

@@ -36,6 +36,7 @@ from .gate import Gate
 from .logs import event
 from .metrics import MetricsServer
 from .names import format_namespace
+from .namespaces import NamespacePropagation
 from .peer import PeerSession, RequestHandler
 from .routing import RoutingTable
 from .stats import RelayStats
@@ -52,17 +53,21 @@ class _Announcement(RequestHandler):
     """A PUBLISH_NAMESPACE we accepted; withdrawn by cancelling it (§"Publishing
     Namespaces")."""
 
-    def __init__(self, relay: Relay, peer: PeerSession, rid: int) -> None:
-        self.relay, self.peer, self.rid = relay, peer, rid
+    def __init__(self, relay: Relay, peer: PeerSession, rid: int, ns: Namespace) -> None:
+        self.relay, self.peer, self.rid, self.ns = relay, peer, rid, ns
 
     def on_cancelled(self, code: int) -> None:
         self.relay.routing.withdraw(self.peer, self.rid)
+        self.relay.propagation.local_changed([self.ns])
 
 
 class _NamespaceSubscription(RequestHandler):
     """A SUBSCRIBE_NAMESPACE: NAMESPACE / NAMESPACE_DONE (suffixes after the prefix) as
     namespaces under the prefix appear and go (§"Subscribing to Namespaces"), only for the
-    namespaces its principals may subscribe to (nothing of the others leaks)."""
+    namespaces its principals may subscribe to (nothing of the others leaks). With an
+    upstream relay, the namespaces it reports under the prefix are merged in
+    (:mod:`relay.namespaces`): one NAMESPACE while either side has a namespace,
+    NAMESPACE_DONE once neither has it."""
 
     def __init__(self, relay: Relay, peer: PeerSession, rid: int, prefix: Namespace,
                  principals: list[Principal]) -> None:
@@ -72,12 +77,12 @@ class _NamespaceSubscription(RequestHandler):
     def visible(self, ns: Namespace) -> bool:
         return self.relay.gate.visible(self.principals, ns)
 
-    def _send(self, ns: Namespace, done: bool) -> None:
+    def send(self, ns: Namespace, done: bool) -> None:
         if not self.visible(ns):
             return
         moqt = self.peer.moqt
         if moqt is None or moqt.closed or self.rid not in moqt.requests:
-            self.relay.routing.unwatch(self)
+            self._leave()
             return
         suffix = ns[len(self.prefix):]
         if done:
@@ -86,17 +91,24 @@ class _NamespaceSubscription(RequestHandler):
             moqt.namespace(self.rid, suffix)
         self.peer.flush()
 
+    # local announcements (RoutingTable watcher): not told again what the upstream has
     def namespace_added(self, namespace: Namespace) -> None:
-        self._send(namespace, False)
+        if namespace not in self.relay.propagation.upstream_names(self.prefix):
+            self.send(namespace, False)
 
     def namespace_removed(self, namespace: Namespace) -> None:
-        self._send(namespace, True)
+        if namespace not in self.relay.propagation.upstream_names(self.prefix):
+            self.send(namespace, True)
+
+    def _leave(self) -> None:
+        self.relay.routing.unwatch(self)
+        self.relay.propagation.unwatch(self)
 
     def on_cancelled(self, code: int) -> None:
-        self.relay.routing.unwatch(self)
+        self._leave()
 
     def on_session_closed(self, peer: PeerSession) -> None:
-        self.relay.routing.unwatch(self)
+        self._leave()
 
 
 class _TrackStatusProxy(RequestHandler):
@@ -151,6 +163,9 @@ class Relay:
                          self.stats)
         self.metrics: MetricsServer | None = None
         self.observers.append(self._log_observed)
+        #: Set by shutdown / close: nothing new is opened upstream.
+        self.closing = False
+        self.propagation = NamespacePropagation(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> Relay:
@@ -185,6 +200,7 @@ class Relay:
         (default ``config.drain_timeout``) passed, then close what is left and stop
         listening. True if every session left by itself."""
         timeout = self.config.drain_timeout if timeout is None else timeout
+        self.closing = True
         for peer in list(self.sessions):
             moqt = peer.moqt
             if moqt is None or moqt.closed or moqt.goaway_sent:
@@ -206,6 +222,7 @@ class Relay:
         return clean
 
     async def close(self) -> None:
+        self.closing = True
         for peer in list(self.sessions):
             peer.close(SessionErrorCode.NO_ERROR, "relay closing")
         if self.server is not None:
@@ -293,7 +310,8 @@ class Relay:
         if route is not None:
             then(route)
             return
-        if not self.config.upstream:
+        if not self.config.upstream or down.upstream:
+            # A request from the upstream relay is never sent back up (no loops).
             self._reject(down, rid, RequestErrorCode.DOES_NOT_EXIST, "no route for namespace")
             return
 
@@ -367,10 +385,12 @@ class Relay:
 
     def _on_publish_namespace(self, peer: PeerSession, rid: int, msg: PublishNamespace) -> None:
         assert peer.moqt is not None
+        ns = tuple(msg.track_namespace)
         peer.moqt.request_ok(rid)
-        peer.served[rid] = _Announcement(self, peer, rid)
+        peer.served[rid] = _Announcement(self, peer, rid, ns)
         peer.flush()
-        self.routing.announce(tuple(msg.track_namespace), peer, rid)
+        self.routing.announce(ns, peer, rid)
+        self.propagation.local_changed([ns])
 
     def _on_subscribe_namespace(self, peer: PeerSession, rid: int,
                                 msg: SubscribeNamespace, principals: list[Principal]) -> None:
@@ -379,7 +399,8 @@ class Relay:
         peer.moqt.request_ok(rid)
         watcher = _NamespaceSubscription(self, peer, rid, prefix, principals)
         peer.served[rid] = watcher
-        for ns in self.routing.watch(watcher):
+        known = set(self.routing.watch(watcher)) | self.propagation.watch(watcher)
+        for ns in sorted(known):
             if watcher.visible(ns):
                 peer.moqt.namespace(rid, ns[len(prefix):])
         peer.flush()
@@ -414,7 +435,11 @@ class Relay:
         event("session_close", peer=peer.address if peer.connection is not None else "?",
               upstream=peer.upstream, code=code, reason=reason,
               seconds=round(time.monotonic() - peer.opened_at, 3) if peer.opened_at else None)
-        # A publisher leaving withdraws its namespaces: watchers get NAMESPACE_DONE.
+        # A publisher leaving withdraws its namespaces: watchers get NAMESPACE_DONE (and
+        # the upstream relay our withdrawal).
+        mine = self.routing.namespaces_of(peer)
         self.routing.withdraw(peer)
+        if mine:
+            self.propagation.local_changed(mine)
         if peer is self._upstream:
             self._upstream = None

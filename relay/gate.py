@@ -127,6 +127,12 @@ class Gate:
         if self.authorizer is None or target is None:
             event("request", decision="allowed", **fields)
             return []
+        if peer.upstream:
+            # Our own session to the --upstream relay (we connected to it, with our
+            # upstream_token): it routes its clients' requests for namespaces we announced
+            # to it, and has authorized those clients itself.
+            event("request", decision="allowed", principals=["(upstream relay)"], **fields)
+            return []
         principals = list(peer.principals)
         for p in self.authorizer.principals_for(values):
             if p not in principals:

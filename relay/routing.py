@@ -89,6 +89,19 @@ class RoutingTable(Generic[P]):
                 return entries[-1].publisher
         return None
 
+    def has(self, namespace: Namespace) -> bool:
+        """``namespace`` itself is announced (by anyone)."""
+        return tuple(namespace) in self._announced
+
+    def publishers_of(self, namespace: Namespace) -> list[P]:
+        """The sessions that announced exactly ``namespace``, oldest first."""
+        return [a.publisher for a in self._announced.get(tuple(namespace), ())]
+
+    def namespaces_of(self, publisher: P) -> list[Namespace]:
+        """The namespaces ``publisher`` announced."""
+        return sorted(ns for ns, entries in self._announced.items()
+                      if any(a.publisher is publisher for a in entries))
+
     def namespaces(self, prefix: Namespace = ()) -> list[Namespace]:
         return sorted(ns for ns in self._announced if is_prefix(prefix, ns))
 

@@ -20,6 +20,10 @@ class RelayStats:
     too_far_behind: int = 0
     #: Upstream subscriptions opened (one per full track name, however many subscribers).
     upstream_subscribes: int = 0
+    #: Chaining (--upstream): PUBLISH_NAMESPACEs we sent upstream (one per namespace that
+    #: local publishers announced) and upstream SUBSCRIBE_NAMESPACEs (one per prefix).
+    upstream_announces: int = 0
+    upstream_namespace_subscribes: int = 0
     #: Downstream FETCHes, those served from the cache, those that needed upstream, and
     #: the upstream FETCHes actually sent (single-flight: misses >= upstream_fetches).
     fetches: int = 0

@@ -1,0 +1,330 @@
+"""Namespace propagation along a relay chain (``--upstream``; docs/relay.md "Chaining").
+
+Two directions, both over our one session to the upstream relay:
+
+* **Announcements go up.** Every namespace that a downstream publisher (not the upstream
+  relay itself) announced to us with PUBLISH_NAMESPACE is announced upstream once
+  (:class:`UpstreamAnnouncement`), however many local publishers share it; the upstream
+  PUBLISH_NAMESPACE is withdrawn by cancelling it (draft-20 §"Publishing Namespaces") when
+  the last of them withdraws or disconnects. The upstream relay then routes SUBSCRIBE /
+  FETCH / TRACK_STATUS for that namespace down to us (we are its publisher), and we route
+  them on to the publisher as usual (§"Publisher Interactions").
+* **Discovery interest goes up.** While local clients have SUBSCRIBE_NAMESPACE on prefix P,
+  the relay keeps ONE upstream SUBSCRIBE_NAMESPACE on P (:class:`UpstreamInterest`),
+  shared by all of them and cancelled when the last leaves. The upstream's NAMESPACE /
+  NAMESPACE_DONE are merged with the local announcements: a watcher hears NAMESPACE when a
+  namespace appears on either side and NAMESPACE_DONE only when neither has it any more
+  (a namespace both announced locally and upstream, e.g. our own announcement echoed back,
+  is reported once). No upstream interest is kept while a local announcement is a prefix
+  of P: every track under P is then routed to that local publisher, never upstream, so the
+  upstream's namespaces under P would not be reachable through us.
+
+Upstream sessions are connected on first use (:meth:`Relay._upstream_peer`); when that
+session ends, what is still wanted is announced / subscribed again on a new one (one try;
+the next local change tries again). The upstream sees our ``upstream_token`` (SETUP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from kvsp_moq.moqt.messages import (
+    Message,
+    Namespace as NamespaceMsg,
+    NamespaceDone,
+    RequestError,
+    RequestOk,
+)
+from kvsp_moq.transport import ConnectError, TransportError
+
+from .logs import event
+from .names import Namespace, format_namespace
+from .peer import PeerSession, RequestHandler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .core import Relay, _NamespaceSubscription
+
+__all__ = ["NamespacePropagation", "UpstreamAnnouncement", "UpstreamInterest"]
+
+logger = logging.getLogger(__name__)
+_UNREACHABLE = (ConnectError, TransportError, OSError, asyncio.TimeoutError, ConnectionError)
+
+
+async def _connect(relay: Relay) -> PeerSession | None:
+    try:
+        return await relay._upstream_peer()
+    except _UNREACHABLE as exc:
+        logger.warning("relay: upstream %s unreachable: %s", relay.config.upstream, exc)
+        return None
+
+
+class UpstreamAnnouncement(RequestHandler):
+    """Our PUBLISH_NAMESPACE of one namespace to the upstream relay."""
+
+    def __init__(self, prop: NamespacePropagation, ns: Namespace) -> None:
+        self.prop, self.ns = prop, ns
+        self.peer: PeerSession | None = None
+        self.rid: int | None = None
+        self.gone = False  # withdrawn (or refused / lost): do nothing more
+
+    async def open(self) -> None:
+        peer = await _connect(self.prop.relay)
+        if self.gone or peer is None or not peer.is_open:
+            self._drop()
+            return
+        assert peer.moqt is not None
+        self.peer = peer
+        self.rid = peer.moqt.publish_namespace(self.ns)
+        peer.local[self.rid] = self
+        self.prop.relay.stats.upstream_announces += 1
+        event("upstream_announce", namespace=format_namespace(self.ns), request_id=self.rid,
+              upstream=peer.address)
+        peer.flush()
+
+    def withdraw(self) -> None:
+        """Cancel the upstream PUBLISH_NAMESPACE (§"Publishing Namespaces")."""
+        self._drop()
+        peer, rid = self.peer, self.rid
+        if peer is not None and rid is not None and peer.is_open:
+            peer.local.pop(rid, None)
+            assert peer.moqt is not None
+            peer.moqt.cancel(rid)
+            event("upstream_withdraw", namespace=format_namespace(self.ns), request_id=rid,
+                  upstream=peer.address)
+            peer.flush()
+
+    def _drop(self) -> None:
+        self.gone = True
+        if self.prop.announced.get(self.ns) is self:
+            del self.prop.announced[self.ns]
+
+    # -- RequestHandler ----------------------------------------------------------------------
+    def on_response(self, msg: Message) -> None:
+        if isinstance(msg, RequestError):
+            # e.g. UNAUTHORIZED: our upstream_token may not publish this namespace there.
+            logger.warning("relay: upstream refused PUBLISH_NAMESPACE %s: %s (%d)",
+                           format_namespace(self.ns), msg.error_reason, msg.error_code)
+            self._drop()
+            if self.peer is not None and self.rid is not None:
+                self.peer.release(self.rid)
+
+    def on_cancelled(self, code: int) -> None:
+        # The upstream revoked its acceptance; it will not route to us any more.
+        self._drop()
+
+    def on_finished(self) -> None:
+        self._drop()
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        if not self.gone:
+            self._drop()
+            self.prop.upstream_lost()
+
+
+class UpstreamInterest(RequestHandler):
+    """The local SUBSCRIBE_NAMESPACE watchers of one prefix and our one upstream
+    SUBSCRIBE_NAMESPACE for them; ``names`` are the full namespaces the upstream reported."""
+
+    def __init__(self, prop: NamespacePropagation, prefix: Namespace) -> None:
+        self.prop, self.prefix = prop, prefix
+        self.watchers: list[_NamespaceSubscription] = []
+        self.names: set[Namespace] = set()
+        self.peer: PeerSession | None = None
+        self.rid: int | None = None
+        self.active = False  # an upstream request is wanted (opening or open)
+        self._generation = 0  # a close() then open() during a connect starts one request
+        #: The upstream refused it (e.g. UNAUTHORIZED): not asked again while these
+        #: watchers last (a new interest is made when the prefix is watched afresh).
+        self.refused = False
+
+    # -- upstream request --------------------------------------------------------------------
+    def open(self) -> None:
+        if self.active:
+            return
+        self.active = True
+        self._generation += 1
+        self.prop.relay._spawn(self._open(self._generation))
+
+    async def _open(self, generation: int) -> None:
+        peer = await _connect(self.prop.relay)
+        if generation != self._generation:
+            return  # closed (and maybe reopened) meanwhile
+        if not self.active or peer is None or not peer.is_open:
+            self.active = False
+            return
+        assert peer.moqt is not None
+        self.peer = peer
+        self.rid = peer.moqt.subscribe_namespace(self.prefix)
+        peer.local[self.rid] = self
+        self.prop.relay.stats.upstream_namespace_subscribes += 1
+        event("upstream_subscribe_namespace", prefix=format_namespace(self.prefix),
+              request_id=self.rid, upstream=peer.address)
+        peer.flush()
+
+    def close(self) -> None:
+        """Cancel the upstream SUBSCRIBE_NAMESPACE; its namespaces are gone."""
+        self.active = False
+        self._generation += 1
+        peer, rid = self.peer, self.rid
+        self.peer = self.rid = None
+        if peer is not None and rid is not None and peer.is_open:
+            peer.local.pop(rid, None)
+            assert peer.moqt is not None
+            peer.moqt.cancel(rid)
+            event("upstream_unsubscribe_namespace", prefix=format_namespace(self.prefix),
+                  request_id=rid, upstream=peer.address)
+            peer.flush()
+        self._forget_all()
+
+    def _forget_all(self) -> None:
+        names, self.names = self.names, set()
+        for ns in sorted(names):
+            self._tell(ns, done=True)
+
+    def _tell(self, ns: Namespace, done: bool) -> None:
+        if self.prop.relay.routing.has(ns):
+            return  # announced locally too: watchers heard of it (and will hear its end)
+        for w in list(self.watchers):
+            w.send(ns, done)
+
+    # -- RequestHandler ----------------------------------------------------------------------
+    def on_response(self, msg: Message) -> None:
+        if isinstance(msg, RequestError):
+            logger.warning("relay: upstream refused SUBSCRIBE_NAMESPACE %s: %s (%d)",
+                           format_namespace(self.prefix), msg.error_reason, msg.error_code)
+            self.active = False
+            self.refused = True
+            peer, rid = self.peer, self.rid
+            self.peer = self.rid = None
+            if peer is not None and rid is not None:
+                peer.release(rid)
+        elif not isinstance(msg, RequestOk):  # pragma: no cover - the session checks this
+            logger.warning("relay: unexpected answer to SUBSCRIBE_NAMESPACE: %s", msg.NAME)
+
+    def on_message(self, msg: Message) -> None:
+        if isinstance(msg, NamespaceMsg):
+            ns = self.prefix + tuple(msg.track_namespace_suffix)
+            if ns not in self.names:
+                self.names.add(ns)
+                self._tell(ns, done=False)
+        elif isinstance(msg, NamespaceDone):
+            ns = self.prefix + tuple(msg.track_namespace_suffix)
+            if ns in self.names:
+                self.names.discard(ns)
+                self._tell(ns, done=True)
+
+    def on_cancelled(self, code: int) -> None:
+        self._lost()
+
+    def on_finished(self) -> None:
+        self._lost()
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        if self._lost():
+            self.prop.upstream_lost()
+
+    def _lost(self) -> bool:
+        """The upstream ended our request; True if it was still wanted."""
+        was = self.active
+        self.active = False
+        self.peer = self.rid = None
+        self._forget_all()
+        return was
+
+
+class NamespacePropagation:
+    """The relay's namespace state shared with its upstream relay."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        #: namespace → our upstream PUBLISH_NAMESPACE of it.
+        self.announced: dict[Namespace, UpstreamAnnouncement] = {}
+        #: prefix → the local watchers of that prefix and our upstream interest in it.
+        self.interests: dict[Namespace, UpstreamInterest] = {}
+        self._resync_pending = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.relay.config.upstream) and not self.relay.closing
+
+    # -- announcements -----------------------------------------------------------------------
+    def _wants_announce(self, ns: Namespace) -> bool:
+        """Announced by at least one live downstream publisher (never echo what the upstream
+        relay itself announced to us back to it)."""
+        return any(p.is_open and not p.upstream for p in self.relay.routing.publishers_of(ns))
+
+    def local_changed(self, namespaces: list[Namespace]) -> None:
+        """Local announcements of ``namespaces`` changed: announce / withdraw upstream,
+        and open / close upstream interests a local announcement now covers / uncovers."""
+        if not self.enabled:
+            return
+        for ns in namespaces:
+            want = self._wants_announce(ns)
+            a = self.announced.get(ns)
+            if want and a is None:
+                a = UpstreamAnnouncement(self, ns)
+                self.announced[ns] = a
+                self.relay._spawn(a.open())
+            elif not want and a is not None:
+                a.withdraw()
+        for interest in list(self.interests.values()):
+            self._sync_interest(interest)
+
+    # -- interests ---------------------------------------------------------------------------
+    def _covered(self, prefix: Namespace) -> bool:
+        """A local announcement is a prefix of ``prefix``: every track under it routes
+        locally (longest-prefix match), never upstream."""
+        routing = self.relay.routing
+        return any(routing.has(prefix[:n]) for n in range(len(prefix) + 1))
+
+    def _sync_interest(self, interest: UpstreamInterest) -> None:
+        want = (self.enabled and bool(interest.watchers) and not interest.refused
+                and not self._covered(interest.prefix))
+        if want and not interest.active:
+            interest.open()
+        elif not want and interest.active:
+            interest.close()
+
+    def upstream_names(self, prefix: Namespace) -> set[Namespace]:
+        interest = self.interests.get(prefix)
+        return interest.names if interest is not None else set()
+
+    def watch(self, watcher: _NamespaceSubscription) -> set[Namespace]:
+        """A local SUBSCRIBE_NAMESPACE; returns the upstream namespaces already known."""
+        if not self.relay.config.upstream:
+            return set()
+        interest = self.interests.get(watcher.prefix)
+        if interest is None:
+            interest = self.interests[watcher.prefix] = UpstreamInterest(self, watcher.prefix)
+        interest.watchers.append(watcher)
+        self._sync_interest(interest)
+        return set(interest.names)
+
+    def unwatch(self, watcher: _NamespaceSubscription) -> None:
+        interest = self.interests.get(watcher.prefix)
+        if interest is None or watcher not in interest.watchers:
+            return
+        interest.watchers.remove(watcher)
+        if not interest.watchers:
+            interest.close()
+            del self.interests[watcher.prefix]
+
+    # -- the upstream session ended ----------------------------------------------------------
+    def upstream_lost(self) -> None:
+        """Announce / subscribe again on a new upstream session (one try)."""
+        if not self.enabled or self._resync_pending:
+            return
+        self._resync_pending = True
+        self.relay._spawn(self._resync())
+
+    async def _resync(self) -> None:
+        try:
+            if not self.enabled:
+                return
+            if await _connect(self.relay) is None:
+                return
+            self.local_changed(self.relay.routing.namespaces())
+        finally:
+            self._resync_pending = False
