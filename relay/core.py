@@ -18,11 +18,13 @@ from kvsp_moq.moqt.messages import (
     Location,
     Message,
     MessageParameters,
+    Publish,
     PublishNamespace,
     RequestError,
     RequestOk,
     Subscribe,
     SubscribeNamespace,
+    SubscribeTracks,
     TrackStatus,
 )
 from kvsp_moq.moqt.session import Role, SessionConfig
@@ -32,12 +34,15 @@ from .cache import ObjectCache, TrackName
 from .config import RelayConfig
 from .auth import Principal
 from .fetch import FetchService, fetch_range
+from .fill import FillService
 from .gate import Gate
 from .logs import event
 from .metrics import MetricsServer
 from .names import format_namespace
 from .namespaces import NamespacePropagation
 from .peer import PeerSession, RequestHandler
+from .publish_in import PublishRegistry
+from .rendezvous import Rendezvous
 from .routing import RoutingTable
 from .stats import RelayStats
 from .upstream import UpstreamManager
@@ -153,6 +158,7 @@ class Relay:
         self.upstreams = UpstreamManager(self.cache, self.stats, config.subscriber_queue_bytes,
                                          self._emit)
         self.fetches = FetchService(self.cache, self.stats, self._spawn)
+        self.fills = FillService(self)  # Joining FETCH, fill fetch streams (relay/fill.py)
         self.sessions: set[PeerSession] = set()
         self.server: Server | None = None
         self._upstream: PeerSession | None = None
@@ -166,6 +172,9 @@ class Relay:
         #: Set by shutdown / close: nothing new is opened upstream.
         self.closing = False
         self.propagation = NamespacePropagation(self)
+        #: PUBLISHed tracks and SUBSCRIBE_TRACKS watchers; SUBSCRIBEs held for a publisher.
+        self.publishes = PublishRegistry(self)
+        self.rendezvous = Rendezvous(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> Relay:
@@ -352,7 +361,11 @@ class Relay:
             self._on_subscribe_namespace(peer, rid, msg, principals)
         elif isinstance(msg, TrackStatus):
             self._on_track_status(peer, rid, msg)
-        else:  # PUBLISH, SUBSCRIBE_TRACKS: later work (docs/relay.md)
+        elif isinstance(msg, Publish):
+            self.publishes.on_publish(peer, rid, msg)
+        elif isinstance(msg, SubscribeTracks):
+            self.publishes.on_subscribe_tracks(peer, rid, msg, principals)
+        else:
             self._reject(peer, rid, RequestErrorCode.NOT_SUPPORTED,
                          f"{msg.NAME} not supported by this relay")
 
@@ -366,13 +379,17 @@ class Relay:
             # Re-check: another SUBSCRIBE may have opened it while we connected upstream.
             self.upstreams.subscribe(track, route, peer, rid, msg)
 
+        if (self._local_route(track[0], peer) is None
+                and (not self.config.upstream or peer.upstream)
+                and self.rendezvous.hold(peer, rid, msg)):
+            return  # RENDEZVOUS_TIMEOUT: wait for a publisher (relay/rendezvous.py)
         self._route_then(peer, rid, track[0], go)
 
     def _on_fetch(self, peer: PeerSession, rid: int, msg: Message) -> None:
         self.stats.fetches += 1
         rng = fetch_range(msg)
-        if rng is None:
-            self._reject(peer, rid, RequestErrorCode.NOT_SUPPORTED, "joining FETCH not supported")
+        if rng is None:  # a draft-18 Joining FETCH
+            self.fills.joining_fetch(peer, rid, msg)  # type: ignore[arg-type]
             return
         if self.fetches.try_cache(peer, rid, rng):
             return
@@ -391,6 +408,7 @@ class Relay:
         peer.flush()
         self.routing.announce(ns, peer, rid)
         self.propagation.local_changed([ns])
+        self.rendezvous.publisher_appeared(ns)
 
     def _on_subscribe_namespace(self, peer: PeerSession, rid: int,
                                 msg: SubscribeNamespace, principals: list[Principal]) -> None:

@@ -228,6 +228,8 @@ class Subscriber(RequestHandler):
         self.streams_opened = 0
         self.ended = False
         self.end_status: int | None = None
+        #: The Largest Object when SUBSCRIBE_OK was sent (draft 18: the Joining Location).
+        self.joining_location: tuple[int, int] | None = None
 
     # -- RequestHandler ----------------------------------------------------------------------
     def on_cancelled(self, code: int) -> None:

@@ -12,8 +12,14 @@
   the range recorded as complete.
 * Upstream REQUEST_ERROR is passed to every waiter with its code and reason.
 
-Not yet: joining / fill fetches, descending GROUP_ORDER (served ascending), End of Range
-markers (not cached; a range holding one is served upstream again), cut-through of misses.
+* The waiters of an upstream FETCH are :class:`FetchSink` objects: a downstream FETCH
+  (:class:`FetchAnswer`: FETCH_OK + fetch stream, or REQUEST_ERROR), or a fill fetch stream
+  of a subscription (:mod:`relay.fill`), which shares the same single-flight.
+
+Draft-18 Joining FETCHes and draft-20+ fill fetch streams are resolved to a range in
+:mod:`relay.fill` and served here. Not yet: descending GROUP_ORDER (served ascending), End
+of Range markers (not cached; a range holding one is served upstream again), cut-through of
+misses.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from .names import format_namespace
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
 
-__all__ = ["FetchRange", "FetchService", "fetch_range"]
+__all__ = ["FetchAnswer", "FetchRange", "FetchService", "FetchSink", "fetch_range"]
 
 logger = logging.getLogger(__name__)
 Loc = tuple[int, int]
@@ -93,6 +99,33 @@ def _log(name: str, rng: FetchRange) -> None:
           start=list(rng.start), end=list(rng.end) if rng.end is not None else None)
 
 
+class FetchSink:
+    """Where the result of an upstream FETCH goes (one per waiting request)."""
+
+    def deliver(self, objects: list[CachedObject], end_of_track: bool) -> None:
+        """The upstream FETCH completed with ``objects`` (possibly none)."""
+
+    def fail(self, code: int, reason: str) -> None:
+        """The upstream FETCH failed (REQUEST_ERROR, reset, session lost)."""
+
+
+class FetchAnswer(FetchSink):
+    """A downstream FETCH: FETCH_OK and a fetch stream, or REQUEST_ERROR."""
+
+    def __init__(self, service: FetchService, down: PeerSession, rid: int,
+                 track: TrackName) -> None:
+        self.service, self.down, self.rid, self.track = service, down, rid, track
+
+    def deliver(self, objects: list[CachedObject], end_of_track: bool) -> None:
+        if any(o.status is ObjectStatus.NORMAL for o in objects):
+            self.service.serve(self.down, self.rid, objects, end_of_track, self.track)
+        else:
+            self.fail(RequestErrorCode.INVALID_RANGE, "no objects in range")
+
+    def fail(self, code: int, reason: str) -> None:
+        self.service.reject(self.down, self.rid, code, reason)
+
+
 class _ServedFetch(RequestHandler):
     """A downstream FETCH being answered: notices cancellation."""
 
@@ -116,7 +149,7 @@ class _UpstreamFetch(RequestHandler):
         self.service = service
         self.range = rng
         self.peer = peer
-        self.waiters: list[tuple[PeerSession, int]] = []
+        self.waiters: list[FetchSink] = []
         self.objects: list[CachedObject] = []
         self.ok: FetchOk | None = None
         self.request_id: int | None = None
@@ -186,12 +219,8 @@ class _UpstreamFetch(RequestHandler):
             cache.record_range(track, self.range.start, end,  # type: ignore[arg-type]
                                [o.location for o in self.objects], ok.end_of_track)
         end_of_track = bool(ok.end_of_track) if ok is not None else False
-        for down, rid in self.waiters:
-            if self.objects:
-                self.service.serve(down, rid, self.objects, end_of_track, track)
-            else:
-                self.service.reject(down, rid, RequestErrorCode.INVALID_RANGE,
-                                    "no objects in range")
+        for sink in self.waiters:
+            sink.deliver(self.objects, end_of_track)
         if self.request_id is not None:
             self.peer.release(self.request_id)
 
@@ -200,8 +229,8 @@ class _UpstreamFetch(RequestHandler):
             return
         self.done = True
         self.service.forget(self)
-        for down, rid in self.waiters:
-            self.service.reject(down, rid, code, reason)
+        for sink in self.waiters:
+            sink.fail(code, reason)
         if self.request_id is not None:
             self.peer.release(self.request_id)
 
@@ -227,16 +256,20 @@ class FetchService:
     def join_or_start(self, down: PeerSession, rid: int, rng: FetchRange,
                       route: PeerSession) -> None:
         """A miss: wait on the in-flight upstream FETCH of this range, or start it."""
+        self.wait_upstream(FetchAnswer(self, down, rid, rng.track), rng, route)
+
+    def wait_upstream(self, sink: FetchSink, rng: FetchRange, route: PeerSession) -> None:
+        """A miss for ``sink``: join the in-flight upstream FETCH of ``rng``, or start it."""
         self.stats.cache_misses += 1
         _log("cache_miss", rng)
         up = self.inflight.get(rng)
         if up is None:
             up = _UpstreamFetch(self, rng, route)
             self.inflight[rng] = up
-            up.waiters.append((down, rid))
+            up.waiters.append(sink)
             up.start()
         else:
-            up.waiters.append((down, rid))
+            up.waiters.append(sink)
 
     def forget(self, up: _UpstreamFetch) -> None:
         if self.inflight.get(up.range) is up:

@@ -214,12 +214,14 @@ class PeerSession(ConnectionHandler):
         return self.local.get(rid) or self.served.get(rid)
 
     def _dispatch(self, e: ev.Event) -> None:
+        # Data arrives for our subscriptions / fetches (local) and for the peer's PUBLISHes
+        # (served; Request IDs of the two sides never collide).
         if isinstance(e, ev.DataEvent):
-            h = self.local.get(e.request_id)
+            h = self._handler(e.request_id)
             if h is not None:
                 h.on_data(e.stream_id, e.event)
         elif isinstance(e, ev.DataStreamClosed):
-            h = self.local.get(e.request_id)
+            h = self._handler(e.request_id)
             if h is not None:
                 h.on_stream_closed(e.stream_id, e.error_code)
         elif isinstance(e, ev.RequestReceived):

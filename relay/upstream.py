@@ -83,12 +83,14 @@ class UpstreamSubscription(RequestHandler):
     def _accept(self, down: PeerSession, rid: int, msg: Subscribe) -> None:
         moqt = down.moqt
         if moqt is None or moqt.closed or rid not in moqt.requests:
+            self.manager.refused(down, rid)
             return  # the subscriber went away while we waited
         window = subscription_window(msg.parameters.location_filter, self.fanout.largest)
         if window.empty:
             moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "the filter's end precedes its start")
             self.manager.stats.subscribe_errors += 1
             down.flush()
+            self.manager.refused(down, rid)
             return
         alias = down.next_alias()
         largest = self.fanout.largest
@@ -98,10 +100,15 @@ class UpstreamSubscription(RequestHandler):
         moqt.accept_subscribe(rid, alias, params, self.track_properties)
         sub = Subscriber(self.fanout, down, rid, alias, window,
                          self.manager.subscriber_queue_bytes)
+        # Draft 18 §"Subscriptions": the Largest Location of SUBSCRIBE_OK is the Joining
+        # Location; drafts 20+ evaluate a fill range against the same Largest Object.
+        sub.joining_location = largest
         down.served[rid] = sub
         self.fanout.add(sub)
         self.manager.stats.subscribes += 1
         down.flush()
+        if self.manager.on_accepted is not None:
+            self.manager.on_accepted(self, sub, msg)  # fill fetch stream (relay.fill)
 
     def _reject_pending(self, code: int, reason: str) -> None:
         pending, self.pending = self.pending, []
@@ -111,6 +118,7 @@ class UpstreamSubscription(RequestHandler):
                 moqt.reject(rid, code, reason)
                 self.manager.stats.subscribe_errors += 1
                 down.flush()
+            self.manager.refused(down, rid)
 
     def _on_empty(self) -> None:
         """The last subscriber left: cancel upstream (unless the upstream already ended)."""
@@ -209,6 +217,20 @@ class UpstreamManager:
         self.subscriber_queue_bytes = subscriber_queue_bytes
         self.emit = emit
         self.tracks: dict[TrackName, UpstreamSubscription] = {}
+        #: Called once a downstream SUBSCRIBE got SUBSCRIBE_OK / was refused or abandoned
+        #: (:mod:`relay.fill`: fill fetch streams, Joining FETCHes waiting for it).
+        self.on_accepted: Callable[[UpstreamSubscription, Subscriber, Subscribe], None] | None \
+            = None
+        self.on_refused: Callable[[PeerSession, int], None] | None = None
+
+    def refused(self, down: PeerSession, rid: int) -> None:
+        if self.on_refused is not None:
+            self.on_refused(down, rid)
+
+    def is_pending(self, down: PeerSession, rid: int) -> bool:
+        """Whether ``down``'s SUBSCRIBE ``rid`` waits for its upstream subscription."""
+        return any(d is down and r == rid
+                   for up in self.tracks.values() for d, r, _m in up.pending)
 
     def get(self, track: TrackName) -> UpstreamSubscription | None:
         return self.tracks.get(track)

@@ -99,14 +99,7 @@ def test_unsupported_test_and_draft_exit_127(relay_url: str) -> None:
 
 
 # The cases our relay fails, with the cause each must show (interop/matrix-baseline.json).
-GAPS = {
-    "rendezvous-timeout": "REQUEST_ERROR 16 (no route for namespace), expected TIMEOUT",
-    "namespace-discovery": "REQUEST_ERROR 0x3: PUBLISH not supported by this relay",
-    "publish-track-only": "REQUEST_ERROR 0x3: PUBLISH not supported by this relay",
-    "publish-track-subscribe": "REQUEST_ERROR 0x3: PUBLISH not supported by this relay",
-    "join@22": "no objects of group 1 from the fill",
-    "join@18": "REQUEST_ERROR 0x3: joining FETCH not supported",
-}
+GAPS: dict[str, str] = {}  # none left today; an empty set collects as one skip
 
 
 @pytest.mark.xfail(strict=True, raises=KnownGap)
@@ -117,3 +110,20 @@ def test_known_gaps_of_our_relay(relay_url: str, gap: str) -> None:
     if proc.returncode == 1 and GAPS[gap] in proc.stdout:
         raise KnownGap(f"{gap}: {GAPS[gap]}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# Gaps closed (docs/interop.md): PUBLISH into the relay, SUBSCRIBE_TRACKS, RENDEZVOUS_TIMEOUT.
+@pytest.mark.parametrize("case", ["rendezvous-timeout", "namespace-discovery",
+                                  "publish-track-only", "publish-track-subscribe"])
+def test_closed_gaps_pass(relay_url: str, case: str) -> None:
+    proc = client("-r", relay_url, "--tls-disable-verify", "-t", case, "--draft", "22")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ok 1 - {case}" in proc.stdout
+
+
+# Gap closed: join (draft 18 Joining FETCH; drafts 20/22 FILL_PARAMETERS fill fetch stream).
+@pytest.mark.parametrize("draft", [22, 20, 18])
+def test_join_passes(relay_url: str, draft: int) -> None:
+    proc = client("-r", relay_url, "--tls-disable-verify", "-t", "join", "--draft", str(draft))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok 1 - join" in proc.stdout
