@@ -11,6 +11,12 @@ Columns: ``aiomoqt>ours`` (aiomoqt's ``moq-interop-client`` against our relay,
 relay column is skipped, loudly. Each process runs in its own process group and is killed when
 its step ends; readiness is the line each relay prints.
 
+A second group of columns, ``peer via our relay`` (one per draft), has its own rows: moq-rs
+and caprid-relay publishers and subscribers through our relay (``interop/relay_cases.py``,
+one fresh relay per cell, exact bytes, counts and negotiated versions). ``--groups`` picks
+``test-client`` (the fourteen-case table), ``relay-peers`` or both (default). A peer that
+cannot be installed leaves its cells out, with a LOUD SKIP.
+
 Exit status: 0, or 1 when a cell that passed in the baseline fails now (a regression);
 improvements (baseline fail, now pass) are reported and do not fail.
 """
@@ -31,14 +37,18 @@ from pathlib import Path
 from kvsp_moq.transport.tls import make_self_signed
 
 from . import peers
+from . import relay_cases
 from .client_cases import CASES
-from .harness import ROOT, CaseError, PeerProcess, only_loopback
+from .harness import ROOT, CaseError, PeerProcess, only_loopback, parse_json
 from .tap import parse
 
 BASELINE = Path(__file__).resolve().parent / "matrix-baseline.json"
 DOCS = ROOT / "docs" / "interop.md"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+RELAY_BEGIN, RELAY_END = "<!-- relay-peers:begin -->", "<!-- relay-peers:end -->"
 COLUMNS = ("aiomoqt>ours", "ours>aiomoqt", "ours>ours")
+RELAY_COLUMN = relay_cases.COLUMN  # "peer via our relay"
+RELAY_CELL_LIMIT = 60.0  # seconds for one relay-peer cell process (safety net; ≈ 1-3 s seen)
 AIOMOQT_ONLY_WITH_T = ("fetch", "join")  # its client runs these only when named with -t
 RUN_LIMIT = 90.0  # seconds for one client process (safety net)
 
@@ -52,6 +62,9 @@ class Env:
     key: Path
     aiomoqt_bin: Path | None
     isolated: bool
+    #: peer name (interop.peers.PEERS) -> venv bin, for the "peer via our relay" cells
+    relay_peer_bins: dict[str, Path] | None = None
+    test_client: bool = True
 
 
 def _env_with_path() -> dict[str, str]:
@@ -142,8 +155,43 @@ def _missing(cells: dict[str, dict[str, str]], why: str) -> dict[str, dict[str, 
     return cells
 
 
+async def _relay_peer_cell(env: Env, case: str, draft: int, bin_dir: Path) -> dict[str, str]:
+    """One "peer via our relay" cell: ``python -m interop.relay_cases`` in its own process
+    group; pass when :func:`interop.relay_cases.check` found no problem."""
+    proc = PeerProcess(f"relay cell {case} {draft}", [
+        sys.executable, "-m", "interop.relay_cases", case, "--draft", draft, "--peer-bin",
+        bin_dir, "--cert", env.cert, "--key", env.key, "--guard", RELAY_CELL_LIMIT - 15],
+        cwd=ROOT, env=_env_with_path(), keep_lines=2000)
+    try:
+        await proc.start()
+        result = await proc.expect(lambda ln: ln.startswith("RESULT ") and
+                                   parse_json(ln[len("RESULT "):]), RELAY_CELL_LIMIT, "RESULT")
+    except CaseError as exc:
+        return {"result": "fail", "message": str(exc)}
+    finally:
+        await proc.stop()
+    problems = result.get("problems") or []
+    return {"result": "pass"} if not problems else {"result": "fail",
+                                                    "message": "; ".join(problems)}
+
+
+async def run_relay_peers(env: Env, drafts: Sequence[int], results: Results) -> None:
+    """The "peer via our relay" column group: each cell one after another."""
+    for d in drafts:
+        for case, case_drafts in relay_cases.DRAFTS.items():
+            bin_dir = (env.relay_peer_bins or {}).get(relay_cases.PEER_OF[case])
+            if d not in case_drafts or bin_dir is None:
+                continue
+            cell = await _relay_peer_cell(env, case, d, bin_dir)
+            results[str(d)].setdefault(RELAY_COLUMN, {})[case] = cell
+
+
 async def run_matrix(env: Env, drafts: Sequence[int]) -> Results:
     results: Results = {str(d): {} for d in drafts}
+    if env.relay_peer_bins is not None:
+        await run_relay_peers(env, drafts, results)
+    if not env.test_client:
+        return results
     procs: list[PeerProcess] = []
     try:
         ours, our_url = await _start_our_relay(env)
@@ -232,9 +280,29 @@ def table(now: Results, baseline: Results) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str, path: Path = DOCS) -> None:
+def relay_table(now: Results, baseline: Results) -> str:
+    """The "peer via our relay" table: one row per path, one column per draft."""
+    drafts = list(now)
+    lines = ["| path (peer via our relay) | " + " | ".join(drafts) + " |",
+             "|---" * (1 + len(drafts)) + "|"]
+    for case, case_drafts in relay_cases.DRAFTS.items():
+        row = []
+        for d in drafts:
+            cell = now[d].get(RELAY_COLUMN, {}).get(case)
+            if cell is None:
+                row.append("—" if int(d) not in case_drafts else "not run")
+            elif cell["result"] == "pass":
+                row.append("pass")
+            else:
+                base = baseline.get(d, {}).get(RELAY_COLUMN, {}).get(case, {})
+                row.append("gap" if base.get("result") == "fail" else "**FAIL**")
+        lines.append(f"| {case} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def write_docs(text: str, path: Path = DOCS, begin: str = BEGIN, end_mark: str = END) -> None:
     doc = path.read_text()
-    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    start, end = doc.index(begin) + len(begin), doc.index(end_mark)
     path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
 
 
@@ -245,6 +313,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--drafts", default="22,20,18")
     p.add_argument("--write-docs", action="store_true", help="rewrite the table in docs/interop.md")
     p.add_argument("--json", type=Path, help="write the observed cells here")
+    p.add_argument("--groups", default="test-client,relay-peers",
+                   help="column groups: test-client (the fourteen cases), relay-peers "
+                        "(moq-rs / caprid via our relay), or both")
     p.add_argument("--update-baseline", action="store_true",
                    help="record this run as interop/matrix-baseline.json")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
@@ -264,13 +335,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.inside and not only_loopback() and peers.can_isolate():
         return _reexec_isolated(raw)
     drafts = [int(d) for d in args.drafts.split(",") if d.strip()]
-    try:
-        aiomoqt_bin: Path | None = peers.ensure_peer(peers.AIOMOQT)
-    except peers.PeerUnavailable as exc:
-        print(f"LOUD SKIP: aiomoqt columns cannot run here: {exc}", file=sys.stderr)
-        aiomoqt_bin = None
+    groups = {g.strip() for g in args.groups.split(",") if g.strip()}
+    aiomoqt_bin: Path | None = None
+    if "test-client" in groups:
+        try:
+            aiomoqt_bin = peers.ensure_peer(peers.AIOMOQT)
+        except peers.PeerUnavailable as exc:
+            print(f"LOUD SKIP: aiomoqt columns cannot run here: {exc}", file=sys.stderr)
+    relay_peer_bins: dict[str, Path] | None = None
+    if "relay-peers" in groups:
+        relay_peer_bins = {}
+        for name in sorted(set(relay_cases.PEER_OF.values())):
+            try:
+                relay_peer_bins[name] = peers.ensure_peer(peers.PEERS[name])
+            except peers.PeerUnavailable as exc:
+                print(f"LOUD SKIP: {name} cells of '{RELAY_COLUMN}' cannot run here: {exc}",
+                      file=sys.stderr)
     isolated = only_loopback()
-    if not isolated:
+    if not isolated and "test-client" in groups:
         print("LOUD SKIP: no loopback-only network namespace (needs root): the ours>aiomoqt "
               "column is skipped", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="kvsp-matrix-") as tmp:
@@ -280,12 +362,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                               else cert.cert_pem.encode())
         key_path.write_bytes(cert.key_pem if isinstance(cert.key_pem, bytes)
                              else cert.key_pem.encode())
-        env = Env(Path(tmp), cert_path, key_path, aiomoqt_bin, isolated)
+        env = Env(Path(tmp), cert_path, key_path, aiomoqt_bin, isolated,
+                  relay_peer_bins=relay_peer_bins, test_client="test-client" in groups)
         now = asyncio.run(run_matrix(env, drafts))
     old = load_baseline()
     regressions, improvements = compare(old, now)
-    text = table(now, old)
-    print(text)
+    text = table(now, old) if "test-client" in groups else ""
+    rtext = relay_table(now, old) if "relay-peers" in groups else ""
+    print("\n\n".join(t for t in (text, rtext) if t))
     for line in improvements:
         print(f"IMPROVEMENT {line}")
     for line in regressions:
@@ -294,10 +378,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps({"cells": now, "regressions": regressions,
                                          "improvements": improvements}, indent=1))
     if args.update_baseline:
-        merged = {**old, **updated_baseline(old, now)}
+        # Re-read (others may have changed cells meanwhile) and replace only the columns
+        # this run observed; every other draft / column is kept as it is in the file.
+        merged = load_baseline()
+        for d, columns in updated_baseline(merged, now).items():
+            merged.setdefault(d, {}).update(columns)
         BASELINE.write_text(json.dumps({"cells": merged}, indent=1, sort_keys=True) + "\n")
     if args.write_docs:
-        write_docs(text)
+        if text:
+            write_docs(text)
+        if rtext:
+            write_docs(rtext, begin=RELAY_BEGIN, end_mark=RELAY_END)
     return 1 if regressions else 0
 
 
