@@ -329,13 +329,29 @@ def _reexec_isolated(argv: Sequence[str]) -> int:
     return proc.returncode
 
 
+def _install_peers(groups: set[str]) -> None:
+    """Install (or find) every peer the chosen groups need; failures are reported later,
+    where the cells are left out with a LOUD SKIP."""
+    wanted = [peers.AIOMOQT] if "test-client" in groups else []
+    if "relay-peers" in groups:
+        wanted += [peers.PEERS[name] for name in sorted(set(relay_cases.PEER_OF.values()))]
+    for spec in wanted:
+        try:
+            peers.ensure_peer(spec)
+        except peers.PeerUnavailable:
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = _args(raw)
+    groups = {g.strip() for g in args.groups.split(",") if g.strip()}
     if not args.inside and not only_loopback() and peers.can_isolate():
+        # Install the peers first: inside the loopback-only namespace no package index is
+        # reachable, so a peer missing there would silently lose its cells.
+        _install_peers(groups)
         return _reexec_isolated(raw)
     drafts = [int(d) for d in args.drafts.split(",") if d.strip()]
-    groups = {g.strip() for g in args.groups.split(",") if g.strip()}
     aiomoqt_bin: Path | None = None
     if "test-client" in groups:
         try:
