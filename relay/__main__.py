@@ -22,6 +22,7 @@ from .auth import AuthConfigError, load_auth_config
 from .config import MiB, RelayConfig
 from .core import Relay
 from .logs import configure_logging
+from .names import parse_namespace
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -36,6 +37,13 @@ def _metrics_addr(text: str) -> tuple[str, int]:
     if text.isdigit():
         return "127.0.0.1", int(text)
     return _host_port(text)
+
+
+def _namespace(text: str) -> tuple[bytes, ...]:
+    try:
+        return parse_namespace(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,6 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics", type=_metrics_addr, metavar="[HOST:]PORT",
                    help="serve Prometheus text metrics at http://HOST:PORT/metrics "
                         "(default off; a bare PORT listens on 127.0.0.1 only)")
+    p.add_argument("--solicit-namespaces", action=argparse.BooleanOptionalAction, default=True,
+                   help="send SUBSCRIBE_NAMESPACE to every downstream session allowed to "
+                        "publish after SETUP and route its NAMESPACE answers like "
+                        "PUBLISH_NAMESPACE (the moq-relay ingest model; default on)")
+    p.add_argument("--solicit-prefix", type=_namespace, default=(), metavar="PREFIX",
+                   help="namespace prefix to solicit (fields joined by '/', as in --config; "
+                        "default: the empty prefix)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr log format; json: one object per line with session, "
                         "request, cache and upstream events (level INFO unless --log-level)")
@@ -96,7 +111,9 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
                        upstream_transport=upstream, cache_bytes=args.cache_mib * MiB,
                        subscriber_queue_bytes=int(args.subscriber_queue_mib * MiB),
                        drain_timeout=args.drain_timeout, auth=getattr(args, "auth", None),
-                       metrics=getattr(args, "metrics", None))
+                       metrics=getattr(args, "metrics", None),
+                       solicit_namespaces=getattr(args, "solicit_namespaces", True),
+                       solicit_prefix=getattr(args, "solicit_prefix", ()))
 
 
 def _is_name(host: str) -> bool:

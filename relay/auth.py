@@ -130,6 +130,12 @@ class Authorizer:
         return any(is_prefix(p, prefix) or is_prefix(prefix, p)
                    for who in self._who(principals) for p in who.grants.subscribe)
 
+    def allows_prefix_publish(self, principals: Sequence[Principal], prefix: Namespace) -> bool:
+        """Soliciting namespaces under ``prefix`` (relay/solicit.py): some publish prefix
+        overlaps it."""
+        return any(is_prefix(p, prefix) or is_prefix(prefix, p)
+                   for who in self._who(principals) for p in who.grants.publish)
+
 
 @dataclass(frozen=True)
 class AuthConfig:

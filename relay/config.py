@@ -46,6 +46,13 @@ class RelayConfig:
     auth: AuthConfig | None = None
     #: ``(host, port)`` of the Prometheus endpoint (``--metrics``; None: off).
     metrics: tuple[str, int] | None = None
+    #: Send SUBSCRIBE_NAMESPACE to every downstream session allowed to publish, right after
+    #: SETUP, and route its NAMESPACE answers like PUBLISH_NAMESPACE (:mod:`relay.solicit`;
+    #: ``--[no-]solicit-namespaces``): the moq-relay "ingest model" that publishers such as
+    #: caprid-relay's rely on (they never send PUBLISH_NAMESPACE).
+    solicit_namespaces: bool = True
+    #: The prefix solicited (``--solicit-prefix``; default: the empty prefix, everything).
+    solicit_prefix: tuple[bytes, ...] = ()
 
     @property
     def auth_token_cache_size(self) -> int:
@@ -59,3 +66,4 @@ class RelayConfig:
             raise ValueError("subscriber_queue_bytes must be > 0")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must be >= 0")
+        self.solicit_prefix = tuple(bytes(f) for f in self.solicit_prefix)

@@ -22,6 +22,7 @@ from kvsp_moq.moqt.messages import (
     PublishNamespace,
     RequestError,
     RequestOk,
+    Setup,
     Subscribe,
     SubscribeNamespace,
     SubscribeTracks,
@@ -44,6 +45,7 @@ from .peer import PeerSession, RequestHandler
 from .publish_in import PublishRegistry
 from .rendezvous import Rendezvous
 from .routing import RoutingTable
+from .solicit import maybe_solicit
 from .stats import RelayStats
 from .upstream import UpstreamManager
 
@@ -78,12 +80,27 @@ class _NamespaceSubscription(RequestHandler):
                  principals: list[Principal]) -> None:
         self.relay, self.peer, self.rid, self.prefix = relay, peer, rid, prefix
         self.principals = principals
+        #: Namespaces told to the upstream relay (when it is the one watching).
+        self.told: set[Namespace] = set()
 
     def visible(self, ns: Namespace) -> bool:
+        if self.peer.upstream:
+            # Our upstream relay soliciting our namespaces (relay/solicit.py on its side):
+            # only what downstream publishers announced here, never its own back to it.
+            return any(p.is_open and not p.upstream
+                       for p in self.relay.routing.publishers_of(ns))
         return self.relay.gate.visible(self.principals, ns)
 
     def send(self, ns: Namespace, done: bool) -> None:
-        if not self.visible(ns):
+        if self.peer.upstream:
+            # Downstream namespaces go when their last downstream publisher did: tell the
+            # end of exactly what was told.
+            if done != (ns in self.told):
+                return
+            if not done and not self.visible(ns):
+                return
+            (self.told.discard if done else self.told.add)(ns)
+        elif not self.visible(ns):
             return
         moqt = self.peer.moqt
         if moqt is None or moqt.closed or self.rid not in moqt.requests:
@@ -97,12 +114,16 @@ class _NamespaceSubscription(RequestHandler):
         self.peer.flush()
 
     # local announcements (RoutingTable watcher): not told again what the upstream has
+    # (the upstream relay soliciting us hears only of local publishers: never filtered by
+    # what it reported itself, or an echo would keep a gone namespace alive on both sides)
     def namespace_added(self, namespace: Namespace) -> None:
-        if namespace not in self.relay.propagation.upstream_names(self.prefix):
+        if (self.peer.upstream
+                or namespace not in self.relay.propagation.upstream_names(self.prefix)):
             self.send(namespace, False)
 
     def namespace_removed(self, namespace: Namespace) -> None:
-        if namespace not in self.relay.propagation.upstream_names(self.prefix):
+        if (self.peer.upstream
+                or namespace not in self.relay.propagation.upstream_names(self.prefix)):
             self.send(namespace, True)
 
     def _leave(self) -> None:
@@ -417,9 +438,13 @@ class Relay:
         peer.moqt.request_ok(rid)
         watcher = _NamespaceSubscription(self, peer, rid, prefix, principals)
         peer.served[rid] = watcher
-        known = set(self.routing.watch(watcher)) | self.propagation.watch(watcher)
+        known = set(self.routing.watch(watcher))
+        if not peer.upstream:  # the upstream relay is not told its own namespaces back
+            known |= self.propagation.watch(watcher)
         for ns in sorted(known):
             if watcher.visible(ns):
+                if peer.upstream:
+                    watcher.told.add(ns)
                 peer.moqt.namespace(rid, ns[len(prefix):])
         peer.flush()
 
@@ -444,6 +469,10 @@ class Relay:
         self._route_then(peer, rid, track[0], go)
 
     # -- session events ----------------------------------------------------------------------
+    def on_setup(self, peer: PeerSession, setup: Setup) -> None:
+        """A downstream session is established (its SETUP passed the gate)."""
+        peer.solicitation = maybe_solicit(self, peer, setup)
+
     def on_goaway(self, peer: PeerSession) -> None:
         if peer is self._upstream:
             logger.info("relay: upstream sent GOAWAY; the next request reconnects")

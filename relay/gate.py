@@ -156,6 +156,19 @@ class Gate:
             peer.flush()
         return None
 
+    def may_publish(self, principals: list[Principal], ns: Namespace) -> bool:
+        """A solicited NAMESPACE answer (relay/solicit.py) is routed: the session's
+        principals may publish ``ns``."""
+        if self.authorizer is None:
+            return True
+        return self.authorizer.allows(principals, Action.PUBLISH, ns)
+
+    def may_publish_under(self, principals: list[Principal], prefix: Namespace) -> bool:
+        """The session may be solicited on ``prefix``: some publish grant overlaps it."""
+        if self.authorizer is None:
+            return True
+        return self.authorizer.allows_prefix_publish(principals, prefix)
+
     def visible(self, principals: list[Principal], ns: Namespace) -> bool:
         """Whether ``ns`` may be shown (NAMESPACE / NAMESPACE_DONE) to a watcher acting as
         ``principals``: only namespaces they may subscribe to."""

@@ -23,6 +23,10 @@ upstream_announce   namespace, request_id, upstream — our PUBLISH_NAMESPACE to
 upstream_withdraw   namespace, request_id, upstream — its last local publisher left
 upstream_subscribe_namespace    prefix, request_id, upstream — ONE per watched prefix
 upstream_unsubscribe_namespace  prefix, request_id, upstream — the last watcher left
+namespace_solicit   peer, prefix, request_id — our SUBSCRIBE_NAMESPACE to a downstream session
+namespace_solicit_refused / _skipped   peer, prefix, code/reason — it refused / no publish grant
+solicited_namespace peer, namespace, decision, principals — a NAMESPACE answer (routed / refused)
+solicited_namespace_done  peer, namespace — its route withdrawn
 ==================  ==========================================================================
 
 Namespaces are written as in the configuration (:mod:`relay.names`).

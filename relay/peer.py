@@ -29,6 +29,7 @@ from .tokens import TokenCache
 if TYPE_CHECKING:  # pragma: no cover
     from .auth import Principal
     from .core import Relay
+    from .solicit import Solicitation
 
 __all__ = ["PeerSession", "RequestHandler"]
 
@@ -92,6 +93,9 @@ class PeerSession(ConnectionHandler):
         self.principals: list[Principal] = []
         self.alpn = ""
         self.opened_at = 0.0
+        #: Our SUBSCRIBE_NAMESPACE to this peer when the relay solicits its namespaces
+        #: (relay/solicit.py), else None.
+        self.solicitation: Solicitation | None = None
 
     def __repr__(self) -> str:
         addr = self.connection.remote_address if self.connection is not None else None
@@ -258,6 +262,10 @@ class PeerSession(ConnectionHandler):
                 return
             if not self.ready.done():
                 self.ready.set_result(None)
+            if not self.upstream:
+                # e.g. SUBSCRIBE_NAMESPACE to a publisher that waits to be solicited
+                # (relay/solicit.py); the peer's Setup Options are in e.peer_setup.
+                self.relay.on_setup(self, e.peer_setup)
         elif isinstance(e, ev.GoawayReceived):
             self.goaway_received = True
             self.relay.on_goaway(self)

@@ -1,7 +1,8 @@
 """The routing table: which publisher session serves which namespace, and who watches.
 
 * PUBLISH_NAMESPACE (draft-20 §"Publishing Namespaces") registers ``namespace → session``;
-  it is withdrawn by cancelling the request or when the session ends.
+  it is withdrawn by cancelling the request or when the session ends. A NAMESPACE answering
+  the relay's own SUBSCRIBE_NAMESPACE to a publisher (relay/solicit.py) registers the same way.
 * SUBSCRIBE / FETCH / TRACK_STATUS go to the publisher of the **longest** announced
   namespace that is a field-wise prefix of the track's namespace (§"Namespace Prefix
   Matching"). With several publishers of one namespace the most recent one wins (the draft
@@ -15,7 +16,7 @@ Generic over the session type so it can be tested without sockets.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -41,7 +42,9 @@ class NamespaceWatcher(Protocol):
 @dataclass(eq=False)
 class _Announcement(Generic[P]):
     publisher: P
-    request_id: int
+    #: The PUBLISH_NAMESPACE's Request ID, or any other key (relay/solicit.py uses one per
+    #: solicited namespace); compared with ``==`` only.
+    request_id: Hashable
 
 
 @dataclass
@@ -51,7 +54,7 @@ class RoutingTable(Generic[P]):
     _watchers: list[NamespaceWatcher] = field(default_factory=list)
 
     # -- publishers --------------------------------------------------------------------------
-    def announce(self, namespace: Namespace, publisher: P, request_id: int) -> None:
+    def announce(self, namespace: Namespace, publisher: P, request_id: Hashable) -> None:
         entries = self._announced.setdefault(tuple(namespace), [])
         new = not entries
         entries.append(_Announcement(publisher, request_id))
@@ -60,7 +63,7 @@ class RoutingTable(Generic[P]):
                 if is_prefix(w.prefix, namespace):
                     w.namespace_added(tuple(namespace))
 
-    def withdraw(self, publisher: P, request_id: int | None = None) -> list[Namespace]:
+    def withdraw(self, publisher: P, request_id: Hashable | None = None) -> list[Namespace]:
         """Remove ``publisher``'s announcement ``request_id`` (None: all of its
         announcements, e.g. the session closed). Returns the namespaces that are gone."""
         gone: list[Namespace] = []
