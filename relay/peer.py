@@ -21,7 +21,8 @@ from kvsp_moq.moqt.messages import Message, RequestUpdate, Token
 from kvsp_moq.moqt.session import Role, SessionConfig
 from kvsp_moq.moqt.session import Session as MoqtSession
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.transport import Connection, ConnectionHandler, StreamClosedError
+from kvsp_moq.pubsub.driver import SessionDriver, apply_action
+from kvsp_moq.transport import Connection
 
 from .setup_options import amend_setup
 from .tokens import TokenCache
@@ -64,7 +65,7 @@ class RequestHandler:
         """The session ended."""
 
 
-class PeerSession(ConnectionHandler):
+class PeerSession(SessionDriver):
     """One MOQT session of the relay."""
 
     def __init__(self, relay: Relay, role: Role, session_config: SessionConfig | None = None,
@@ -138,86 +139,20 @@ class PeerSession(ConnectionHandler):
             actions = amend_setup(self.moqt.actions(), version,
                                   max_auth_token_cache_size=cfg.auth_token_cache_size)
         for a in actions:
-            self._do(a)
+            apply_action(self.connection, a)
         self.pump()
 
-    def stream_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
-        assert self.moqt is not None
-        self.moqt.stream_data(stream_id, data, end_stream)
-        self.pump()
-
-    def stream_reset(self, stream_id: int, error_code: int) -> None:
-        assert self.moqt is not None
-        self.moqt.stream_reset(stream_id, error_code)
-        self.pump()
-
-    def stop_sending(self, stream_id: int, error_code: int) -> None:
-        assert self.moqt is not None
-        self.moqt.stop_sending(stream_id, error_code)
-        self.pump()
-
-    def datagram_received(self, data: bytes | memoryview) -> None:
-        assert self.moqt is not None
-        self.moqt.datagram_received(data)
-        self.pump()
-
-    def connection_lost(self, error_code: int, reason: str) -> None:
-        if self.moqt is not None:
-            self.moqt.connection_lost(error_code, reason)
-            self.pump()
-        self._on_closed(error_code, reason)
-
-    # -- the pump ----------------------------------------------------------------------------
-    def pump(self) -> None:
-        """Carry out queued actions, then dispatch events, until both queues are empty.
-        Re-entrant calls (a handler acting on this session) return at once: the outer loop
-        picks up what they queued."""
-        if self._pumping or self.moqt is None:
-            return
-        self._pumping = True
+    # Transport callbacks, the pump and the actions: the shared driver (pubsub/driver.py).
+    def _dispatch(self, e: ev.Event) -> None:
         try:
-            moqt = self.moqt
-            while True:
-                action = moqt.next_action()
-                if action is not None:
-                    self._do(action)
-                    continue
-                event = moqt.next_event()
-                if event is None:
-                    break
-                try:
-                    self._dispatch(event)
-                except Exception:  # a relay bug must not take the session's peers down
-                    logger.exception("relay: handling %r failed", event)
-        finally:
-            self._pumping = False
-
-    def _do(self, a: ev.Action) -> None:
-        conn = self.connection
-        if conn.is_closed:
-            return
-        try:
-            if isinstance(a, ev.SendStream):
-                conn.send(a.stream_id, a.data, a.end_stream)
-            elif isinstance(a, ev.OpenStream):
-                sid = conn.open_bidi() if a.bidirectional else conn.open_uni()
-                if sid != a.stream_id:  # pragma: no cover - numbering is RFC 9000's
-                    raise RuntimeError(f"stream {sid} opened, session expected {a.stream_id}")
-            elif isinstance(a, ev.ResetStream):
-                conn.reset_stream(a.stream_id, a.error_code)
-            elif isinstance(a, ev.StopSending):
-                conn.stop_sending(a.stream_id, a.error_code)
-            elif isinstance(a, ev.SendDatagram):
-                conn.send_datagram(a.data)
-            elif isinstance(a, ev.CloseSession):
-                conn.close(a.error_code, a.reason)
-        except StreamClosedError:
-            pass  # the peer stopped the stream meanwhile; its event follows
+            self._dispatch_event(e)
+        except Exception:  # a relay bug must not take the session's peers down
+            logger.exception("relay: handling %r failed", e)
 
     def _handler(self, rid: int) -> RequestHandler | None:
         return self.local.get(rid) or self.served.get(rid)
 
-    def _dispatch(self, e: ev.Event) -> None:
+    def _dispatch_event(self, e: ev.Event) -> None:
         # Data arrives for our subscriptions / fetches (local) and for the peer's PUBLISHes
         # (served; Request IDs of the two sides never collide).
         if isinstance(e, ev.DataEvent):
@@ -297,7 +232,7 @@ class PeerSession(ConnectionHandler):
         if moqt is None:
             return
         while (action := moqt.next_action()) is not None:
-            self._do(action)
+            apply_action(self.connection, action)
         self.pump()
 
     def release(self, rid: int) -> None:

@@ -21,6 +21,7 @@ from kvsp_moq.moqt.messages import MessageParameters, Token
 from kvsp_moq.moqt.session import Role, SessionConfig
 from kvsp_moq.moqt.session import Session as MoqtSession
 from kvsp_moq.moqt.version import Version
+from kvsp_moq.pubsub.driver import apply_action
 from kvsp_moq.pubsub import Catalog, FetchStream, MoqtError, Session
 from kvsp_moq.transport import TransportConfig, parse_moqt_url
 from kvsp_moq.transport import connect as transport_connect
@@ -86,7 +87,7 @@ class TokenSession(Session):
         self.moqt = MoqtSession(self.role, Version.from_alpn(alpn), self._session_config)
         self.moqt.start()
         for a in amend_setup(self.moqt.actions(), self.moqt.version, tokens=self.setup_tokens):
-            self._do(a)
+            apply_action(self.connection, a)
         self._pump()
 
 

@@ -46,14 +46,13 @@ from ..moqt.session_events import SendStream
 from ..moqt.version import Version
 from ..transport import (
     Connection,
-    ConnectionHandler,
-    StreamClosedError,
     TransportConfig,
     TransportError,
     parse_moqt_url,
 )
 from ..transport import connect as transport_connect
 from ..transport import serve as transport_serve
+from .driver import SessionDriver, apply_action
 from .errors import ErrorKind, MoqtError, SessionClosedError
 from .window import subscription_window
 from .publish import Catalog, TrackPublisher, _Outgoing, _name, normalize_namespace
@@ -109,7 +108,7 @@ class IncomingPublish:
     subscription: Subscription
 
 
-class Session(ConnectionHandler):
+class Session(SessionDriver):
     """One MOQT session (client or server), asyncio side."""
 
     def __init__(self, role: Role, *, catalog: Catalog | None = None,
@@ -189,75 +188,12 @@ class Session(ConnectionHandler):
                                     a.end_stream)
             break
         for a in actions:
-            self._do(a)
+            apply_action(self.connection, a)
 
-    def stream_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
-        assert self.moqt is not None
-        self.moqt.stream_data(stream_id, data, end_stream)
-        self._pump()
-
-    def stream_reset(self, stream_id: int, error_code: int) -> None:
-        assert self.moqt is not None
-        self.moqt.stream_reset(stream_id, error_code)
-        self._pump()
-
-    def stop_sending(self, stream_id: int, error_code: int) -> None:
-        assert self.moqt is not None
-        self.moqt.stop_sending(stream_id, error_code)
-        self._pump()
-
-    def datagram_received(self, data: bytes | memoryview) -> None:
-        assert self.moqt is not None
-        self.moqt.datagram_received(data)
-        self._pump()
-
-    def connection_lost(self, error_code: int, reason: str) -> None:
-        if self.moqt is not None:
-            self.moqt.connection_lost(error_code, reason)
-            self._pump()
-        self._on_closed(error_code, reason)
-
-    # ======================================================================================
-    # the pump: actions to the transport, events to the application objects
+    # The transport callbacks, the pump and the actions are the shared driver's
+    # (pubsub/driver.py); events are dispatched below.
     def _pump(self) -> None:
-        if self._pumping or self.moqt is None:
-            return
-        self._pumping = True
-        try:
-            moqt = self.moqt
-            while True:
-                action = moqt.next_action()
-                if action is not None:
-                    self._do(action)
-                    continue
-                event = moqt.next_event()
-                if event is None:
-                    break
-                self._dispatch(event)
-        finally:
-            self._pumping = False
-
-    def _do(self, a: ev.Action) -> None:
-        conn = self.connection
-        if conn.is_closed:
-            return
-        try:
-            if isinstance(a, ev.SendStream):
-                conn.send(a.stream_id, a.data, a.end_stream)
-            elif isinstance(a, ev.OpenStream):
-                sid = conn.open_bidi() if a.bidirectional else conn.open_uni()
-                if sid != a.stream_id:  # pragma: no cover - numbering is RFC 9000's
-                    raise RuntimeError(f"stream {sid} opened, session expected {a.stream_id}")
-            elif isinstance(a, ev.ResetStream):
-                conn.reset_stream(a.stream_id, a.error_code)
-            elif isinstance(a, ev.StopSending):
-                conn.stop_sending(a.stream_id, a.error_code)
-            elif isinstance(a, ev.SendDatagram):
-                conn.send_datagram(a.data)
-            elif isinstance(a, ev.CloseSession):
-                conn.close(a.error_code, a.reason)
-        except StreamClosedError:
-            pass  # the peer stopped the stream meanwhile; its event follows
+        self.pump()
 
     def _dispatch(self, e: ev.Event) -> None:
         if isinstance(e, ev.DataEvent):
