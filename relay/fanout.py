@@ -13,8 +13,10 @@ Per subscriber (draft-20 §"Subscriber Interactions", §"Relay Object Handling")
   subscriber's stream (the QUIC layer's send buffer is the only copy);
 * objects outside the subscriber's LOCATION_FILTER window are not sent (§"Location
   Filter"); once the window is passed the subscription ends with SUBSCRIPTION_ENDED;
-* a relay MUST NOT reorder or drop objects within a stream: each subscriber has one ordered
-  queue (:class:`OutQueue`), bounded in bytes. A subscriber whose queue exceeds its budget
+* a relay MUST NOT reorder or drop objects within a stream: each subscriber has one queue
+  (:class:`OutQueue`) bounded in bytes, ordered per stream; when QUIC is the bottleneck its
+  streams are drained by priority (§"Priorities": subscriber priority, publisher priority,
+  the subscription's group order, Subgroup ID; :mod:`relay.schedule`). A subscriber whose queue exceeds its budget
   is ended: its data streams are reset with TOO_FAR_BEHIND (stream reset code 0x5) and the
   subscription gets PUBLISH_DONE TOO_FAR_BEHIND (0x5) with its exact Stream Count
   (§"Delivery Timeouts": "the publisher MAY terminate the subscription using PUBLISH_DONE
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from kvsp_moq.moqt.data import SubgroupStreamEncoder
 from kvsp_moq.moqt.errors import PublishDoneCode
 from kvsp_moq.moqt.objects import (
+    GroupOrder,
     ObjectBegin,
     ObjectEnd,
     ObjectPayload,
@@ -45,6 +48,7 @@ from kvsp_moq.wire.errors import StreamResetCode
 
 from .cache import CachedObject, ObjectCache, TrackName
 from .peer import PeerSession, RequestHandler
+from .schedule import ReadyHeap, StreamKey, stream_key
 from .stats import RelayStats
 
 __all__ = ["Fanout", "OutQueue", "Subscriber"]
@@ -52,25 +56,31 @@ __all__ = ["Fanout", "OutQueue", "Subscriber"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_PUBLISHER_PRIORITY = 0x0E
+DEFAULT_PUBLISHER_GROUP_ORDER = 0x22
 
 
 # ==========================================================================================
 # one subscriber's ordered, bounded output
 @dataclass(slots=True)
 class _Item:
-    stream_id: int | None
     data: bytes | memoryview = b""
     fin: bool = False
-    call: Callable[[], None] | None = None
+
+
+#: Key of a stream the fan-out did not register (see :meth:`OutQueue.open_stream`).
+_UNKNOWN_KEY: StreamKey = (128, 128, 0, 0)
 
 
 class OutQueue:
-    """Everything sent to one downstream subscription, in order.
+    """Everything sent to one downstream subscription: one ordered queue per data stream,
+    drained by priority.
 
     Bytes go straight to the QUIC stream while its send buffer is under the transport's
-    high-water mark and nothing is queued ahead of them; otherwise they wait here (the
-    memoryview itself, not a copy). ``queued`` counts waiting bytes; above ``budget``
-    ``on_overflow`` runs once.
+    high-water mark and nothing is queued; otherwise they wait here (the memoryview itself,
+    not a copy) in their stream's queue. Waiting streams are released best key first
+    (:mod:`relay.schedule`: subscriber priority, publisher priority, group order, Subgroup
+    ID); bytes within one stream keep their order. ``queued`` counts waiting bytes; above
+    ``budget`` ``on_overflow`` runs once.
     """
 
     def __init__(self, peer: PeerSession, budget: int, on_overflow: Callable[[], None]) -> None:
@@ -78,20 +88,34 @@ class OutQueue:
         self.conn = peer.connection
         self.budget = budget
         self.on_overflow = on_overflow
-        self.items: deque[_Item] = deque()
+        #: stream id → its waiting data, in order.
+        self.streams: dict[int, deque[_Item]] = {}
+        self.keys: dict[int, StreamKey] = {}
+        #: Key of streams not registered with :meth:`open_stream` (e.g. a fill stream).
+        self.default_key: StreamKey = _UNKNOWN_KEY
+        self.ready = ReadyHeap()
+        self.calls: list[Callable[[], None]] = []
         self.queued = 0
         self.peak_queued = 0
         self.dead_streams: set[int] = set()
         self.closed = False
         self._task: object | None = None
 
+    def open_stream(self, stream_id: int, key: StreamKey) -> None:
+        """Register a data stream's scheduling key (:func:`relay.schedule.stream_key`)."""
+        self.keys[stream_id] = key
+
     def send(self, stream_id: int, data: bytes | memoryview, fin: bool = False) -> None:
         if self.closed or stream_id in self.dead_streams:
             return
-        if not self.items and self._room(stream_id):
+        if not self.streams and self._room(stream_id):
             self._send_now(stream_id, data, fin)
             return
-        self.items.append(_Item(stream_id, data, fin))
+        q = self.streams.get(stream_id)
+        if q is None:
+            q = self.streams[stream_id] = deque()
+            self.ready.push(stream_id, self.keys.get(stream_id, self.default_key))
+        q.append(_Item(data, fin))
         self.queued += len(data)
         self.peak_queued = max(self.peak_queued, self.queued)
         if self.queued > self.budget:
@@ -100,13 +124,14 @@ class OutQueue:
         self._kick()
 
     def call(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once everything queued before it has been handed to QUIC."""
+        """Run ``fn`` once everything queued before it has been handed to QUIC (in fact: once
+        nothing is queued)."""
         if self.closed:
             return
-        if not self.items:
+        if not self.streams:
             fn()
             return
-        self.items.append(_Item(None, call=fn))
+        self.calls.append(fn)
         self._kick()
 
     def reset(self, stream_id: int, code: int) -> None:
@@ -124,7 +149,9 @@ class OutQueue:
     def abort(self) -> None:
         """Stop: drop everything queued (the caller resets the streams it owns)."""
         self.closed = True
-        self.items.clear()
+        self.streams.clear()
+        self.ready.clear()
+        self.calls.clear()
         self.queued = 0
 
     # -- internals ---------------------------------------------------------------------------
@@ -135,13 +162,10 @@ class OutQueue:
             return True  # unknown / closed stream: _send_now finds out
 
     def _drop(self, stream_id: int) -> None:
-        kept: deque[_Item] = deque()
-        for it in self.items:
-            if it.stream_id == stream_id:
-                self.queued -= len(it.data)
-            else:
-                kept.append(it)
-        self.items = kept
+        q = self.streams.pop(stream_id, None)
+        self.ready.discard(stream_id)
+        if q:
+            self.queued -= sum(len(it.data) for it in q)
 
     def _send_now(self, stream_id: int, data: bytes | memoryview, fin: bool) -> None:
         try:
@@ -158,10 +182,15 @@ class OutQueue:
             self._stream_done(stream_id)
 
     def _stream_done(self, stream_id: int) -> None:
+        self.keys.pop(stream_id, None)
         moqt = self.peer.moqt
         if moqt is not None and not moqt.closed:
             moqt.data_stream_done(stream_id)
             self.peer.flush()
+
+    def _run_calls(self) -> None:
+        while self.calls and not self.streams and not self.closed:
+            self.calls.pop(0)()
 
     def _kick(self) -> None:
         if self._task is None:
@@ -171,27 +200,30 @@ class OutQueue:
 
     async def _drain(self) -> None:
         try:
-            while self.items and not self.closed:
-                it = self.items[0]
-                if it.call is not None:
-                    self.items.popleft()
-                    it.call()
-                    continue
-                sid = it.stream_id
-                assert sid is not None
-                if sid in self.dead_streams:
-                    self.items.popleft()
-                    self.queued -= len(it.data)
+            while not self.closed:
+                sid = self.ready.peek()
+                if sid is None:
+                    self._run_calls()
+                    if self.streams or self.calls:  # pragma: no cover - defensive
+                        continue
+                    break
+                q = self.streams.get(sid)
+                if not q or sid in self.dead_streams:
+                    self._drop(sid)
                     continue
                 if not self._room(sid):
                     try:
                         await self.conn.wait_writable(sid)
                     except StreamClosedError:
                         self.dead_streams.add(sid)
+                        self._drop(sid)
                         self._stream_done(sid)
-                    continue
-                self.items.popleft()
+                    continue  # a better stream may have data by now
+                it = q.popleft()
                 self.queued -= len(it.data)
+                if not q:
+                    del self.streams[sid]
+                    self.ready.discard(sid)
                 self._send_now(sid, it.data, it.fin)
         except ConnectionClosedError:
             self.abort()
@@ -230,6 +262,19 @@ class Subscriber(RequestHandler):
         self.end_status: int | None = None
         #: The Largest Object when SUBSCRIBE_OK was sent (draft 18: the Joining Location).
         self.joining_location: tuple[int, int] | None = None
+        #: SUBSCRIBER_PRIORITY (default 128) and GROUP_ORDER (None: the track's default) of
+        #: the request, for scheduling this subscription's streams (relay.schedule).
+        self.priority = 128
+        self.group_order: int | None = None
+        moqt = peer.moqt
+        req = moqt.requests.get(request_id) if moqt is not None else None
+        params = getattr(getattr(req, "message", None), "parameters", None)
+        if params is not None and not (req is not None and req.local):
+            prio = getattr(params, "subscriber_priority", None)
+            if prio is not None:
+                self.priority = prio
+            self.group_order = getattr(params, "group_order", None)
+        self.out.default_key = (self.priority, 128, 0, 0)
 
     # -- RequestHandler ----------------------------------------------------------------------
     def on_cancelled(self, code: int) -> None:
@@ -319,6 +364,8 @@ class Fanout:
         self.subscribers: list[Subscriber] = []
         self.largest: tuple[int, int] | None = None
         self.default_priority = 128
+        #: DEFAULT_PUBLISHER_GROUP_ORDER, for subscriptions that named no GROUP_ORDER.
+        self.default_group_order: int = GroupOrder.ASCENDING
         self._up: dict[int, _UpStream] = {}
 
     @property
@@ -329,6 +376,8 @@ class Fanout:
         for t, v in props:
             if t == DEFAULT_PUBLISHER_PRIORITY and isinstance(v, int):
                 self.default_priority = v
+            elif t == DEFAULT_PUBLISHER_GROUP_ORDER and v in (1, 2):
+                self.default_group_order = v  # type: ignore[assignment]
 
     def add(self, sub: Subscriber) -> None:
         self.subscribers.append(sub)
@@ -410,6 +459,10 @@ class Fanout:
         except KeyError:  # the subscription is gone
             return None
         sub.peer.flush()  # OpenStream + header go out before any object bytes
+        sub.out.open_stream(sid, stream_key(
+            sub.priority,
+            self.default_priority if h.publisher_priority is None else h.publisher_priority,
+            sub.group_order or self.default_group_order, h.group_id, b.subgroup_id or 0))
         d = _Down(sid, SubgroupStreamEncoder(header, sub.peer.version))
         sub.streams[usid] = d
         sub.streams_opened += 1
