@@ -21,6 +21,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvsp_moq.sinks._reception import HASH_BATCH
 from kvsp_moq.sinks import (
     LayerFailed,
     LayerSink,
@@ -265,6 +267,96 @@ def test_hash_is_updated_per_chunk_while_octets_arrive(backend: str, in_place: b
     assert sink.end_layer(0)
     assert max(hasher.updates) <= chunk and sum(hasher.updates) == len(payload)
     assert len(hasher.updates) == -(-len(payload) // chunk)
+
+
+class ThreadRecordingHash(CountingHash):
+    """CountingHash that also records the thread of every update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def update(self, data: memoryview) -> None:
+        self.threads.add(threading.get_ident())
+        super().update(data)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tamper", [False, True], ids=["intact", "flipped"])
+async def test_large_layers_are_hashed_off_the_event_loop(backend: str, tamper: bool) -> None:
+    """A layer at least ``hash_offload_bytes`` long is hashed on the hash worker thread, in
+    batches of at least HASH_BATCH octets (docs/perf/README.md), and verified as before."""
+    CountingHash.instances = []
+    block = make_block("fp16", tokens=512, kv_heads=4, head_dim=64, layers=2)  # 512 KiB layers
+    sink, settle = new_sink(backend, block, hash_factory=ThreadRecordingHash,
+                            hash_offload_bytes=1 << 16)
+    for layer, payload in block.payloads.items():
+        data = _flip(payload, len(payload) - 1) if tamper and layer == 1 else payload
+        dest = sink.begin_layer(layer, len(data))
+        for pos in range(0, len(data), 16384):  # in place, one QUIC packet at a time
+            piece = data[pos : pos + 16384]
+            dest[pos : pos + len(piece)] = piece
+            sink.chunk_written(layer, len(piece))
+        assert await sink.end_layer_async(layer) is not (tamper and layer == 1)
+    settle()
+    for hasher in CountingHash.instances:
+        assert isinstance(hasher, ThreadRecordingHash)
+        assert hasher.threads and threading.get_ident() not in hasher.threads
+        assert sum(hasher.updates) == len(block.payloads[0])
+        assert min(hasher.updates) >= HASH_BATCH or len(hasher.updates) == 1
+    assert sink.state(0) is LayerState.READY
+    assert sink.state(1) is (LayerState.FAILED if tamper else LayerState.READY)
+    assert_identical(sink, block, 0)
+
+
+class GatedHash:
+    """sha256 whose updates wait (on the worker thread) until ``gate`` opens; ``entered``
+    resolves on the loop when the first update began."""
+
+    gate = threading.Event()
+    entered: asyncio.Future[None] | None = None
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._loop = asyncio.get_running_loop()
+
+    def update(self, data: memoryview) -> None:
+        entered = GatedHash.entered
+        if entered is not None:
+            self._loop.call_soon_threadsafe(lambda: entered.done() or entered.set_result(None))
+        GatedHash.gate.wait()
+        self._h.update(data)
+
+    def digest(self) -> bytes:
+        return self._h.digest()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_off_loop_hash_sync_end_and_abort_while_hashing(backend: str) -> None:
+    """The synchronous end_layer waits for the worker; a layer aborted while its digest is
+    being awaited fails and is not exposed."""
+    block = make_block("fp16", tokens=512, kv_heads=4, head_dim=64, layers=2)
+    GatedHash.gate.set()
+    GatedHash.entered = None
+    sink, settle = new_sink(backend, block, hash_factory=GatedHash, hash_offload_bytes=1)
+    assert deliver(sink, 0, block.payloads[0], in_place=True)  # end_layer (sync) waits
+    GatedHash.gate.clear()
+    GatedHash.entered = asyncio.get_running_loop().create_future()
+    try:
+        dest = sink.begin_layer(1, len(block.payloads[1]))
+        dest[:] = block.payloads[1]
+        sink.chunk_written(1, len(block.payloads[1]))  # handed to the worker, which waits
+        ending = asyncio.ensure_future(sink.end_layer_async(1))
+        await GatedHash.entered  # the task ran first (FIFO), it awaits the worker now
+        sink.abort(1, "stream reset")
+    finally:
+        GatedHash.gate.set()
+    assert await ending is False
+    settle()
+    assert sink.state(1) is LayerState.FAILED and sink.state(0) is LayerState.READY
+    with pytest.raises(LayerFailed):
+        sink.layer(1)
+    assert_identical(sink, block, 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``kvsp bench container``: KVB1 decode + digests (kvsp-draft §4.3) against a numpy copy.
+"""``kvsp bench container``: KVB1 decode + digests (kvsp-draft §4.3) against SHA-256 alone.
 
 Workload: one block of 32 layers, each 1 MiB (K and V sections of 512 KiB), codec raw.
 Figures, in GB/s of container bytes:
@@ -8,11 +8,14 @@ Figures, in GB/s of container bytes:
 - ``container_incremental_64k``: the incremental :class:`ContainerDecoder` fed 64 KiB chunks
   (how bytes arrive from a transport), digests included.
 
-Baseline, same run: ``numpy_copy`` — ``np.copyto`` of the same number of bytes, i.e. what
-touching every byte once costs without hashing.
+Baseline, same run: ``hashlib_sha256`` — ``hashlib.sha256`` over the same container bytes,
+one pass. Decoding must hash every layer (§4.3), so this is the floor: the ratio is the share
+of the decoder's time that is the hashing it cannot avoid (target >= 0.8, issue 9).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -52,13 +55,11 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, repeat: int = 5) -> list[F
 
     if whole() != incremental():
         raise AssertionError("whole and incremental decoding disagree")
-    src = np.frombuffer(data, dtype=np.uint8)
-    dst = np.empty_like(src)
-    base = size / best_seconds(lambda: np.copyto(dst, src), repeat) / 1e9
+    base = size / best_seconds(lambda: hashlib.sha256(data).digest(), repeat) / 1e9
     params = {"layers": layers, "layer_bytes": layer_bytes, "container_bytes": size}
     return [
         Figure("container_decode_digest", "GB/s", size / best_seconds(whole, repeat) / 1e9,
-               "numpy_copy", base, params=params),
+               "hashlib_sha256", base, params=params),
         Figure("container_incremental_64k", "GB/s", size / best_seconds(incremental, repeat) / 1e9,
-               "numpy_copy", base, params=params | {"chunk": CHUNK}),
+               "hashlib_sha256", base, params=params | {"chunk": CHUNK}),
     ]

@@ -245,7 +245,7 @@ async def fetch_into(session: Session, name: BlockName, codec: str, sink: Sink, 
             error = _check_track(stream.response, sink, first, last, accept_announced_digests)
             if error is None:
                 async for obj in stream:
-                    ok = recv.object_done(obj.object_id)
+                    ok = await recv.object_done(obj.object_id)
                     if ok:
                         verified.append(obj.object_id)
                     elif ok is False:
@@ -385,7 +385,7 @@ async def subscribe_block(url: str, name: BlockName, sink: Sink, *, codec: str =
             verified: list[int] = []
             if error is None:
                 async for obj in sub:
-                    ok = recv.object_done(obj.object_id)
+                    ok = await recv.object_done(obj.object_id)
                     if ok:
                         verified.append(obj.object_id)
                     elif ok is False:

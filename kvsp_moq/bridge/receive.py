@@ -1,9 +1,10 @@
 """Receiving binding-v1 objects of one block into a layer sink (docs/binding.md §6, §8).
 
 The payload of layer ``l`` is copied once, from the QUIC buffer into the sink's own buffer
-(``on_object_begin`` returns ``sink.begin_layer``), hashed per chunk as it lands
-(``on_object_progress`` -> ``sink.chunk_written``), and verified by the sink when the object
-ends (``sink.end_layer``). Nothing here exposes a layer: only the sink does, once verified.
+(``on_object_begin`` returns ``sink.begin_layer``), hashed as it lands
+(``on_object_progress`` -> ``sink.chunk_written``; a large layer on the sink's hash worker
+thread, off the event loop), and verified by the sink when the object ends
+(``sink.end_layer_async``). Nothing here exposes a layer: only the sink does, once verified.
 """
 
 from __future__ import annotations
@@ -66,13 +67,16 @@ class LayerReceiver:
                 self.receiving.discard(info.object_id)
                 self.problems.append(str(exc))
 
-    def object_done(self, layer: int) -> bool | None:
-        """The object of ``layer`` completed: verify it. True verified, False failed, None
-        not ours (a duplicate or an unexpected object)."""
+    async def object_done(self, layer: int) -> bool | None:
+        """The object of ``layer`` completed: verify it (awaiting a digest computed off the
+        loop). True verified, False failed, None not ours (a duplicate or an unexpected
+        object)."""
         if layer not in self.receiving:
             return None
+        ok = await self.sink.end_layer_async(layer)
+        # Only now: a request cancelled during the await still aborts the layer (abort_pending).
         self.receiving.discard(layer)
-        return self.sink.end_layer(layer)
+        return ok
 
     def abort_pending(self, reason: str) -> None:
         """The request ended: layers still in flight failed (their octets are never exposed)."""

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable
+from typing import Any
 
 from ..bench import report
+
+
+def _default_backend() -> str:
+    return os.environ.get("KVSP_QUIC_BACKEND") or "aioquic"
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -41,9 +48,28 @@ def _kv(args: argparse.Namespace) -> int:
     from . import bench_kv
 
     report.emit(bench_kv.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
-                             datagram_size=args.datagram_size, repeat=args.repeat,
-                             http=not args.no_http))
+                             datagram_sizes=args.datagram_size, backends=args.backend,
+                             repeat=args.repeat, http=not args.no_http, relay=not args.no_relay))
     return 0
+
+
+def _wan(args: argparse.Namespace) -> int:
+    from . import bench_wan
+
+    figures = bench_wan.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
+                            datagram_size=args.datagram_size, backend=args.backend,
+                            delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat)
+    report.emit(figures)
+    return 0
+
+
+def _csv(kind: type[int] | type[str]) -> "Callable[[str], tuple[Any, ...]]":
+    def parse(text: str) -> tuple[Any, ...]:
+        items = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        return items
+    return parse
 
 
 def _index(args: argparse.Namespace) -> int:
@@ -72,7 +98,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--block-tokens", type=int, default=16)
     q.add_argument("--repeat", type=int, default=5)
     q.set_defaults(handler=_keys)
-    q = bsub.add_parser("container", help="KVB1 decode + digests GB/s vs a numpy copy")
+    q = bsub.add_parser("container", help="KVB1 decode + digests GB/s vs hashlib SHA-256 alone")
     q.add_argument("--layers", type=int, default=32)
     q.add_argument("--layer-mib", type=int, default=1)
     q.add_argument("--repeat", type=int, default=5)
@@ -94,10 +120,25 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                                    "HTTP GET; first layer and whole block vs TCP")
     q.add_argument("--layers", type=int, default=32)
     q.add_argument("--layer-mib", type=int, default=1)
-    q.add_argument("--datagram-size", type=int, default=16384)
+    q.add_argument("--datagram-size", type=_csv(int), default=(16384,), metavar="N[,N...]",
+                   help="QUIC max datagram sizes, comma-separated (default 16384)")
+    q.add_argument("--backend", type=_csv(str), default=(_default_backend(),), metavar="B[,B...]",
+                   help="transport backends, comma-separated (aioquic, qh3 where the transport "
+                        "has it; default $KVSP_QUIC_BACKEND or aioquic)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
     q.add_argument("--no-http", action="store_true", help="skip the HTTP GET figure")
+    q.add_argument("--no-relay", action="store_true", help="skip the relay figures")
     q.set_defaults(handler=_kv)
+    q = bsub.add_parser("wan", help="MOQT vs HTTP block load across two network namespaces "
+                                    "joined by a netem-shaped veth pair (root + iproute2)")
+    q.add_argument("--layers", type=int, default=32)
+    q.add_argument("--layer-mib", type=int, default=1)
+    q.add_argument("--datagram-size", type=int, default=1452)
+    q.add_argument("--backend", default=_default_backend())
+    q.add_argument("--delay-ms", type=float, default=20.0, help="netem delay on each direction")
+    q.add_argument("--loss", type=float, default=0.5, help="netem loss, percent, each direction")
+    q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    q.set_defaults(handler=_wan)
     q = bsub.add_parser("index", help="IS lookups/s over HTTP vs in-process; holder block GET "
                                       "MB/s (plain and verified) vs TCP")
     q.add_argument("--records", type=int, default=100_000, help="Replica Records at the IS")

@@ -11,7 +11,10 @@ Verification (§6.7), while the body streams through the incremental KVB1 decode
 arrive):
 
 1. ``Repr-Digest`` (RFC 9530) MUST be present with ``sha-256``, and equal the SHA-256 of the
-   octets received (checked at the end; the whole body is hashed as it streams);
+   octets received (checked at the end; the whole body is hashed as it streams, on a worker
+   thread for large chunks, in parallel with the layer digests the decoder computes on the
+   event loop: two SHA-256 passes are required, §6.7, but each byte is hashed by both while
+   the chunk is hot and neither waits for the other — ``hashlib`` releases the GIL);
 2. when the returned codec equals the replica's, every returned layer's digest MUST equal the
    record's ``layer_digests`` entry, checked as soon as the layer is complete, so a bad layer
    stops the transfer at once (a range of a replica whose record lists no layer digests
@@ -32,9 +35,12 @@ Transport: a :class:`BlockFetcher` performs the GET; ``kvsp_moq/control/http.py`
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import threading
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -57,6 +63,22 @@ __all__ = [
 ]
 
 BLOCK_MEDIA_TYPE = "application/kvsp-block"
+
+#: Chunks at least this large have their Repr-Digest update done on the body-hash worker
+#: (smaller ones: the hand-off would cost more than the hash).
+PARALLEL_HASH_MIN = 64 * 1024
+
+_body_worker: ThreadPoolExecutor | None = None
+_body_worker_lock = threading.Lock()
+
+
+def _body_hash_worker() -> ThreadPoolExecutor:
+    """One thread for the Repr-Digest updates of every retrieval (FIFO: per-body order)."""
+    global _body_worker
+    with _body_worker_lock:
+        if _body_worker is None:
+            _body_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsp-repr-digest")
+        return _body_worker
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,13 +306,21 @@ async def _fetch_one(
             raise _Reject("rejected", f"Content-Length {response.content_length} exceeds {expect.max_octets} octets")
         decoder = ContainerDecoder(geometry=geometry, limits=limits)
         body_hash = sha256()
+        pending: Future[None] | None = None  # the last Repr-Digest update on the worker
         received = 0
         try:
             async for chunk in response.chunks():
                 received += len(chunk)
                 if expect.max_octets is not None and received > expect.max_octets:
                     raise _Reject("rejected", f"the body exceeds {expect.max_octets} octets")
-                body_hash.update(chunk)
+                if len(chunk) >= PARALLEL_HASH_MIN:
+                    # Repr-Digest on the worker while the decoder hashes the layers here.
+                    pending = _body_hash_worker().submit(body_hash.update, bytes(chunk) if not isinstance(chunk, bytes) else chunk)
+                else:
+                    if pending is not None:  # keep the body's order
+                        await asyncio.wrap_future(pending)
+                        pending = None
+                    body_hash.update(chunk)
                 had_header = decoder.header is not None
                 completed = decoder.feed(chunk)
                 if not had_header and decoder.header is not None:
@@ -303,6 +333,8 @@ async def _fetch_one(
             header = decoder.finish()
         except ContainerError as exc:
             raise _Reject("rejected", str(exc)) from None
+        if pending is not None:
+            await asyncio.wrap_future(pending)
         digest = body_hash.digest()
         if digest != announced:
             raise _Reject("rejected", "the body does not match its Repr-Digest")

@@ -12,6 +12,7 @@ Transport side, per layer ``l`` (all calls on the event-loop thread; sinks are n
     sink.feed(l, chunk)                  # either: the sink copies the chunk in and hashes it
     sink.chunk_written(l, n)             # or: the transport wrote n octets into dest itself
     sink.end_layer(l)                    # finish the hash, verify, publish -> True / False
+    await sink.end_layer_async(l)        # the same, awaiting a digest computed off the loop
     sink.abort(l, reason)                # the delivery is gone (stream reset, fetch error)
 
 Consumer side: ``await sink.wait_for_layer(l)`` returns the layer's (K, V) once it is verified
@@ -42,7 +43,7 @@ from typing import Generic, TypeVar
 
 from ..kvsp.container import DIGEST_SIZE
 from ..kvsp.layout import Geometry
-from ._reception import HashFactory, Reception
+from ._reception import HashFactory, Reception, hash_worker
 from .errors import LayerFailed, SinkError
 
 __all__ = ["Digests", "LayerSink", "LayerState"]
@@ -56,6 +57,13 @@ KV = TypeVar("KV")
 Digests = Sequence[bytes | None] | Mapping[int, bytes | None]
 
 _UINT32_LIMIT = 1 << 32
+
+#: Default of ``hash_offload_bytes``: None, every layer is hashed on the event loop's thread,
+#: per chunk as it lands. Measured (docs/perf/README.md): with a CPU-bound receive loop on a
+#: 2-core host, handing 256 KiB batches to the hash worker made block loads slower (the
+#: worker waits for the GIL up to the switch interval after each batch, and competes with the
+#: sender for the cores); set it (e.g. 1 MiB) on hosts with idle cores.
+DEFAULT_HASH_OFFLOAD_BYTES: int | None = None
 
 
 class LayerState(enum.Enum):
@@ -125,7 +133,11 @@ class LayerSink(ABC, Generic[KV]):
         digests: Digests,
         *,
         hash_factory: HashFactory = sha256,
+        hash_offload_bytes: int | None = DEFAULT_HASH_OFFLOAD_BYTES,
     ) -> None:
+        """``hash_offload_bytes``: layers of at least this size are hashed on the process's
+        hash worker thread (in parallel with the event loop; DESIGN.md §6); None: always on
+        the caller's thread."""
         if not isinstance(geometry, Geometry):
             raise SinkError(f"geometry must be a kvsp.layout.Geometry, got {geometry!r}")
         if not _is_int(tokens) or tokens < 0:
@@ -139,6 +151,7 @@ class LayerSink(ABC, Generic[KV]):
         expected = _expected_digests(digests, self.first_layer, self.last_layer)
         self._layers = [_Layer(self.first_layer + i, d) for i, d in enumerate(expected)]
         self._hash_factory = hash_factory
+        self._offload = hash_offload_bytes
         self._aborted: str | None = None
 
     # -- description ----------------------------------------------------------------------
@@ -195,7 +208,8 @@ class LayerSink(ABC, Generic[KV]):
             raise SinkError(f"layer {layer}: {reason}")
         dest = self._acquire(layer - self.first_layer)
         assert dest.nbytes == length and not dest.readonly
-        slot.reception = Reception(layer, dest, self._hash_factory)
+        worker = hash_worker() if self._offload is not None and length >= self._offload else None
+        slot.reception = Reception(layer, dest, self._hash_factory, worker=worker)
         slot.state = LayerState.RECEIVING
         slot.reason = None
         return dest
@@ -251,6 +265,18 @@ class LayerSink(ABC, Generic[KV]):
         slot.state = LayerState.READY
         self._wake(slot, None)
         return True
+
+    async def end_layer_async(self, layer: int) -> bool:
+        """:meth:`end_layer` for a layer hashed off the loop: awaits the hash worker's last
+        update instead of blocking the event loop on it. False also when the delivery was
+        aborted or failed meanwhile."""
+        reception = self._receiving(layer)
+        pending = reception.flush()
+        if pending is not None and not pending.done():
+            await asyncio.wrap_future(pending)
+        if self._slot(layer).reception is not reception:
+            return False  # aborted (or failed) while the digest was being computed
+        return self.end_layer(layer)
 
     def abort(self, layer: int, reason: str) -> None:
         """The delivery of ``layer`` will not complete (or will not happen): fail it, so that

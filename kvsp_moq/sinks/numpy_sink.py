@@ -18,7 +18,7 @@ import numpy as np
 
 from ..kvsp.layout import Geometry
 from ._reception import HashFactory
-from .base import Digests, LayerSink
+from .base import DEFAULT_HASH_OFFLOAD_BYTES, Digests, LayerSink
 
 __all__ = ["NumpySink"]
 
@@ -35,8 +35,10 @@ class NumpySink(LayerSink[tuple[np.ndarray, np.ndarray]]):
         digests: Digests,
         *,
         hash_factory: HashFactory = sha256,
+        hash_offload_bytes: int | None = DEFAULT_HASH_OFFLOAD_BYTES,
     ) -> None:
-        super().__init__(geometry, tokens, layers, digests, hash_factory=hash_factory)
+        super().__init__(geometry, tokens, layers, digests, hash_factory=hash_factory,
+                         hash_offload_bytes=hash_offload_bytes)
         shape = (self.layer_count, 2, *geometry.shape(tokens))
         # Uninitialised on purpose: a layer's octets become visible only once verified.
         self._blocks = np.empty(shape, dtype=geometry.numpy_dtype)

@@ -28,7 +28,7 @@ from ..kvsp.layout import Geometry
 from ._reception import HashFactory
 from ._staging import CopyEngine, CopyEvent, StagingRing, StagingSlot
 from ._torch import HOST_IS_LITTLE_ENDIAN, byte_view, byteswap_elements, import_torch, torch_dtype
-from .base import Digests, LayerSink
+from .base import DEFAULT_HASH_OFFLOAD_BYTES, Digests, LayerSink
 from .errors import SinkError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,8 +60,10 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
         max_staging_slots: int = 4,
         copy_engine: CopyEngine | None = None,
         hash_factory: HashFactory = sha256,
+        hash_offload_bytes: int | None = DEFAULT_HASH_OFFLOAD_BYTES,
     ) -> None:
-        super().__init__(geometry, tokens, layers, digests, hash_factory=hash_factory)
+        super().__init__(geometry, tokens, layers, digests, hash_factory=hash_factory,
+                         hash_offload_bytes=hash_offload_bytes)
         torch = import_torch()
         self.dtype = torch_dtype(torch, geometry.dtype)
         self._engine = copy_engine if copy_engine is not None else _default_engine(torch, device)
