@@ -13,14 +13,20 @@ Per subscriber (draft-20 §"Subscriber Interactions", §"Relay Object Handling")
   subscriber's stream (the QUIC layer's send buffer is the only copy);
 * objects outside the subscriber's LOCATION_FILTER window are not sent (§"Location
   Filter"); once the window is passed the subscription ends with SUBSCRIPTION_ENDED;
-* a relay MUST NOT reorder or drop objects within a stream: each subscriber has one queue
-  (:class:`OutQueue`) bounded in bytes, ordered per stream; when QUIC is the bottleneck its
-  streams are drained by priority (§"Priorities": subscriber priority, publisher priority,
-  the subscription's group order, Subgroup ID; :mod:`relay.schedule`). A subscriber whose queue exceeds its budget
-  is ended: its data streams are reset with TOO_FAR_BEHIND (stream reset code 0x5) and the
-  subscription gets PUBLISH_DONE TOO_FAR_BEHIND (0x5) with its exact Stream Count
-  (§"Delivery Timeouts": "the publisher MAY terminate the subscription using PUBLISH_DONE
-  with error TOO_FAR_BEHIND"). The others never wait for it.
+* a relay MUST NOT reorder or drop objects within a stream: the subscription's streams go
+  through its session's sender (:mod:`relay.sender`), which hands every stream of the
+  session to QUIC by priority (§"Priorities": subscriber priority, publisher priority, the
+  subscription's group order, fill first, Subgroup ID; :mod:`relay.schedule`) and keeps
+  each stream's bytes in order. A subscription whose waiting bytes exceed its budget is
+  ended: its data streams are reset with TOO_FAR_BEHIND (stream reset code 0x5) and it gets
+  PUBLISH_DONE TOO_FAR_BEHIND (0x5) with its exact Stream Count (§"Delivery Timeouts": "the
+  publisher MAY terminate the subscription using PUBLISH_DONE with error TOO_FAR_BEHIND").
+  The others never wait for it;
+* REQUEST_UPDATE (§"REQUEST_UPDATE", §"Updating Subscriptions") may change the
+  subscriber priority (re-ranks what waits and what comes), the Forward State (0: no new
+  objects; 1 on a PUBLISHed track asks its publisher to forward) and the LOCATION_FILTER
+  (the window is recomputed against the Largest Object); it is answered REQUEST_OK with
+  LARGEST_OBJECT. The group order of a subscription cannot be changed.
 """
 
 from __future__ import annotations
@@ -28,12 +34,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvsp_moq.moqt.data import SubgroupStreamEncoder
-from kvsp_moq.moqt.errors import PublishDoneCode
+from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
+from kvsp_moq.moqt.messages import (
+    Location,
+    MessageParameters,
+    RequestUpdate,
+)
 from kvsp_moq.moqt.objects import (
     GroupOrder,
     ObjectBegin,
@@ -42,196 +52,19 @@ from kvsp_moq.moqt.objects import (
     SubgroupHeader,
     SubgroupIdMode,
 )
-from kvsp_moq.pubsub.window import Window
-from kvsp_moq.transport import ConnectionClosedError, StreamClosedError, TransportError
+from kvsp_moq.pubsub.window import Window, subscription_window
 from kvsp_moq.wire.errors import StreamResetCode
 
 from .cache import CachedObject, ObjectCache, TrackName
 from .peer import PeerSession, RequestHandler
-from .schedule import ReadyHeap, StreamKey, stream_key
 from .stats import RelayStats
 
-__all__ = ["Fanout", "OutQueue", "Subscriber"]
+__all__ = ["Fanout", "Subscriber"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PUBLISHER_PRIORITY = 0x0E
 DEFAULT_PUBLISHER_GROUP_ORDER = 0x22
-
-
-# ==========================================================================================
-# one subscriber's ordered, bounded output
-@dataclass(slots=True)
-class _Item:
-    data: bytes | memoryview = b""
-    fin: bool = False
-
-
-#: Key of a stream the fan-out did not register (see :meth:`OutQueue.open_stream`).
-_UNKNOWN_KEY: StreamKey = (128, 128, 0, 0)
-
-
-class OutQueue:
-    """Everything sent to one downstream subscription: one ordered queue per data stream,
-    drained by priority.
-
-    Bytes go straight to the QUIC stream while its send buffer is under the transport's
-    high-water mark and nothing is queued; otherwise they wait here (the memoryview itself,
-    not a copy) in their stream's queue. Waiting streams are released best key first
-    (:mod:`relay.schedule`: subscriber priority, publisher priority, group order, Subgroup
-    ID); bytes within one stream keep their order. ``queued`` counts waiting bytes; above
-    ``budget`` ``on_overflow`` runs once.
-    """
-
-    def __init__(self, peer: PeerSession, budget: int, on_overflow: Callable[[], None]) -> None:
-        self.peer = peer
-        self.conn = peer.connection
-        self.budget = budget
-        self.on_overflow = on_overflow
-        #: stream id → its waiting data, in order.
-        self.streams: dict[int, deque[_Item]] = {}
-        self.keys: dict[int, StreamKey] = {}
-        #: Key of streams not registered with :meth:`open_stream` (e.g. a fill stream).
-        self.default_key: StreamKey = _UNKNOWN_KEY
-        self.ready = ReadyHeap()
-        self.calls: list[Callable[[], None]] = []
-        self.queued = 0
-        self.peak_queued = 0
-        self.dead_streams: set[int] = set()
-        self.closed = False
-        self._task: object | None = None
-
-    def open_stream(self, stream_id: int, key: StreamKey) -> None:
-        """Register a data stream's scheduling key (:func:`relay.schedule.stream_key`)."""
-        self.keys[stream_id] = key
-
-    def send(self, stream_id: int, data: bytes | memoryview, fin: bool = False) -> None:
-        if self.closed or stream_id in self.dead_streams:
-            return
-        if not self.streams and self._room(stream_id):
-            self._send_now(stream_id, data, fin)
-            return
-        q = self.streams.get(stream_id)
-        if q is None:
-            q = self.streams[stream_id] = deque()
-            self.ready.push(stream_id, self.keys.get(stream_id, self.default_key))
-        q.append(_Item(data, fin))
-        self.queued += len(data)
-        self.peak_queued = max(self.peak_queued, self.queued)
-        if self.queued > self.budget:
-            self.on_overflow()
-            return
-        self._kick()
-
-    def call(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once everything queued before it has been handed to QUIC (in fact: once
-        nothing is queued)."""
-        if self.closed:
-            return
-        if not self.streams:
-            fn()
-            return
-        self.calls.append(fn)
-        self._kick()
-
-    def reset(self, stream_id: int, code: int) -> None:
-        """Abandon one stream now (RESET_STREAM): drop what is queued for it."""
-        if stream_id in self.dead_streams:
-            return
-        self._drop(stream_id)
-        self.dead_streams.add(stream_id)
-        try:
-            self.conn.reset_stream(stream_id, code)
-        except TransportError:
-            pass
-        self._stream_done(stream_id)
-
-    def abort(self) -> None:
-        """Stop: drop everything queued (the caller resets the streams it owns)."""
-        self.closed = True
-        self.streams.clear()
-        self.ready.clear()
-        self.calls.clear()
-        self.queued = 0
-
-    # -- internals ---------------------------------------------------------------------------
-    def _room(self, stream_id: int) -> bool:
-        try:
-            return self.conn.stream_send_buffered(stream_id) < self.conn.send_buffer_high_water
-        except (KeyError, TransportError):
-            return True  # unknown / closed stream: _send_now finds out
-
-    def _drop(self, stream_id: int) -> None:
-        q = self.streams.pop(stream_id, None)
-        self.ready.discard(stream_id)
-        if q:
-            self.queued -= sum(len(it.data) for it in q)
-
-    def _send_now(self, stream_id: int, data: bytes | memoryview, fin: bool) -> None:
-        try:
-            self.conn.send(stream_id, data, end_stream=fin)
-        except StreamClosedError:
-            self.dead_streams.add(stream_id)
-            self._drop(stream_id)
-            self._stream_done(stream_id)
-            return
-        except ConnectionClosedError:
-            self.abort()
-            return
-        if fin:
-            self._stream_done(stream_id)
-
-    def _stream_done(self, stream_id: int) -> None:
-        self.keys.pop(stream_id, None)
-        moqt = self.peer.moqt
-        if moqt is not None and not moqt.closed:
-            moqt.data_stream_done(stream_id)
-            self.peer.flush()
-
-    def _run_calls(self) -> None:
-        while self.calls and not self.streams and not self.closed:
-            self.calls.pop(0)()
-
-    def _kick(self) -> None:
-        if self._task is None:
-            import asyncio
-
-            self._task = asyncio.ensure_future(self._drain())
-
-    async def _drain(self) -> None:
-        try:
-            while not self.closed:
-                sid = self.ready.peek()
-                if sid is None:
-                    self._run_calls()
-                    if self.streams or self.calls:  # pragma: no cover - defensive
-                        continue
-                    break
-                q = self.streams.get(sid)
-                if not q or sid in self.dead_streams:
-                    self._drop(sid)
-                    continue
-                if not self._room(sid):
-                    try:
-                        await self.conn.wait_writable(sid)
-                    except StreamClosedError:
-                        self.dead_streams.add(sid)
-                        self._drop(sid)
-                        self._stream_done(sid)
-                    continue  # a better stream may have data by now
-                it = q.popleft()
-                self.queued -= len(it.data)
-                if not q:
-                    del self.streams[sid]
-                    self.ready.discard(sid)
-                self._send_now(sid, it.data, it.fin)
-        except ConnectionClosedError:
-            self.abort()
-        except Exception:  # pragma: no cover - a bug; do not leave the queue wedged
-            logger.exception("relay: subscriber queue failed")
-            self.abort()
-        finally:
-            self._task = None
 
 
 # ==========================================================================================
@@ -254,7 +87,6 @@ class Subscriber(RequestHandler):
         self.request_id = request_id
         self.alias = alias
         self.window = window
-        self.out = OutQueue(peer, budget, self._too_far_behind)
         #: upstream data stream id → our stream for it.
         self.streams: dict[int, _Down] = {}
         self.streams_opened = 0
@@ -262,19 +94,27 @@ class Subscriber(RequestHandler):
         self.end_status: int | None = None
         #: The Largest Object when SUBSCRIBE_OK was sent (draft 18: the Joining Location).
         self.joining_location: tuple[int, int] | None = None
-        #: SUBSCRIBER_PRIORITY (default 128) and GROUP_ORDER (None: the track's default) of
-        #: the request, for scheduling this subscription's streams (relay.schedule).
-        self.priority = 128
+        #: Forward State (§"Forward State"): 0 sends no objects until a REQUEST_UPDATE sets 1.
+        self.forward = True
+        # SUBSCRIBER_PRIORITY (default 128) and GROUP_ORDER (none: the track's
+        # DEFAULT_PUBLISHER_GROUP_ORDER) of the request rank this subscription's streams
+        # among every stream of the session (relay.schedule).
+        priority: int | None = None
         self.group_order: int | None = None
         moqt = peer.moqt
         req = moqt.requests.get(request_id) if moqt is not None else None
         params = getattr(getattr(req, "message", None), "parameters", None)
         if params is not None and not (req is not None and req.local):
-            prio = getattr(params, "subscriber_priority", None)
-            if prio is not None:
-                self.priority = prio
+            priority = getattr(params, "subscriber_priority", None)
             self.group_order = getattr(params, "group_order", None)
-        self.out.default_key = (self.priority, 128, 0, 0)
+            self.forward = getattr(params, "forward", None) is not False
+        self.out = peer.sender.request(priority, self.group_order or fanout.default_group_order,
+                                       budget, self._too_far_behind)
+
+    @property
+    def priority(self) -> int:
+        """The subscriber priority now in force."""
+        return self.out.priority
 
     # -- RequestHandler ----------------------------------------------------------------------
     def on_cancelled(self, code: int) -> None:
@@ -284,10 +124,52 @@ class Subscriber(RequestHandler):
         self.fanout.remove(self)
 
     def on_stream_stopped(self, stream_id: int, code: int) -> None:
-        self.out.dead_streams.add(stream_id)
+        self.out.stopped(stream_id)
         for usid, d in list(self.streams.items()):
             if d.stream_id == stream_id:
                 del self.streams[usid]
+
+    def on_update(self, msg: RequestUpdate) -> None:
+        """REQUEST_UPDATE on this subscription (§"Updating Subscriptions"): what it changes
+        applies to every object not yet handed to QUIC; answered REQUEST_OK."""
+        moqt = self.peer.moqt
+        if moqt is None or moqt.closed or self.request_id not in moqt.requests:
+            return  # PUBLISH_DONE already went: nothing left to change
+        p = msg.parameters
+        if self.ended:
+            # Ended by the fan-out, but bytes may still wait: the priority still counts.
+            if p.subscriber_priority is not None:
+                self.out.set_priority(p.subscriber_priority)
+            moqt.request_ok(self.request_id, MessageParameters())
+            self.peer.flush()
+            return
+        if p.location_filter is not None:
+            window = subscription_window(p.location_filter, self.fanout.largest)
+            if window.empty:
+                # The subscription cannot go on (REQUEST_ERROR ends the request stream, so
+                # no PUBLISH_DONE UPDATE_FAILED can follow it: see docs/relay.md).
+                moqt.reject(self.request_id, RequestErrorCode.INVALID_RANGE,
+                            "the filter's end precedes its start")
+                self.peer.flush()
+                self.end(PublishDoneCode.UPDATE_FAILED, "invalid LOCATION_FILTER update")
+                return
+            self.window = window
+        self.apply(p)
+        largest = self.fanout.largest
+        moqt.request_ok(self.request_id, MessageParameters(
+            largest_object=Location(*largest) if largest is not None else None))
+        self.peer.flush()
+        if largest is not None and self.window.passed(*largest):
+            self.end(PublishDoneCode.SUBSCRIPTION_ENDED, "range delivered")
+
+    def apply(self, p: MessageParameters) -> None:
+        """SUBSCRIBER_PRIORITY and FORWARD of an update (or of a PUBLISH_OK)."""
+        if p.subscriber_priority is not None:
+            self.out.set_priority(p.subscriber_priority)
+        if p.forward is not None and p.forward != self.forward:
+            self.forward = p.forward
+            if p.forward:
+                self.fanout.want_forward()
 
     def on_session_closed(self, peer: PeerSession) -> None:
         self.ended = True
@@ -326,9 +208,7 @@ class Subscriber(RequestHandler):
         self.end_status = PublishDoneCode.TOO_FAR_BEHIND
         self.fanout.stats.too_far_behind += 1
         queued = self.out.queued
-        self.out.abort()
-        for d in self.streams.values():
-            self.out.reset(d.stream_id, StreamResetCode.TOO_FAR_BEHIND)
+        self.out.abort(StreamResetCode.TOO_FAR_BEHIND)  # every open stream, the fill too
         self.streams.clear()
         self._publish_done(PublishDoneCode.TOO_FAR_BEHIND,
                            f"subscriber queue exceeded {self.out.budget} bytes")
@@ -366,6 +246,9 @@ class Fanout:
         self.default_priority = 128
         #: DEFAULT_PUBLISHER_GROUP_ORDER, for subscriptions that named no GROUP_ORDER.
         self.default_group_order: int = GroupOrder.ASCENDING
+        #: Called when a subscriber's Forward State becomes 1 (a PUBLISHed track asks its
+        #: publisher to forward, relay.publish_in).
+        self.want_forward: Callable[[], None] = lambda: None
         self._up: dict[int, _UpStream] = {}
 
     @property
@@ -412,7 +295,7 @@ class Fanout:
         loc = (b.group_id, b.object_id)
         targets: list[tuple[Subscriber, _Down]] = []
         for sub in list(self.subscribers):
-            if sub.ended:
+            if sub.ended or not sub.forward:
                 continue
             if sub.window.passed(*loc):
                 sub.end(PublishDoneCode.SUBSCRIPTION_ENDED, "range delivered")
@@ -459,10 +342,9 @@ class Fanout:
         except KeyError:  # the subscription is gone
             return None
         sub.peer.flush()  # OpenStream + header go out before any object bytes
-        sub.out.open_stream(sid, stream_key(
-            sub.priority,
-            self.default_priority if h.publisher_priority is None else h.publisher_priority,
-            sub.group_order or self.default_group_order, h.group_id, b.subgroup_id or 0))
+        sub.out.open_stream(
+            sid, self.default_priority if h.publisher_priority is None else h.publisher_priority,
+            h.group_id, b.subgroup_id or 0)
         d = _Down(sid, SubgroupStreamEncoder(header, sub.peer.version))
         sub.streams[usid] = d
         sub.streams_opened += 1

@@ -16,6 +16,13 @@
   (:class:`FetchAnswer`: FETCH_OK + fetch stream, or REQUEST_ERROR), or a fill fetch stream
   of a subscription (:mod:`relay.fill`), which shares the same single-flight.
 
+* The fetch stream is handed to QUIC by the session's sender (:mod:`relay.sender`) with
+  the FETCH's SUBSCRIBER_PRIORITY (default 128; changed by REQUEST_UPDATE, §"SUBSCRIBER
+  PRIORITY Parameter": "relative to other subscriptions and fetch responses in the same
+  session") and each object's publisher priority (§"Priorities": "FETCH responses however
+  can contain objects with different publisher priorities"); its objects are pulled from
+  the held list one at a time, never copied or queued.
+
 Draft-18 Joining FETCHes and draft-20+ fill fetch streams are resolved to a range in
 :mod:`relay.fill` and served here. Not yet: descending GROUP_ORDER (served ascending), End
 of Range markers (not cached; a range holding one is served upstream again), cut-through of
@@ -24,10 +31,9 @@ misses.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from kvsp_moq.moqt.data import FetchStreamEncoder
@@ -38,20 +44,23 @@ from kvsp_moq.moqt.messages import (
     Location,
     LocationFilterType,
     Message,
+    MessageParameters,
     RequestError,
+    RequestUpdate,
     StandaloneFetch,
 )
 from kvsp_moq.moqt.objects import ObjectBegin, ObjectEnd, ObjectPayload, ObjectStatus
-from kvsp_moq.transport import TransportError
 from kvsp_moq.wire.varint import VI64_MAX
 
 from .cache import CachedObject, ObjectCache, TrackName
 from .logs import event
 from .names import format_namespace
 from .peer import PeerSession, RequestHandler
+from .sender import Piece, RequestOut
 from .stats import RelayStats
 
-__all__ = ["FetchAnswer", "FetchRange", "FetchService", "FetchSink", "fetch_range"]
+__all__ = ["FetchAnswer", "FetchRange", "FetchService", "FetchSink", "fetch_pieces",
+           "fetch_range"]
 
 logger = logging.getLogger(__name__)
 Loc = tuple[int, int]
@@ -126,20 +135,50 @@ class FetchAnswer(FetchSink):
         self.service.reject(self.down, self.rid, code, reason)
 
 
-class _ServedFetch(RequestHandler):
-    """A downstream FETCH being answered: notices cancellation."""
+def fetch_pieces(enc: FetchStreamEncoder, objects: list[CachedObject],
+                 stats: RelayStats) -> Iterator[Piece]:
+    """A fetch stream's bytes after its FETCH_HEADER, one piece at a time: each object's
+    header (with its publisher priority and group, which rank the stream) and its cached
+    chunks as they are; then the FIN."""
+    for o in objects:
+        yield Piece(enc.object_header(
+            o.group_id, o.object_id, o.payload_length, subgroup_id=o.subgroup_id,
+            publisher_priority=o.publisher_priority, properties=o.raw_properties),
+            publisher_priority=o.publisher_priority, group_id=o.group_id)
+        for chunk in o.chunks:
+            yield Piece(chunk)
+        stats.bytes_out += o.payload_length
+        stats.objects_out += 1
+    yield Piece(b"", fin=True)
 
-    def __init__(self) -> None:
-        self.cancelled = False
+
+class _ServedFetch(RequestHandler):
+    """A downstream FETCH being answered: its output in the session's sender."""
+
+    def __init__(self, down: PeerSession, rid: int, out: RequestOut) -> None:
+        self.down, self.rid, self.out = down, rid, out
 
     def on_cancelled(self, code: int) -> None:
-        self.cancelled = True
+        self.out.abort()  # the session reset the fetch stream
 
     def on_stream_stopped(self, stream_id: int, code: int) -> None:
-        self.cancelled = True
+        self.out.stopped(stream_id)
+        self.out.abort()
 
     def on_session_closed(self, peer: PeerSession) -> None:
-        self.cancelled = True
+        self.out.abort()
+
+    def on_update(self, msg: RequestUpdate) -> None:
+        """REQUEST_UPDATE of the FETCH: SUBSCRIBER_PRIORITY (the only other parameter it
+        may carry is AUTHORIZATION_TOKEN); answered REQUEST_OK."""
+        moqt = self.down.moqt
+        if moqt is None or moqt.closed or self.rid not in moqt.requests:
+            return
+        prio = msg.parameters.subscriber_priority
+        if prio is not None:
+            self.out.set_priority(prio)
+        moqt.request_ok(self.rid, MessageParameters())
+        self.down.flush()
 
 
 class _UpstreamFetch(RequestHandler):
@@ -283,40 +322,27 @@ class FetchService:
 
     def serve(self, down: PeerSession, rid: int, objects: list[CachedObject],
               end_of_track: bool, track: TrackName) -> None:
-        self.spawn(self._serve(down, rid, objects, end_of_track, track))
-
-    async def _serve(self, down: PeerSession, rid: int, objects: list[CachedObject],
-                     end_of_track: bool, track: TrackName) -> None:
+        """FETCH_OK and the fetch stream of ``objects`` (through the session's sender)."""
         moqt = down.moqt
         if moqt is None or moqt.closed or rid not in moqt.requests:
             return
-        handler = _ServedFetch()
-        down.served[rid] = handler
+        req = moqt.requests[rid]
+        params = getattr(req.message, "parameters", None)
+        out = down.sender.request(getattr(params, "subscriber_priority", None))
+        down.served[rid] = _ServedFetch(down, rid, out)
         objects = [o for o in objects if o.status is ObjectStatus.NORMAL]
         props = self.cache.track_properties(track) or ()
         moqt.accept_fetch(rid, Location(*objects[-1].location), end_of_track=end_of_track,
                           track_properties=props)
         sid = moqt.open_fetch_stream(rid)
         down.flush()
-        enc = FetchStreamEncoder(rid, down.version)
-        conn = down.connection
-        try:
-            for o in objects:
-                if handler.cancelled:
-                    return
-                await conn.write(sid, enc.object_header(
-                    o.group_id, o.object_id, o.payload_length, subgroup_id=o.subgroup_id,
-                    publisher_priority=o.publisher_priority, properties=o.raw_properties))
-                for chunk in o.chunks:
-                    await conn.write(sid, chunk)
-                self.stats.bytes_out += o.payload_length
-                self.stats.objects_out += 1
-            conn.send(sid, b"", end_stream=True)
-        except TransportError:
-            return
-        finally:
+        out.open_stream(sid, objects[0].publisher_priority, objects[0].group_id)
+        out.feed(sid, fetch_pieces(FetchStreamEncoder(rid, down.version), objects, self.stats))
+
+        def done() -> None:  # the FIN was handed to QUIC
             down.served.pop(rid, None)
             if down.moqt is not None and not down.moqt.closed:
-                down.moqt.data_stream_done(sid)
                 down.moqt.finish_request(rid)
                 down.flush()
+
+        out.call(done)

@@ -20,12 +20,16 @@ of drafts 20+ (SUBSCRIBE with FILL_PARAMETERS).
   rules against the Largest Object of SUBSCRIBE_OK, so it never goes past it. Served from
   the cache or an upstream FETCH like a FETCH; FIN when done; an empty range opens no
   stream; a failed upstream FETCH resets the stream (INTERNAL_ERROR) right after its
-  header. The stream is sent through the subscriber's ordered queue, so it is counted in
-  (and closed before) that subscription's PUBLISH_DONE Stream Count.
+  header. The stream belongs to the subscription's request in the session's sender
+  (:mod:`relay.sender`): ranked with its subscriber priority, before subscription-delivered
+  objects of the same group (§"Scheduling Algorithm" rule 4), pulled object by object (no
+  copy, no budget), and closed before that subscription's PUBLISH_DONE, whose Stream Count
+  includes it.
 
-Not yet: FILL_PARAMETERS in REQUEST_UPDATE (the relay does not act on REQUEST_UPDATE), the
-fill's own GROUP_ORDER (descending) and FILL_TIMEOUT, a Joining FETCH for a SUBSCRIBE still
-being routed (before its upstream SUBSCRIBE exists: INVALID_JOINING_REQUEST_ID).
+Not yet: FILL_PARAMETERS in REQUEST_UPDATE (no new fill stream is opened), the fill's own
+GROUP_ORDER (descending), SUBSCRIBER_PRIORITY and FILL_TIMEOUT, a Joining FETCH for a
+SUBSCRIBE still being routed (before its upstream SUBSCRIBE exists:
+INVALID_JOINING_REQUEST_ID).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from kvsp_moq.wire.errors import StreamResetCode
 
 from .cache import CachedObject
 from .fanout import Subscriber
-from .fetch import WHOLE_GROUP, FetchRange, FetchSink
+from .fetch import WHOLE_GROUP, FetchRange, FetchSink, fetch_pieces
 from .peer import PeerSession
 
 if TYPE_CHECKING:
@@ -101,19 +105,14 @@ class _FillStream(FetchSink):
         sid = self._open()
         if sid is None:
             return
-        sub, stats = self.sub, self.service.relay.stats
-        enc = FetchStreamEncoder(sub.request_id, sub.peer.version)
-        for o in objects:
-            if o.status is not ObjectStatus.NORMAL or not self.start <= o.location <= self.end:
-                continue
-            sub.out.send(sid, enc.object_header(
-                o.group_id, o.object_id, o.payload_length, subgroup_id=o.subgroup_id,
-                publisher_priority=o.publisher_priority, properties=o.raw_properties))
-            for chunk in o.chunks:
-                sub.out.send(sid, chunk)
-            stats.bytes_out += o.payload_length
-            stats.objects_out += 1
-        sub.out.send(sid, b"", fin=True)
+        sub = self.sub
+        mine = [o for o in objects
+                if o.status is ObjectStatus.NORMAL and self.start <= o.location <= self.end]
+        first = mine[0] if mine else None
+        sub.out.open_stream(sid, first.publisher_priority if first else 128,
+                            first.group_id if first else self.start[0], fill=True)
+        sub.out.feed(sid, fetch_pieces(FetchStreamEncoder(sub.request_id, sub.peer.version),
+                                       mine, self.service.relay.stats))
 
     def fail(self, code: int, reason: str) -> None:
         if code == RequestErrorCode.INVALID_RANGE:
@@ -122,6 +121,7 @@ class _FillStream(FetchSink):
         logger.info("relay: fill of request %d failed: %s", self.sub.request_id, reason)
         sid = self._open()
         if sid is not None:
+            self.sub.out.open_stream(sid, 128, self.start[0], fill=True)
             self.sub.out.reset(sid, StreamResetCode.INTERNAL_ERROR)
 
 

@@ -24,6 +24,7 @@ from kvsp_moq.moqt.version import Version
 from kvsp_moq.pubsub.driver import SessionDriver, apply_action
 from kvsp_moq.transport import Connection
 
+from .sender import SessionSender
 from .setup_options import amend_setup
 from .tokens import TokenCache
 
@@ -54,6 +55,9 @@ class RequestHandler:
 
     def on_stream_stopped(self, stream_id: int, code: int) -> None:
         """The peer sent STOP_SENDING on a data stream we send for this request."""
+
+    def on_update(self, msg: RequestUpdate) -> None:
+        """The peer sent REQUEST_UPDATE for this request (it answers REQUEST_OK/ERROR)."""
 
     def on_finished(self) -> None:
         """The peer FIN'd its half of the request stream."""
@@ -97,6 +101,7 @@ class PeerSession(SessionDriver):
         #: Our SUBSCRIBE_NAMESPACE to this peer when the relay solicits its namespaces
         #: (relay/solicit.py), else None.
         self.solicitation: Solicitation | None = None
+        self._sender: SessionSender | None = None
 
     def __repr__(self) -> str:
         addr = self.connection.remote_address if self.connection is not None else None
@@ -116,6 +121,14 @@ class PeerSession(SessionDriver):
         """``host:port`` of the peer (for logs)."""
         addr = self.connection.remote_address if self.connection is not None else None
         return f"{addr[0]}:{addr[1]}" if addr else "?"
+
+    @property
+    def sender(self) -> SessionSender:
+        """Every data stream the relay sends on this session, scheduled by priority
+        (relay/sender.py); made on first use."""
+        if self._sender is None:
+            self._sender = SessionSender(self)
+        return self._sender
 
     def next_alias(self) -> int:
         """Track Aliases we hand out on this session (SUBSCRIBE_OK), one per subscription."""
@@ -173,9 +186,15 @@ class PeerSession(SessionDriver):
                 h.on_response(e.message)
         elif isinstance(e, ev.UpdateReceived):
             # REQUEST_UPDATE may REGISTER / DELETE token aliases (draft-20
-            # §"AUTHORIZATION TOKEN Parameter"); the relay does not act on updates otherwise.
+            # §"AUTHORIZATION TOKEN Parameter"); then the request's handler applies it
+            # (subscriber priority, forward, filter: §"REQUEST_UPDATE").
             if isinstance(e.message, RequestUpdate):
                 self.relay.gate.on_request_update(self, e.message)
+                if self.moqt is None or self.moqt.closed:
+                    return
+                h = self._handler(e.request_id)
+                if h is not None:
+                    h.on_update(e.message)
         elif isinstance(e, ev.RequestMessage):
             h = self._handler(e.request_id)
             if h is not None:
@@ -221,6 +240,8 @@ class PeerSession(SessionDriver):
                 h.on_session_closed(self)
             except Exception:
                 logger.exception("relay: closing %r failed", h)
+        if self._sender is not None:
+            self._sender.close()
         self.relay.on_session_closed(self)
 
     # -- helpers for handlers ----------------------------------------------------------------

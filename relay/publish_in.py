@@ -39,6 +39,7 @@ from kvsp_moq.moqt.messages import (
     MessageParameters,
     Publish,
     RequestError,
+    RequestOk,
     Subscribe,
     SubscribeTracks,
 )
@@ -79,6 +80,7 @@ class PublishedTrack(UpstreamSubscription):
         largest = msg.parameters.largest_object
         if largest is not None:
             self.fanout.largest = (largest.group, largest.object)
+        self.fanout.want_forward = self.want_forward
 
     def activate(self) -> None:
         """Become the track's upstream (new SUBSCRIBEs join us)."""
@@ -141,7 +143,9 @@ class PushedSubscriber(Subscriber):
     fan-out on a request the relay opened."""
 
     def on_response(self, msg: Message) -> None:
-        if isinstance(msg, RequestError):  # e.g. UNINTERESTED: stop sending it this track
+        if isinstance(msg, RequestOk):  # PUBLISH_OK may carry SUBSCRIBER_PRIORITY, FORWARD
+            self.apply(msg.parameters)
+        elif isinstance(msg, RequestError):  # e.g. UNINTERESTED: stop sending it this track
             self.ended = True
             self.out.abort()
             self.peer.local.pop(self.request_id, None)
@@ -187,6 +191,7 @@ class TracksSubscription(RequestHandler):
         sub = PushedSubscriber(track.fanout, self.peer, rid, alias,
                                subscription_window(None, largest),
                                self.registry.relay.config.subscriber_queue_bytes)
+        sub.forward = self.forward  # our PUBLISH says FORWARD=0 then (§"Forward State")
         self.peer.local[rid] = sub
         track.fanout.add(sub)
         self.peer.flush()

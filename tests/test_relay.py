@@ -308,17 +308,17 @@ async def test_relay_chain(net: Net) -> None:
 async def test_payload_chunks_shared_not_copied(net: Net, monkeypatch) -> None:
     """Every subscriber's stream is handed the very same memoryview of each received
     payload chunk (no per-subscriber copy in the relay)."""
-    from relay import fanout
+    from relay import sender
 
     seen: dict[int, list[object]] = {}
-    real = fanout.OutQueue.send
+    real = sender.RequestOut.send
 
     def spy(self, stream_id, data, fin=False):
         if isinstance(data, memoryview) and len(data) > 100:
             seen.setdefault(id(self), []).append(data)
         return real(self, stream_id, data, fin)
 
-    monkeypatch.setattr(fanout.OutQueue, "send", spy)
+    monkeypatch.setattr(sender.RequestOut, "send", spy)
     relay = await net.relay()
     pub, catalog = await net.publisher(relay)
     track = catalog.create(NS, "nocopy")
