@@ -171,9 +171,12 @@ class _Wrapped(Kind[T]):
     """A string decoded by one of the ``hexids`` parsers, whose ``ValueError`` becomes a
     :class:`RecordError`."""
 
-    def __init__(self, parse: Callable[[object, str], T], format_: Callable[[T], str]) -> None:
+    def __init__(self, parse: Callable[[object, str], T], format_: Callable[[T], str],
+                 hex_octets: int | None = None) -> None:
         self.parse = parse
         self.format = format_
+        #: For plain lowercase-hex identifiers: their size, enabling :meth:`read_hex_array`.
+        self.hex_octets = hex_octets
 
     def read(self, value: object, path: str) -> T:
         try:
@@ -184,11 +187,27 @@ class _Wrapped(Kind[T]):
     def write(self, value: T) -> JsonValue:
         return self.format(value)
 
+    def read_hex_array(self, values: list[object]) -> tuple[bytes, ...] | None:
+        """All of ``values`` at once when every one is valid lowercase hex of ``hex_octets``
+        (one regex match and one ``bytes.fromhex`` over the joined text: lookup responses
+        carry thousands of layer digests); ``None`` to fall back to per-element reading,
+        which names the offending element."""
+        n = self.hex_octets
+        if n is None or not all(type(v) is str and len(v) == 2 * n for v in values):
+            return None
+        joined = "".join(values)  # type: ignore[arg-type]
+        if _LOWER_HEX.fullmatch(joined) is None:
+            return None
+        raw = bytes.fromhex(joined)
+        return tuple(raw[i:i + n] for i in range(0, len(raw), n))
+
+
+_LOWER_HEX = re.compile(r"[0-9a-f]*")
 
 #: 32 octets as 64 lowercase hex digits (compat_id, block_key, layer digests; §4.4).
-HEX32: Kind[bytes] = _Wrapped(parse_hex32, bytes.hex)
+HEX32: Kind[bytes] = _Wrapped(parse_hex32, bytes.hex, 32)
 #: 16 octets as 32 lowercase hex digits (scope_id; §4.2).
-HEX16: Kind[bytes] = _Wrapped(parse_hex16, bytes.hex)
+HEX16: Kind[bytes] = _Wrapped(parse_hex16, bytes.hex, 16)
 #: ``"sha-256:" + hex`` (§4.1); the Python form is the 32 raw octets.
 DIGEST: Kind[bytes] = _Wrapped(parse_digest, format_digest)
 #: A UUID (RFC 9562) in canonical 8-4-4-4-12 form.
@@ -262,6 +281,10 @@ class ListOf(Kind["tuple[T, ...]"]):
             raise RecordError(path, "must not be empty" if self.min_len == 1 else f"must have at least {self.min_len} elements")
         if self.max_len is not None and len(value) > self.max_len:
             raise RecordError(path, f"must have at most {self.max_len} elements, got {len(value)}")
+        if isinstance(self.inner, _Wrapped):
+            fast = self.inner.read_hex_array(value)
+            if fast is not None:
+                return fast  # type: ignore[return-value]
         return tuple(self.inner.read(v, item(path, i)) for i, v in enumerate(value))
 
     def write(self, value: tuple[T, ...]) -> JsonValue:
