@@ -1,5 +1,7 @@
-"""``kvsp demo`` as a real process: the report's numbers agree with each other, nothing is left
-running after it exits, and Ctrl-C shuts everything down with exit status 130."""
+"""``kvsp demo`` as a real process (the reference model in two ``kvsp instance`` processes):
+the report's numbers agree with each other and with what the components counted (the
+instances' engine counters, the relay's metrics, the IS), reused KV gives the same greedy
+output, nothing is left running after it exits, and Ctrl-C shuts everything down with 130."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 
 CMD = [sys.executable, "-m", "kvsp_moq", "demo"]
-GUARD = 120.0  # safety net only: the demo takes a few seconds
+GUARD = 180.0  # safety net only: the demo takes a few seconds
 
 
 def _gone(pid: int) -> bool:
@@ -39,63 +41,82 @@ def _port_free(port: int, protocol: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def demo() -> tuple[dict[str, Any], str]:
-    proc = subprocess.run(CMD + ["--json"], capture_output=True, text=True, timeout=GUARD)
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def demo(model_dir: str) -> tuple[dict[str, Any], str]:
+    proc = subprocess.run(CMD + ["--json", "--model-dir", model_dir], capture_output=True, text=True, timeout=GUARD)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr
 
 
 def test_the_report_adds_up(demo: tuple[dict[str, Any], str]) -> None:
     report, _ = demo
-    assert report["ok"] is True and report["tensors_match"] is True
-    blocks, size = report["blocks"], report["block_octets"]
-    assert blocks >= 2
-    assert report["lookup_matched"] == blocks == report["loaded_blocks"]
-    assert report["prompt_blocks"] > blocks  # the question's block is not shared
-    assert report["placed_on"] == "instance-2" and report["directive_state"] == "complete"
-    moqt, http = report["transports"]["moqt_relay"], report["transports"]["http"]
-    assert moqt["blocks"] + http["blocks"] == blocks
-    assert moqt["bytes"] == moqt["blocks"] * size and http["bytes"] == http["blocks"] * size
-    assert moqt["blocks"] == blocks - 1 and http["blocks"] == 1  # the stale MOQT record fell back
-    assert report["directive_sources"][0].startswith("moqt://") and report["directive_sources"][1].startswith("http://")
-    layers = report["geometry"]["layers"]
-    assert report["layers_verified"] == blocks * layers
-    # 20-octet header, 16 per layer, K and V sections of tokens x heads x dim x 2 octets
-    g = report["geometry"]
-    assert size == 20 + 16 * layers + layers * 2 * g["block_tokens"] * g["kv_heads"] * g["head_dim"] * 2
-    cache = report["relay_cache"]
-    assert cache["objects_in_total"] == moqt["blocks"] * layers == cache["cache_objects"]
-    assert cache["upstream_fetches_total"] == moqt["blocks"]
-    assert report["replicas_per_block_after"] == [3]  # HTTP holder, relay, instance 2
-    assert report["load_ms"] > 0 and report["is_estimate_recompute_ms"] > 0
+    assert report["ok"] is True and report["outputs_match"] is True
+    cold, warm, *more = report["requests"]
+    prompt_blocks, system_blocks = cold["prompt_blocks"], report["system_blocks"]
+    assert system_blocks >= 3 and prompt_blocks > system_blocks  # the question's block is not shared
+    # request 1: an empty cache, everything recomputed; request 2 (the same prompt) elsewhere, prefetched
+    assert cold["blocks"] == {"local": 0, "moqt": 0, "http": 0, "recomputed": prompt_blocks}
+    assert warm["instance"] != cold["instance"] and warm["placement"]["directive"]
+    assert warm["blocks"]["local"] == prompt_blocks and warm["placement"]["matched"] == prompt_blocks
+    assert report["prefetch"] == {**report["prefetch"], "state": "complete", "loaded": prompt_blocks}
+    assert all(r["instance"] == warm["instance"] and r["blocks"]["local"] == system_blocks for r in more)
+    assert report["ttft_ms"]["without_cache"] == cold["ttft_ms"] > 0 and report["ttft_ms"]["with_cache"] == warm["ttft_ms"] > 0
+
+    # the transports are what the instances counted ...
+    engines = report["instances"]
+    t = report["transports"]
+    assert t["moqt"]["blocks"] == sum(c["prefetch_blocks"]["moqt"]["blocks"] + c["request_blocks"]["moqt"]["blocks"]
+                                      for c in engines.values()) == prompt_blocks
+    assert t["moqt"]["bytes"] == prompt_blocks * report["block_octets"]
+    assert t["http"] == {"blocks": 0, "bytes": 0}
+    assert t["recomputed"]["blocks"] == sum(r["blocks"]["recomputed"] for r in report["requests"])
+    assert t["local"]["blocks"] == sum(r["blocks"]["local"] for r in report["requests"])
+    assert report["hits"] == t["local"]["blocks"] and report["misses"] == t["recomputed"]["blocks"]
+    assert report["hit_ratio"] == round(report["hits"] / (report["hits"] + report["misses"]), 4)
+    assert sum(c["requests"] for c in engines.values()) == len(report["requests"])
+    assert engines[cold["instance"]]["published"]["moqt"] == prompt_blocks
+    # ... and what the relay counted: each layer of each block came through it once
+    relay, layers = report["relay"], report["model"]["layers"]
+    assert relay["bytes_out_total"] == relay["bytes_in_total"] == t["moqt"]["bytes"]
+    assert relay["objects_out_total"] == relay["objects_in_total"] == t["moqt"]["blocks"] * layers
+    assert relay["upstream_fetches_total"] == t["moqt"]["blocks"]
+    # ... and the IS: every system block at the first instance, the holder, the relay, the second instance
+    assert report["system_blocks_matched_at_is"] == system_blocks
+    assert report["replicas_per_system_block"] == [4]
+    g = report["model"]
+    assert report["block_octets"] == layers * 2 * g["block_tokens"] * g["kv_heads"] * g["head_dim"] * 4
 
 
 def test_progress_goes_to_stderr_and_everything_is_shut_down(demo: tuple[dict[str, Any], str]) -> None:
     report, stderr = demo
-    assert "[demo] cluster up" in stderr and "[demo] all servers stopped, relay exited" in stderr
+    assert "[demo] cluster up" in stderr and "[demo] all servers stopped, relay and instances exited" in stderr
     roles = {s["role"] for s in report["servers"]}
     assert {"index", "relay", "holder", "pc", "instance-1", "instance-2"} <= roles
-    relay = next(s for s in report["servers"] if s["role"] == "relay")
-    assert _gone(relay["pid"])
     for server in report["servers"]:
+        if "pid" in server:
+            assert _gone(server["pid"]), server
         assert _port_free(server["port"], server["protocol"]), server
 
 
-def test_ctrl_c_shuts_down_cleanly_with_130() -> None:
-    proc = subprocess.Popen(CMD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_ctrl_c_shuts_down_cleanly_with_130(model_dir: str) -> None:
+    proc = subprocess.Popen(CMD + ["--model-dir", model_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(GUARD, proc.kill)
     watchdog.start()
     try:
         assert proc.stderr is not None
         lines: list[str] = []
-        relay_pid = None
+        pids = []
         for line in proc.stderr:
             lines.append(line)
-            if line.startswith("[demo] relay ") and "(pid " in line:
-                relay_pid = int(line.split("(pid ")[1].split(",")[0])
+            if line.startswith(("[demo] relay ", "[demo] instance ")) and "(pid " in line:
+                pids.append(int(line.split("(pid ")[1].split(",")[0].split(";")[0]))
             if line.startswith("[demo] cluster up"):
                 break
-        assert relay_pid is not None, "".join(lines)
+        assert len(pids) == 3, "".join(lines)
         proc.send_signal(signal.SIGINT)
         rest = proc.stderr.read()
         code = proc.wait()
@@ -106,4 +127,4 @@ def test_ctrl_c_shuts_down_cleanly_with_130() -> None:
     assert "[demo] interrupted: shutting down" in rest
     assert "[demo] interrupted: clean shutdown, exit 130" in rest
     assert "Traceback" not in rest
-    assert _gone(relay_pid)
+    assert all(_gone(pid) for pid in pids)

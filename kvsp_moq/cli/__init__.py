@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..control import cli_holder, cli_index, cli_instance, cli_pc
+from ..control import cli_frontend, cli_holder, cli_index, cli_instance, cli_pc
 from . import bench, core, demo, moq, relay_cmd
 
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_holder.register_cli(sub)
     cli_pc.register_cli(sub)
     cli_instance.register_cli(sub)
+    cli_frontend.register_cli(sub)
     relay_cmd.register(sub)
     return parser
 

@@ -1,53 +1,48 @@
 """``kvsp demo``: the main job, every role for real on loopback with embedded defaults.
 
-It starts (``demo_cluster``) an Index Service, a holder (HTTP, and MOQT publishing of its
-store), a MOQT relay (``python -m relay``), two instance control planes and a PC, then:
+It starts (``demo_cluster``) an Index Service, a holder, a MOQT relay (``python -m relay``), a
+PC, and two inference instances (``kvsp instance`` processes running the reference model,
+``kvsp_moq.model``), then routes requests the way a front end would (``demo_router``: Block
+Keys, ``POST {pc}placements``, ``POST {ii}generate``):
 
-1. tokenizes a long shared system prompt byte by byte (256-token vocabulary), derives the
-   Compatibility ID of a small synthetic model (8 layers x 2 KV heads x 64, fp16, 64-token
-   blocks; **no real transformer**: the KV tensors are generated deterministically with torch)
-   and the Block Keys of the prompt (kvsp-draft §4.1, §4.2);
-2. "instance 1" computes the KV of each block and stores it at the holder (``PUT blocks``
-   over HTTP; the holder publishes the HTTP records to the IS), which publishes the blocks
-   over MOQT through the relay; their ``moqt://`` records go to the IS too. The last block's
-   MOQT record is deliberately stale (never published on the relay), to show the fallback;
-3. a new request with the same system prompt is placed by the PC (``POST placements``): the
-   PC looks the prompt up at the IS with §6.4 estimates and sends instance 2 a prefetch
-   directive whose sources are the relay (MOQT) first, the HTTP holder as fallback;
-4. instance 2 executes it: each block is FETCHed through the relay layer by layer into torch
-   buffers (every layer verified against its digest as it lands), stored and published as
-   its own replica; the stale block comes over HTTP instead (verified the same way);
-5. the tensors instance 2 holds are compared bit for bit with instance 1's.
+1. request 1 (a long shared system prompt and a question) is placed on an instance with an
+   empty cache: it computes every block (time to first token *without* the cache), answers,
+   and publishes the blocks: its own store (records at the IS), the HTTP holder, and MOQT
+   through the relay (kvsp-draft §6.1; binding v1);
+2. that instance is put to sleep through the PC (``PUT {pc}instance-state``, §6.3), as an
+   operator would before maintenance;
+3. the same request again: the PC looks it up at the IS (§6.2), places it on the other
+   instance by §6.4 cost and sends it a prefetch directive (§6.5) whose first source is the
+   relay: the blocks are FETCHed layer by layer over MOQT, verified against their layer
+   digests, stored and published. The instance then serves the request from the prefetched
+   blocks (time to first token *with* the cache); its greedy output must equal request 1's,
+   which recomputed everything;
+4. more requests sharing the system prompt reuse its blocks from the second instance's store.
 
-Progress goes to stderr (``[demo] ...``), the report to stdout (``--json``: one object).
-Everything is shut down at the end and on Ctrl-C (exit 130). Exit 0 only if all matched.
+The report (stdout; ``--json``: one object) gives blocks and KV octets per transport (MOQT,
+HTTP, local store, recomputed), the hit ratio, the time to first token with and without the
+cache, whether the outputs matched, and the relay's and the IS's own figures to check them
+against. Progress goes to stderr (``[demo] ...``). Everything is shut down at the end and on
+Ctrl-C (exit 130). Exit 0 only if everything matched.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import signal
 import sys
 import time
-import uuid
-from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from ..bridge import SessionPool, load_block, sink_for_record
-from ..control.control_records import PlacementRequest
-from ..control.retrieval import Attempt, RetrievalFailed, Retrieved
-from ..kvsp import compat, layout, scope
-from ..kvsp.blockkeys import BlockKeyChain
-from ..kvsp.container import DecodedLayer, decode_container, encode_container, replica_digest
-from ..kvsp.records import LookupRequest, ReplicaRecord, dump_json
-from ..storage import RecordKey
-from ..transport import TransportConfig, new_event_loop
+from ..kvsp import compat, scope
+from ..kvsp.records import LookupRequest
+from ..transport import new_event_loop
 from .demo_cluster import Cluster, http_request, start_cluster
+from .demo_router import RequestRouter, Routed
 
 SYSTEM_PROMPT = (
     "You are the support assistant of a storage company. Answer briefly and precisely. "
@@ -60,18 +55,14 @@ SYSTEM_PROMPT = (
     "replying. Quote error messages exactly. Check the product version before giving steps. "
     "Refuse requests outside support politely, and say where the customer can ask instead."
 )
-QUESTION = "How do I restore a bucket I deleted yesterday, and can I also recover its versioned objects and policies?"
-DESCRIPTOR: dict[str, Any] = {
-    "model": "kvsp-demo-synthetic (no real model: deterministic random KV)",
-    "model_digest": "sha-256:" + hashlib.sha256(b"kvsp demo synthetic weights v1").hexdigest(),
-    "tokenizer_digest": "sha-256:" + hashlib.sha256(b"byte-level tokenizer, 256 tokens").hexdigest(),
-    "layers": 8, "kv_heads": 2, "head_dim": 64, "kv_dtype": "fp16",
-    "positional": "rope;theta=10000", "block_tokens": 64, "layout": "kvsp-layout-1",
-}
-LAYERS = DESCRIPTOR["layers"]
-BLOCK_TOKENS = DESCRIPTOR["block_tokens"]
-GEOMETRY = layout.Geometry.from_descriptor_fields(DESCRIPTOR["kv_heads"], DESCRIPTOR["head_dim"], DESCRIPTOR["kv_dtype"])
-KV_SEED = 2026
+QUESTIONS = (
+    "How do I restore a bucket I deleted yesterday, and can I also recover its versioned objects?",
+    "Which regions support object lock, and what does it cost per terabyte?",
+    "My upload fails with error 503 SlowDown. What should I change in my client?",
+)
+#: B of the Compatibility Descriptor (§4.1): the system prompt makes several such blocks.
+BLOCK_TOKENS = 64
+MAX_TOKENS = 24
 #: The progress line printed once every role is up (tests wait for it).
 CLUSTER_UP = "cluster up"
 
@@ -80,263 +71,215 @@ def _progress(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
-# -- instance 1: "computing" the KV ------------------------------------------------------------
-
-def compute_kv(block: int) -> list[tuple[Any, Any]]:
-    """The (K, V) torch tensors of every layer of ``block`` (fp16, deterministic). A stand-in
-    for a model's prefill: the real-model demo replaces exactly this function."""
-    import torch
-
-    g = torch.Generator().manual_seed(KV_SEED + block)
-    shape = GEOMETRY.shape(BLOCK_TOKENS)
-    return [(torch.randn(shape, generator=g).to(torch.float16), torch.randn(shape, generator=g).to(torch.float16))
-            for _ in range(LAYERS)]
+def prompt_of(question: str) -> str:
+    return f"{SYSTEM_PROMPT}\nUser: {question}\nAssistant:"
 
 
-def _octets(t: Any) -> Any:
-    import torch
-
-    return t.contiguous().view(torch.uint8).numpy()
+def _name(cluster: Cluster, url: str) -> str:
+    return cluster.instance_named(url).name
 
 
-# -- instance 2: MOQT retrieval into torch buffers -----------------------------------------------
-
-class TorchRetriever:
-    """Instance 2's MOQT hook (``serve_instance(moqt_retriever=...)``): FETCHes a block through
-    the relay with ``bridge.load_block`` into a :class:`~kvsp_moq.sinks.TorchSink` (each layer
-    verified against the record's layer digest as it lands), keeps the tensors, and returns
-    the verified container for the instance's store, as ``moqt_retrieval`` does."""
-
-    def __init__(self) -> None:
-        self.pool = SessionPool(TransportConfig(insecure=True, max_datagram_size=1452), connect_timeout=5)
-        self.tensors: dict[bytes, list[tuple[Any, Any]]] = {}
-        self.octets = 0
-        self.failed: list[str] = []
-
-    async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
-        attempts: list[Attempt] = []
-        for record in replicas:
-            if not record.is_moqt or record.layer_digests is None or replica_digest(record.layer_digests) != record.digest:
-                attempts.append(Attempt(record.holder, "skipped", "not a verifiable moqt:// replica"))
-                continue
-            sink = sink_for_record(record, GEOMETRY, BLOCK_TOKENS, backend="torch")
-            result = await load_block(record, sink, pool=self.pool, timeout=10)
-            if not result.complete:
-                detail = "; ".join(a.error for a in result.attempts if a.error) or "incomplete"
-                outcome = "miss" if "0x10" in detail else "error"  # DOES_NOT_EXIST: a miss (binding §5)
-                attempts.append(Attempt(record.holder, outcome, detail[:500]))
-                self.failed.append(f"{record.block_key.hex()[:12]}: {outcome}: {detail[:200]}")
-                continue
-            layers = [sink.layer(i) for i in range(len(record.layer_digests))]
-            box = encode_container(record.codec, 0, BLOCK_TOKENS, [(_octets(k), _octets(v)) for k, v in layers])
-            if len(box) != record.size:
-                attempts.append(Attempt(record.holder, "rejected", f"{len(box)} octets, the record says {record.size}"))
-                continue
-            decoded = decode_container(box)
-            out = tuple(DecodedLayer(lv.index, lv.k, lv.v, record.layer_digests[lv.index]) for lv in decoded.layers())
-            self.tensors[record.block_key] = layers
-            self.octets += len(box)
-            return Retrieved(record, decoded.header, out, hashlib.sha256(box).digest(), tuple(attempts))
-        key = replicas[0].block_key if replicas else b""
-        raise RetrievalFailed(key, (0, LAYERS - 1), attempts)
-
-    async def close(self) -> None:
-        await self.pool.close()
-
-
-def tensors_from_store(cluster: Cluster, key: RecordKey, record: ReplicaRecord) -> list[tuple[Any, Any]]:
-    """Layers of a block instance 2 got over HTTP, from its store into torch buffers, each
-    verified against the record's layer digest."""
-    import torch
-
-    store = cluster.instance_service(1).store
-    shape = GEOMETRY.shape(BLOCK_TOKENS)
-    half = GEOMETRY.section_bytes(BLOCK_TOKENS)
-    out = []
-    assert record.layer_digests is not None
-    for layer in range(LAYERS):
-        payload = bytearray(store.layer_payload(key, layer, touch=False))
-        if hashlib.sha256(payload).digest() != record.layer_digests[layer]:
-            raise RuntimeError(f"layer {layer} of {key.block_key.hex()[:12]} does not match its digest")
-        t = torch.frombuffer(payload, dtype=torch.float16)
-        out.append((t[: half // 2].reshape(shape), t[half // 2:].reshape(shape)))
+def _sources(result: dict[str, Any]) -> dict[str, int]:
+    out = {"local": 0, "moqt": 0, "http": 0, "recomputed": 0}
+    for block in result["blocks"]:
+        out[block["source"]] += 1
     return out
 
 
-def _bits_equal(a: Any, b: Any) -> bool:
-    import torch
+def _request_line(n: int, cluster: Cluster, routed: Routed) -> dict[str, Any]:
+    r, p = routed.result, routed.placement
+    return {
+        "request": n,
+        "instance": _name(cluster, routed.instance),
+        "prompt_tokens": r["prompt_tokens"],
+        "prompt_blocks": len(routed.block_keys),
+        "placement": {"matched": p["matched"], "cost_us": p.get("cost_us"), "directive": p.get("directive")},
+        "blocks": _sources(r),
+        "layerwise": r["layerwise"],
+        "ttft_ms": r["ttft_ms"],
+        "prefetch_wait_ms": r["prefetch_wait_ms"],
+        "total_ms": r["total_ms"],
+        "output_tokens": len(r["tokens"]),
+        "output": r["text"],
+        "published": r["published"],
+    }
 
-    return a.shape == b.shape and bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
+
+async def _get_json(url: str, token: str) -> dict[str, Any]:
+    reply = await http_request(url, token=token)
+    if reply.status != 200:
+        raise RuntimeError(f"GET {url}: {reply.status} {reply.body[:300]!r}")
+    return reply.json()
 
 
 # -- the scenario ---------------------------------------------------------------------------------
 
-async def scenario(stack: AsyncExitStack) -> dict[str, Any]:
+async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, Any]:
     started = time.perf_counter()
-    cid = compat.compat_id(DESCRIPTOR)
+    from ..model import ByteTokenizer, build_descriptor, ensure_model_files  # imports torch
+
+    files = await asyncio.to_thread(ensure_model_files, None, model_dir)
+    descriptor = build_descriptor(files, block_tokens=BLOCK_TOKENS)
+    cid = compat.compat_id(descriptor)
     scope_key = os.urandom(32)
     sid = scope.scope_id(scope_key)
-    system_tokens = list(SYSTEM_PROMPT.encode())  # byte-level tokenizer: token id = byte
-    prompt_tokens = system_tokens + list(f"\nUser: {QUESTION}".encode())
-    system_keys = BlockKeyChain(scope_key, cid, BLOCK_TOKENS).extend(system_tokens)
-    prompt_keys = BlockKeyChain(scope_key, cid, BLOCK_TOKENS).extend(prompt_tokens)
-    blocks = len(system_keys)
-    _progress(f"compat_id {cid.hex()[:16]}..., scope {sid.hex()[:12]}...; system prompt {len(system_tokens)} tokens "
-              f"= {blocks} blocks of {BLOCK_TOKENS}; request {len(prompt_tokens)} tokens = {len(prompt_keys)} blocks")
+    tokenizer = ByteTokenizer()
+    system_tokens = len(tokenizer.encode(SYSTEM_PROMPT))
+    _progress(f"model {descriptor['model']} ({files.directory}); compat_id {cid.hex()[:16]}..., scope {sid.hex()[:12]}...; "
+              f"system prompt {system_tokens} tokens = {system_tokens // BLOCK_TOKENS} blocks of {BLOCK_TOKENS}")
 
-    retriever = TorchRetriever()
-    stack.push_async_callback(retriever.close)
-    cluster = await start_cluster(stack, descriptor=DESCRIPTOR, retriever=lambda _relay: retriever, progress=_progress)
+    cluster = await start_cluster(stack, descriptor=descriptor, model_dir=str(files.directory), scope_key=scope_key,
+                                  progress=_progress)
     _progress(f"{CLUSTER_UP}: index, holder, relay, PC, 2 instances on 127.0.0.1")
+    token = cluster.tokens["client"]
+    router = RequestRouter(pc_url=cluster.pc.url, token=token, scope_key=scope_key, scope_id=sid, compat_id=cid,
+                           block_tokens=BLOCK_TOKENS, tokenizer=tokenizer)
 
-    # 1. instance 1 computes the KV and stores it at the holder (HTTP PUT; records at the IS)
-    reference: dict[bytes, list[tuple[Any, Any]]] = {}
-    keys = [RecordKey(cid, sid, k) for k in system_keys]
-    block_octets = 0
-    for i, key in enumerate(keys):
-        kv = compute_kv(i)
-        reference[key.block_key] = kv
-        box = layout.encode_raw_block([(k.numpy(), v.numpy()) for k, v in kv], GEOMETRY)
-        block_octets = len(box)
-        reply = await http_request(f"{cluster.holder_http.url}blocks/{key.path}", "PUT", token=cluster.tokens["instance-1"],
-                                   body=box, content_type="application/kvsp-block", headers={"If-None-Match": "*"})
-        if reply.status != 201:
-            raise RuntimeError(f"PUT block {i} at the holder: {reply.status} {reply.body[:300]!r}")
-    _progress(f"instance 1 computed {blocks} blocks ({LAYERS} layers, {block_octets} octets each) "
-              f"and stored them at the holder over HTTP")
+    # 1. an instance with an empty cache computes everything
+    cold = await router.route(prompt_of(QUESTIONS[0]), MAX_TOKENS)
+    first = cold.instance
+    second = next(i.url for i in cluster.instances if i.url != first)
+    _progress(f"request 1 -> {_name(cluster, first)} (empty cache): {_sources(cold.result)['recomputed']} blocks recomputed, "
+              f"TTFT {cold.result['ttft_ms']:.1f} ms; published to {', '.join(cold.result['published'])}")
 
-    # 2. the holder publishes them over MOQT through the relay; their moqt:// records go to the IS
-    stale = keys[-1]
-    for key in keys[:-1]:
-        cluster.holder_moqt.publish(key)
-    await cluster.holder_moqt.wait_announced()
-    for key in keys[:-1]:
-        await cluster.index_client.publish(cluster.holder_moqt.replica_record(key, holder=cluster.relay.url))
-    # the last block's MOQT record is stale on purpose: the relay has no such track
-    await cluster.index_client.publish(cluster.holder_moqt.store.info(stale).replica_record(cluster.relay.url, 60_000))
-    _progress(f"holder published {blocks - 1} blocks over MOQT via the relay; block {blocks - 1}'s "
-              f"moqt:// record is stale on purpose (HTTP fallback)")
-
-    # 3. a request with the same system prompt: the PC looks it up and directs instance 2
-    ii1, ii2 = (s.url for s in cluster.instances)
-    estimate = await cluster.index_client.lookup(LookupRequest(scope_id=sid, compat_id=cid, block_keys=tuple(prompt_keys),
-                                                               targets=(ii2,)))
-    target = next((t for t in estimate.targets or () if t.instance == ii2), None)
-    load_started = time.perf_counter()
-    body = dump_json(PlacementRequest(scope_id=sid, compat_id=cid, block_keys=tuple(prompt_keys), tokens=len(prompt_tokens),
-                                      request_ref="demo-request-1", prefetch=True))
-    reply = await http_request(f"{cluster.pc.url}placements", "POST", token=cluster.tokens["pc"], body=body)
+    # 2. the operator puts it to sleep: new requests go elsewhere (§6.3)
+    reply = await http_request(f"{cluster.pc.url}instance-state", "PUT", token=cluster.tokens["pc"],
+                               body=json.dumps({"instance": first, "state": "sleeping"}).encode())
     if reply.status != 200:
-        raise RuntimeError(f"POST placements: {reply.status} {reply.body[:300]!r}")
-    placed = reply.json()
-    _progress(f"PC: lookup matched {placed['matched']} of {len(prompt_keys)} blocks; placed on "
-              f"{'instance 2' if placed['instance'] == ii2 else placed['instance']} (§6.4 cost {placed.get('cost_us') or 0:.0f} µs); "
-              f"directive {placed.get('directive', 'none')}")
-    if "directive" not in placed:
-        raise RuntimeError(f"the PC sent no prefetch directive: {placed}")
-    inst_index = 1 if placed["instance"] == ii2 else 0
-    run = cluster.instance_service(inst_index).prefetch.get(uuid.UUID(placed["directive"]))
-    assert run is not None
-    sources = [list(b.sources) for b in run.directive.blocks]
-    await run.done.wait()
-    load_s = time.perf_counter() - load_started
-    status = run.status()
-    loaded = len(status.loaded)
-    _progress(f"instance 2: directive {status.state}, {loaded} blocks loaded in {load_s * 1e3:.1f} ms "
-              f"({len(retriever.tensors)} over MOQT via the relay into torch buffers, {loaded - len(retriever.tensors)} over HTTP)")
-    for line in retriever.failed:
-        _progress(f"  MOQT attempt failed, fell back: {line}")
+        raise RuntimeError(f"PUT instance-state: {reply.status} {reply.body[:300]!r}")
+    _progress(f"{_name(cluster, first)} put to {reply.json()['state']} through the PC")
 
-    # 4. instance 2's tensors vs instance 1's, bit for bit
-    matched_blocks = 0
-    layers_verified = 0
-    for key in keys:
-        if key.block_key in retriever.tensors:
-            got = retriever.tensors[key.block_key]
-        else:
-            info = cluster.instance_service(1).store.get(key)
-            if info is None:
-                continue
-            record = info.replica_record(ii2, 60_000)
-            got = tensors_from_store(cluster, key, record)
-        layers_verified += len(got)
-        if all(_bits_equal(a, b) and _bits_equal(c, d) for (a, c), (b, d) in zip(got, reference[key.block_key], strict=True)):
-            matched_blocks += 1
-    tensors_match = matched_blocks == blocks
-    _progress(f"instance 2's tensors {'equal' if tensors_match else 'DIFFER FROM'} instance 1's bit for bit "
-              f"({matched_blocks}/{blocks} blocks, {layers_verified} layers)")
+    # 3. the same request: placed on the other instance with a prefetch directive over MOQT
+    warm = await router.route(prompt_of(QUESTIONS[0]), MAX_TOKENS)
+    if warm.instance != second or "directive" not in warm.placement:
+        raise RuntimeError(f"expected a placement on {second} with a prefetch directive, got {warm.placement}")
+    directive = await _get_json(f"{second}prefetch/{warm.placement['directive']}", token)
+    _progress(f"request 1 again -> {_name(cluster, second)}: PC matched {warm.placement['matched']} blocks, prefetch "
+              f"{directive['state']} ({len(directive.get('loaded', []))} blocks, waited {warm.result['prefetch_wait_ms']:.1f} ms); "
+              f"TTFT {warm.result['ttft_ms']:.1f} ms; blocks {_sources(warm.result)}")
+    outputs_match = [t["token"] for t in warm.result["tokens"]] == [t["token"] for t in cold.result["tokens"]]
+    _progress(f"greedy output with reused KV {'==' if outputs_match else '!='} output recomputing everything")
 
+    # 4. more requests sharing the system prompt
+    more = []
+    for n, question in enumerate(QUESTIONS[1:], start=3):
+        routed = await router.route(prompt_of(question), MAX_TOKENS)
+        more.append(routed)
+        _progress(f"request {n} -> {_name(cluster, routed.instance)}: blocks {_sources(routed.result)}, "
+                  f"TTFT {routed.result['ttft_ms']:.1f} ms")
+
+    # 5. what the components counted
+    engines = {i.name: await _get_json(f"{i.url}engine", token) for i in cluster.instances}
+    relay = {k.removeprefix("relay_"): int(v) for k, v in (await cluster.relay.stats()).items()
+             if k.startswith("relay_") and not k.endswith("ratio")}
+    system_keys = router.keys(SYSTEM_PROMPT)[1]
     after = await cluster.index_client.lookup(LookupRequest(scope_id=sid, compat_id=cid, block_keys=tuple(system_keys)))
-    replica_counts = sorted({len(b.replicas) for b in after.blocks})
-    stats = await cluster.relay.stats()
-    moqt_blocks = len(retriever.tensors)
-    http_blocks = loaded - moqt_blocks
-    recompute_ms = target.recompute_us / 1e3 if target and target.recompute_us is not None else None
-    fetch_ms = target.fetch_us / 1e3 if target and target.fetch_us is not None else None
+    return build_report(cluster, descriptor, cid.hex(), sid.hex(), system_tokens, len(system_keys),
+                        [cold, warm, *more], directive, engines, relay, after, outputs_match, started)
+
+
+def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: str, system_tokens: int, system_blocks: int,
+                 requests: list[Routed], directive: dict[str, Any], engines: dict[str, dict[str, Any]],
+                 relay: dict[str, int], after: Any, outputs_match: bool, started: float) -> dict[str, Any]:
+    counters = {name: e["counters"] for name, e in engines.items()}
+
+    def total(path: tuple[str, ...], field: str) -> int:
+        out = 0
+        for c in counters.values():
+            node: Any = c
+            for part in path:
+                node = node[part]
+            out += int(node.get(field, 0))
+        return out
+
+    moqt = {"blocks": total(("request_blocks", "moqt"), "blocks") + total(("prefetch_blocks", "moqt"), "blocks"),
+            "bytes": total(("request_blocks", "moqt"), "octets") + total(("prefetch_blocks", "moqt"), "octets")}
+    http = {"blocks": total(("request_blocks", "http"), "blocks") + total(("prefetch_blocks", "http"), "blocks"),
+            "bytes": total(("request_blocks", "http"), "octets") + total(("prefetch_blocks", "http"), "octets")}
+    hits = sum(c["hits"] for c in counters.values())
+    misses = sum(c["misses"] for c in counters.values())
+    layers = int(descriptor["layers"])
+    block_octets = layers * 2 * BLOCK_TOKENS * int(descriptor["kv_heads"]) * int(descriptor["head_dim"]) * 4
+    cold, warm = requests[0].result, requests[1].result
     report: dict[str, Any] = {
-        "model": "synthetic KV (no real transformer model yet)",
-        "geometry": {"layers": LAYERS, "kv_heads": DESCRIPTOR["kv_heads"], "head_dim": DESCRIPTOR["head_dim"],
-                     "kv_dtype": DESCRIPTOR["kv_dtype"], "block_tokens": BLOCK_TOKENS},
-        "compat_id": cid.hex(),
-        "scope_id": sid.hex(),
-        "prompt_tokens": len(prompt_tokens),
-        "prompt_blocks": len(prompt_keys),
-        "blocks": blocks,
+        "model": {"name": descriptor["model"], "layers": layers, "kv_heads": descriptor["kv_heads"],
+                  "head_dim": descriptor["head_dim"], "kv_dtype": descriptor["kv_dtype"], "block_tokens": BLOCK_TOKENS},
+        "compat_id": cid,
+        "scope_id": sid,
+        "system_prompt_tokens": system_tokens,
+        "system_blocks": system_blocks,
         "block_octets": block_octets,
-        "lookup_matched": placed["matched"],
-        "placed_on": "instance-2" if inst_index == 1 else "instance-1",
-        "directive_state": status.state,
-        "directive_sources": sources[0] if sources else [],
-        "loaded_blocks": loaded,
+        "requests": [_request_line(n, cluster, r) for n, r in enumerate(requests, start=1)],
+        "prefetch": {"instance": _name(cluster, requests[1].instance), "directive": directive["directive"],
+                     "state": directive["state"], "loaded": len(directive.get("loaded", []))},
         "transports": {
-            "moqt_relay": {"blocks": moqt_blocks, "bytes": retriever.octets},
-            "http": {"blocks": http_blocks, "bytes": http_blocks * block_octets},
+            "moqt": moqt,
+            "http": http,
+            "local": {"blocks": total(("request_blocks", "local"), "blocks")},
+            "recomputed": {"blocks": total(("request_blocks", "recomputed"), "blocks")},
         },
-        "fallback_block": blocks - 1,
-        "load_ms": round(load_s * 1e3, 2),
-        "is_estimate_fetch_ms": None if fetch_ms is None else round(fetch_ms, 3),
-        "is_estimate_recompute_ms": None if recompute_ms is None else round(recompute_ms, 3),
-        "relay_cache": {k.removeprefix("relay_"): int(v) for k, v in stats.items()
-                        if k.startswith(("relay_cache", "relay_fetches", "relay_upstream_fetches", "relay_bytes", "relay_objects"))
-                        and not k.endswith("ratio")},
-        "replicas_per_block_after": replica_counts,
-        "layers_verified": layers_verified,
-        "tensors_match": tensors_match,
+        "hits": hits,
+        "misses": misses,
+        "hit_ratio": round(hits / (hits + misses), 4) if hits + misses else None,
+        "ttft_ms": {"without_cache": cold["ttft_ms"], "with_cache": warm["ttft_ms"],
+                    "speedup": round(cold["ttft_ms"] / warm["ttft_ms"], 2) if warm["ttft_ms"] else None},
+        "outputs_match": outputs_match,
+        "relay": {k: relay[k] for k in sorted(relay) if k.split("_total")[0] in (
+            "objects_in", "objects_out", "bytes_in", "bytes_out", "fetches", "upstream_fetches", "cache_hits",
+            "cache_misses", "cache_objects", "cache_bytes")},
+        "replicas_per_system_block": sorted({len(b.replicas) for b in after.blocks}),
+        "system_blocks_matched_at_is": after.matched,
+        "instances": counters,
         "servers": cluster.servers,
     }
+    prompt_blocks = len(requests[0].block_keys)
     report["ok"] = bool(
-        tensors_match and placed["matched"] == blocks and loaded == blocks and status.state == "complete"
-        and moqt_blocks + http_blocks == blocks and layers_verified == blocks * LAYERS
+        outputs_match
+        and requests[1].instance != requests[0].instance
+        and directive["state"] == "complete"
+        and report["transports"]["moqt"]["blocks"] >= prompt_blocks
+        and _sources(warm)["local"] >= system_blocks
+        and _sources(cold)["recomputed"] == prompt_blocks
+        and after.matched == system_blocks
     )
     report["seconds"] = round(time.perf_counter() - started, 3)
     return report
 
 
-async def _main() -> dict[str, Any]:
+async def _main(model_dir: str | None) -> dict[str, Any]:
     async with AsyncExitStack() as stack:
-        report = await scenario(stack)
+        report = await scenario(stack, model_dir)
         _progress("shutting down")
-    _progress("all servers stopped, relay exited")
+    _progress("all servers stopped, relay and instances exited")
     return report
 
 
 def _print_report(report: dict[str, Any]) -> None:
-    t = report["transports"]
-    cache = report["relay_cache"]
-    print("kvsp demo — KVSP over MOQT on loopback (synthetic KV; no real transformer model yet)")
-    print(f"  prompt             {report['prompt_tokens']} tokens, {report['prompt_blocks']} blocks; "
-          f"shared system prompt {report['blocks']} blocks x {report['block_octets']} octets")
-    print(f"  lookup             matched {report['lookup_matched']} blocks; placed on {report['placed_on']}")
-    print(f"  MOQT via relay     {t['moqt_relay']['blocks']} blocks, {t['moqt_relay']['bytes']} bytes")
-    print(f"  HTTP (fallback)    {t['http']['blocks']} blocks, {t['http']['bytes']} bytes")
-    est = report["is_estimate_recompute_ms"]
-    print(f"  load               {report['load_ms']} ms measured; IS §6.4 estimates: fetch "
-          f"{report['is_estimate_fetch_ms']} ms, recompute {est} ms")
-    print(f"  relay cache        {cache.get('cache_objects', 0)} objects, {cache.get('cache_bytes', 0)} bytes; "
-          f"hits {cache.get('cache_hits_total', 0)}, misses {cache.get('cache_misses_total', 0)}, "
-          f"upstream fetches {cache.get('upstream_fetches_total', 0)}")
-    print(f"  tensors match      {report['tensors_match']} ({report['layers_verified']} layers compared bit for bit)")
-    print(f"  replicas per block {report['replicas_per_block_after']} after instance 2 published its own")
+    t, m, ttft = report["transports"], report["model"], report["ttft_ms"]
+    print(f"kvsp demo — KVSP over MOQT on loopback, reference model {m['name']} "
+          f"({m['layers']} layers, {m['kv_heads']} KV heads x {m['head_dim']}, {m['kv_dtype']}, B = {m['block_tokens']})")
+    print(f"  system prompt      {report['system_prompt_tokens']} tokens = {report['system_blocks']} blocks x "
+          f"{report['block_octets']} KV octets")
+    for r in report["requests"]:
+        b = r["blocks"]
+        print(f"  request {r['request']}          {r['instance']}: {r['prompt_tokens']} tokens; blocks local {b['local']}, "
+              f"moqt {b['moqt']}, http {b['http']}, recomputed {b['recomputed']}; TTFT {r['ttft_ms']:.1f} ms; "
+              f"{r['output_tokens']} tokens out")
+    p = report["prefetch"]
+    print(f"  prefetch           {p['instance']}: directive {p['state']}, {p['loaded']} blocks")
+    print(f"  MOQT via relay     {t['moqt']['blocks']} blocks, {t['moqt']['bytes']} bytes")
+    print(f"  HTTP               {t['http']['blocks']} blocks, {t['http']['bytes']} bytes")
+    print(f"  local store        {t['local']['blocks']} blocks")
+    print(f"  recomputed         {t['recomputed']['blocks']} blocks")
+    print(f"  hit ratio          {report['hit_ratio']} ({report['hits']} blocks reused, {report['misses']} recomputed)")
+    print(f"  TTFT               {ttft['without_cache']:.1f} ms without the cache, {ttft['with_cache']:.1f} ms with the "
+          f"prefetched cache (x{ttft['speedup']})")
+    print(f"  outputs match      {report['outputs_match']} (greedy, reused KV vs recomputing everything)")
+    relay = report["relay"]
+    print(f"  relay              {relay.get('objects_in_total', 0)} objects in, {relay.get('objects_out_total', 0)} out, "
+          f"{relay.get('bytes_out_total', 0)} bytes out, {relay.get('upstream_fetches_total', 0)} upstream fetches")
+    print(f"  IS                 {report['system_blocks_matched_at_is']}/{report['system_blocks']} system blocks listed; "
+          f"replicas per block {report['replicas_per_system_block']}")
     print(f"  time               {report['seconds']} s")
     print(f"  ok                 {report['ok']}")
 
@@ -345,7 +288,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     loop = new_event_loop(use_uvloop=True)
     interrupted = False
     try:
-        task = loop.create_task(_main())
+        task = loop.create_task(_main(args.model_dir))
 
         def on_signal() -> None:
             nonlocal interrupted
@@ -389,4 +332,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("demo", help="run the main job end to end on loopback with embedded defaults")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--model-dir", metavar="DIR", default=None,
+                   help="the reference model's files (generated there once; default: $KVSP_MODEL_DIR/<name>, "
+                        "else ~/.cache/kvsp/model/<name>)")
     p.set_defaults(handler=cmd_demo)

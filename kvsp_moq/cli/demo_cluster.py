@@ -1,21 +1,24 @@
 """The loopback cluster of ``kvsp demo``: every role started for real, with embedded defaults.
 
 :func:`start_cluster` starts, on 127.0.0.1 with ports chosen by the OS and bearer tokens
-generated for this run (no configuration file):
+generated for this run (no configuration file of the user's):
 
-* an Index Service (``serve_index``);
-* a holder: the HTTP holder (``serve_holder``, publishing its records to the IS) and, on the
-  same :class:`~kvsp_moq.storage.BlockStore`, a :class:`~kvsp_moq.bridge.MoqtHolder` that
-  publishes the store's replicas to the relay (binding v1);
+* an Index Service (``serve_index``), knowing the reference model's Compatibility Descriptor;
+* a holder (``serve_holder``: blocks over HTTP, leases, publication of its records to the IS);
 * a MOQT relay: ``python -m relay`` as a child process (its metrics endpoint on for the
-  cache statistics);
-* two instance control planes (``serve_instance``), reporting to the PC;
-* a Placement Controller (``serve_pc``) fed by the IS.
+  report's cross-checks);
+* a Placement Controller (``serve_pc``) fed by the IS;
+* two inference instances, each ``kvsp instance --listen 127.0.0.1:0 --config FILE`` in its own
+  process, running the reference model (``[instance.engine]``, torch threads = 1): they load
+  prompt blocks from their store, through the relay over MOQT, or from the holder over HTTP,
+  recompute the rest, and publish what they computed to the holder (HTTP) and through the relay
+  (MOQT). Their configuration files are written to a temporary directory removed at the end.
 
 Everything is entered into one :class:`contextlib.AsyncExitStack`, so leaving it (normally,
-on an error or on cancellation by Ctrl-C) closes the servers in reverse order and terminates
-the relay process. The HTTP calls the demo itself makes go through :func:`http_request`, a
-tiny HTTP/1.1 client on asyncio streams (only ``kvsp_moq.control.http`` may import aiohttp).
+on an error or on cancellation by Ctrl-C) closes the servers in reverse order and stops the
+child processes (SIGTERM, then SIGKILL after 10 s). The HTTP calls the demo itself makes go
+through :func:`http_request`, a tiny HTTP/1.1 client on asyncio streams (only
+``kvsp_moq.control.http`` may import aiohttp).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import re
 import secrets
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -35,24 +39,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..bridge import MoqtHolder
 from ..control.auth import Authorizer, Grant, Principal
 from ..control.clock import MonotonicClock
-from ..control.config import ControlConfig, HolderConfig, IndexConfig, InstanceConfig, LinkConfig, PcConfig, TierConfig
+from ..control.config import ControlConfig, HolderConfig, IndexConfig, PcConfig, TierConfig
 from ..control.holder import build_store
-from ..control.http import INSTANCE_SERVICE, HttpIndexClient, RunningServer, serve_holder, serve_index, serve_instance, serve_pc
-from ..control.instance import InstanceService
-from ..control.prefetch import MoqtRetriever
-from ..transport import TransportConfig
+from ..control.http import HttpIndexClient, RunningServer, serve_holder, serve_index, serve_pc
 
-__all__ = ["Cluster", "HttpReply", "http_request", "start_cluster"]
+__all__ = ["Cluster", "HttpReply", "InstanceProcess", "http_request", "start_cluster"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding kvsp_moq/ and relay/
-ROLES = ("holder", "instance-1", "instance-2", "pc")
+ROLES = ("holder", "instance-1", "instance-2", "pc", "client")
 MiB = 1 << 20
-#: Links instance 2 reports (the §6.4 inputs): the relay is rack-local, the HTTP holder far.
+#: Links each instance reports (the §6.4 inputs): the relay is rack-local, the HTTP holder far.
 RELAY_LINK = (10_000.0, 100.0)  # Mbit/s, RTT µs
 HTTP_LINK = (100.0, 2_000.0)
+#: Seconds a child process gets to stop after SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
 
 
 @dataclass
@@ -131,38 +133,108 @@ class RelayProcess:
         return out
 
 
-async def _start_relay(stack: AsyncExitStack) -> RelayProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relay", "--listen", "127.0.0.1:0", "--metrics", "0", "--cache-mib", "64",
-        "--drain-timeout", "2", "--max-datagram-size", "1452", "--log-level", "ERROR",
-        cwd=str(ROOT), env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-    )
+def _child_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
+
+def _stopper(proc: asyncio.subprocess.Process) -> Callable[[], Any]:
     async def stop() -> None:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), 10)
+                await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
 
-    stack.push_async_callback(stop)
+    return stop
+
+
+async def _read_until(proc: asyncio.subprocess.Process, what: str, patterns: Mapping[str, str],
+                      timeout: float = 120.0) -> dict[str, str]:
+    """The first match of every pattern in the child's stdout lines (it must not exit first)."""
     assert proc.stdout is not None
-    url = metrics = None
-    async with asyncio.timeout(30):
-        while url is None or metrics is None:
+    found: dict[str, str] = {}
+    async with asyncio.timeout(timeout):
+        while len(found) < len(patterns):
             line = (await proc.stdout.readline()).decode()
             if not line:
-                raise RuntimeError(f"the relay exited during start-up (status {await proc.wait()})")
-            if m := re.match(r"relay listening on (moqt://\S+)", line):
-                url = m.group(1)
-            elif m := re.match(r"relay metrics on (http://\S+)", line):
-                metrics = m.group(1)
-    return RelayProcess(proc, url, metrics)
+                raise RuntimeError(f"{what} exited during start-up (status {await proc.wait()})")
+            for name, pattern in patterns.items():
+                if name not in found and (m := re.match(pattern, line)):
+                    found[name] = m.group(1)
+    return found
+
+
+async def _start_relay(stack: AsyncExitStack) -> RelayProcess:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relay", "--listen", "127.0.0.1:0", "--metrics", "0", "--cache-mib", "64",
+        "--drain-timeout", "2", "--max-datagram-size", "1452", "--log-level", "ERROR",
+        cwd=str(ROOT), env=_child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+    )
+    stack.push_async_callback(_stopper(proc))
+    found = await _read_until(proc, "the relay", {"url": r"relay listening on (moqt://\S+)",
+                                                  "metrics": r"relay metrics on (http://\S+)"}, timeout=30)
+    return RelayProcess(proc, found["url"], found["metrics"])
+
+
+@dataclass
+class InstanceProcess:
+    """``kvsp instance`` in a child process; ``url`` is its base URL (the bound address)."""
+
+    name: str
+    process: asyncio.subprocess.Process
+    url: str
+    config_path: Path
+
+    @property
+    def port(self) -> int:
+        return int(urlsplit(self.url).port or 0)
+
+
+def _toml(value: Any) -> str:
+    """A TOML value: JSON strings, numbers and arrays are valid TOML for what is written here."""
+    return json.dumps(value)
+
+
+def instance_toml(*, tokens: Mapping[str, str], token: str, index_url: str, pc_url: str, relay_url: str,
+                  holder_url: str, model_dir: str, block_tokens: int, scope_key_file: str) -> str:
+    """The configuration of one demo instance (docs/http-api.md "Configuration", [instance.engine])."""
+    lines: list[str] = []
+    for role, tok in tokens.items():
+        lines += ["[[principals]]", f"name = {_toml(role)}", f"token = {_toml(tok)}",
+                  'scopes = ["*"]', 'holders = ["*"]', 'instances = ["*"]', ""]
+    lines += [
+        "[instance]",
+        f"index_url = {_toml(index_url)}",
+        f"pc_url = {_toml(pc_url)}",
+        f"token = {_toml(token)}",
+        "status_ttl_ms = 3000",
+        f"tiers = [{{kind = \"host\", capacity = {256 * MiB}}}]",
+        f"links = [{{holder = {_toml(relay_url)}, mbit_per_s = {RELAY_LINK[0]}, rtt_us = {RELAY_LINK[1]}}}, "
+        f"{{holder = {_toml(holder_url)}, mbit_per_s = {HTTP_LINK[0]}, rtt_us = {HTTP_LINK[1]}}}]",
+        "",
+        "[instance.engine]",
+        f"model_dir = {_toml(model_dir)}",
+        f"block_tokens = {block_tokens}",
+        "torch_threads = 1",
+        f"relay_url = {_toml(relay_url)}",
+        f"holder_url = {_toml(holder_url)}",
+        f"scope_key_files = [{_toml(scope_key_file)}]",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+async def _spawn_instance(stack: AsyncExitStack, name: str, config_path: Path) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvsp_moq", "instance", "--listen", "127.0.0.1:0", "--config", str(config_path),
+        cwd=str(ROOT), env=_child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+    )
+    stack.push_async_callback(_stopper(proc))
+    return proc
 
 
 @dataclass
@@ -170,30 +242,33 @@ class Cluster:
     tokens: dict[str, str]
     index: RunningServer
     relay: RelayProcess
-    holder_http: RunningServer
-    holder_moqt: MoqtHolder
+    holder: RunningServer
     pc: RunningServer
-    instances: list[RunningServer]
+    instances: list[InstanceProcess]
     index_client: HttpIndexClient
     servers: list[dict[str, Any]] = field(default_factory=list)
 
-    def instance_service(self, i: int) -> InstanceService:
-        return self.instances[i].app[INSTANCE_SERVICE]
+    def instance_named(self, url: str) -> InstanceProcess:
+        return next(i for i in self.instances if i.url == url)
 
 
-async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
-                        retriever: Callable[[str], MoqtRetriever],
+async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any], model_dir: str, scope_key: bytes,
                         progress: Callable[[str], None]) -> Cluster:
-    """Start every role; ``retriever(relay_url)`` is instance 2's MOQT retrieval hook."""
+    """Start every role (module notes); the instances run the model of ``model_dir`` with
+    ``descriptor``'s block size and know ``scope_key``."""
     tokens = {role: secrets.token_urlsafe(32) for role in ROLES}
     # One principal per role. They may act for every scope, holder and instance: the URLs are
-    # only known once the servers are bound (a deployment lists them, docs/http-api.md).
+    # only known once the servers are bound (a deployment lists them, docs/deploy.md).
     everything: Grant = Grant(everything=True)
     auth = Authorizer.from_tokens({
         tok: Principal(role, scopes=everything, holders=everything, instances=everything)
         for role, tok in tokens.items()
     })
     clock = MonotonicClock()
+    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvsp-demo-")))
+    key_file = workdir / "scope.key"
+    key_file.write_text(scope_key.hex() + "\n")
+    key_file.chmod(0o600)
 
     index = await stack.enter_async_context(await serve_index(
         ControlConfig(auth=auth, index=IndexConfig(descriptors=(descriptor,))), clock=clock))
@@ -204,37 +279,39 @@ async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
              "no authorization config: open, loopback only)")
 
     hc = HolderConfig(index_url=index.url, index_token=tokens["holder"], tiers=(TierConfig("host", 256 * MiB),))
-    store = build_store(hc.tiers, clock)
-    holder_http = await stack.enter_async_context(
-        await serve_holder(ControlConfig(auth=auth, holder=hc), clock=clock, store=store))
-    holder_moqt = MoqtHolder(store)
-    stack.push_async_callback(holder_moqt.close)
-    await holder_moqt.attach_relay(relay.url, TransportConfig(insecure=True, max_datagram_size=1452))
-    progress(f"holder         {holder_http.url} (HTTP), publishing its store to the relay over MOQT")
+    holder = await stack.enter_async_context(
+        await serve_holder(ControlConfig(auth=auth, holder=hc), clock=clock, store=build_store(hc.tiers, clock)))
+    progress(f"holder         {holder.url} (HTTP blocks and leases)")
 
     pcc = PcConfig(index_url=index.url, index_token=tokens["pc"], instance_token=tokens["pc"],
                    prefetch_deadline_ms=30_000, prefetch_lease_ms=30_000)
     pc = await stack.enter_async_context(await serve_pc(ControlConfig(auth=auth, pc=pcc), clock=clock))
     progress(f"PC             {pc.url}")
 
+    # Both instances start at once (each imports torch and loads the model in its own process).
+    procs = []
+    for n in (1, 2):
+        path = workdir / f"instance-{n}.toml"
+        path.write_text(instance_toml(
+            tokens=tokens, token=tokens[f"instance-{n}"], index_url=index.url, pc_url=pc.url, relay_url=relay.url,
+            holder_url=holder.url, model_dir=model_dir, block_tokens=int(descriptor["block_tokens"]),
+            scope_key_file=str(key_file)))
+        procs.append((n, path, await _spawn_instance(stack, f"instance {n}", path)))
+    progress("instances      starting 2 x `kvsp instance` (loading the reference model, torch threads = 1)")
     instances = []
-    for n, links in ((1, ()), (2, (LinkConfig(relay.url, *RELAY_LINK), LinkConfig(holder_http.url, *HTTP_LINK)))):
-        ic = InstanceConfig(index_url=index.url, pc_url=pc.url, token=tokens[f"instance-{n}"], links=links,
-                            tiers=(TierConfig("host", 256 * MiB),))
-        hook = retriever(relay.url) if n == 2 else None
-        server = await stack.enter_async_context(await serve_instance(
-            ControlConfig(auth=auth, instance=ic), clock=clock, moqt_retriever=hook))
-        instances.append(server)
-        progress(f"instance {n}     {server.url}")
+    for n, path, proc in procs:
+        found = await _read_until(proc, f"instance {n}", {"url": r"kvsp instance: listening on (\S+)"})
+        instances.append(InstanceProcess(f"instance-{n}", proc, found["url"], path))
+        progress(f"instance {n}     {found['url']} (pid {proc.pid}; model {descriptor['model']}, B = {descriptor['block_tokens']})")
 
-    index_client = HttpIndexClient(index.url, tokens["holder"])
+    index_client = HttpIndexClient(index.url, tokens["client"])
     stack.push_async_callback(index_client.close)
     servers: list[dict[str, Any]] = [
         {"role": "index", "url": index.url, "port": index.port, "protocol": "tcp"},
         {"role": "relay", "url": relay.url, "port": relay.port, "protocol": "udp", "pid": relay.process.pid},
         {"role": "relay-metrics", "url": relay.metrics_url, "port": urlsplit(relay.metrics_url).port, "protocol": "tcp"},
-        {"role": "holder", "url": holder_http.url, "port": holder_http.port, "protocol": "tcp"},
+        {"role": "holder", "url": holder.url, "port": holder.port, "protocol": "tcp"},
         {"role": "pc", "url": pc.url, "port": pc.port, "protocol": "tcp"},
-        *({"role": f"instance-{n}", "url": s.url, "port": s.port, "protocol": "tcp"} for n, s in enumerate(instances, 1)),
+        *({"role": i.name, "url": i.url, "port": i.port, "protocol": "tcp", "pid": i.process.pid} for i in instances),
     ]
-    return Cluster(tokens, index, relay, holder_http, holder_moqt, pc, instances, index_client, servers)
+    return Cluster(tokens, index, relay, holder, pc, instances, index_client, servers)

@@ -44,6 +44,7 @@ from typing import Any
 from ..kvsp.compat import validate_descriptor
 from ..kvsp.errors import DescriptorError
 from .auth import Authorizer
+from .engine_config import EngineConfig, engine_config_from_mapping
 from .errors import ConfigError
 
 MiB = 1 << 20
@@ -214,6 +215,12 @@ class PcConfig:
     #: deadline_ms and lease_ms of the prefetch directives the PC sends (§6.5).
     prefetch_deadline_ms: int = 1_000
     prefetch_lease_ms: int = 5_000
+    #: §6.8: sessions the PC tracks, and how often it also looks for failed instances on its
+    #: clock (0: only when an active instance reports, on ``POST failures`` and on restarts).
+    max_sessions: int = 65_536
+    failure_check_ms: int = 0
+    #: §6.9: deadline_ms of the reshard plans it sends, unless the request names one.
+    reshard_deadline_ms: int = 5_000
 
     def __post_init__(self) -> None:
         _check_base_path("pc", self.base_path)
@@ -224,6 +231,7 @@ class PcConfig:
         _check_ints("pc", self, (
             ("max_status_ttl_ms", 1), ("max_body_octets", 1024), ("mean_service_us", 0), ("max_cost_us", 0),
             ("max_queued", 0), ("min_active", 0), ("prefetch_deadline_ms", 1), ("prefetch_lease_ms", 1),
+            ("max_sessions", 1), ("failure_check_ms", 0), ("reshard_deadline_ms", 1),
         ))
         if isinstance(self.max_kv_utilization, bool) or not isinstance(self.max_kv_utilization, (int, float)) or not 0 <= self.max_kv_utilization <= 1:
             raise ConfigError("pc.max_kv_utilization", "must be a number in [0, 1]")
@@ -268,6 +276,11 @@ class InstanceConfig:
     decode_tokens_per_s: float = 1_000.0
     links: tuple[LinkConfig, ...] = ()
     tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
+    #: §6.8 "at least every 64 output tokens": a checkpoint after this many tokens without one.
+    checkpoint_every: int = 64
+    #: ``[instance.engine]``: the reference-model engine serving ``POST generate`` (none: the
+    #: instance runs only its control plane). See ``engine_config.py``.
+    engine: EngineConfig | None = None
 
     def __post_init__(self) -> None:
         _check_base_path("instance", self.base_path)
@@ -276,7 +289,10 @@ class InstanceConfig:
         _check_ints("instance", self, (
             ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
             ("max_body_octets", 1024), ("max_directives", 1), ("max_sessions", 1), ("batch_size", 0),
+            ("checkpoint_every", 1),
         ))
+        if self.checkpoint_every > 64:
+            raise ConfigError("instance.checkpoint_every", "must be at most 64 (§6.8 at least every 64 output tokens)")
         if not self.tiers:
             raise ConfigError("instance.tiers", "at least one tier is required")
 
@@ -288,6 +304,30 @@ class InstanceConfig:
 
 
 @dataclass(frozen=True)
+class FrontEndConfig:
+    """Settings of the front end (§6.8; docs/http-api.md "Front end")."""
+
+    base_path: str = "/"
+    #: The front end's URL, sent to the PC as where output tokens go; default: the bound address.
+    url: str | None = None
+    #: The PC that places the sessions clients start, and the token presented to it.
+    pc_url: str | None = None
+    pc_token: str | None = None
+    max_body_octets: int = 1 * MiB
+    max_sessions: int = 65_536
+    #: Out-of-order tokens buffered per session: an index this far beyond the next one is refused.
+    max_ahead: int = 4_096
+
+    def __post_init__(self) -> None:
+        _check_base_path("frontend", self.base_path)
+        for name in ("url", "pc_url"):
+            _check_url("frontend", name, getattr(self, name))
+        if self.pc_token is not None and not isinstance(self.pc_token, str):
+            raise ConfigError("frontend.pc_token", "must be a string")
+        _check_ints("frontend", self, (("max_body_octets", 1024), ("max_sessions", 1), ("max_ahead", 1)))
+
+
+@dataclass(frozen=True)
 class ControlConfig:
     """A whole configuration file: the principals and each role's section."""
 
@@ -296,6 +336,7 @@ class ControlConfig:
     holder: HolderConfig = HolderConfig()
     pc: PcConfig = PcConfig()
     instance: InstanceConfig = InstanceConfig()
+    frontend: FrontEndConfig = FrontEndConfig()
 
 
 def load_config(path: str | Path) -> ControlConfig:
@@ -313,7 +354,7 @@ def load_config(path: str | Path) -> ControlConfig:
 
 def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None) -> ControlConfig:
     """The same from a decoded mapping; descriptor paths are relative to ``base_dir``."""
-    unknown = set(doc) - {"index", "holder", "pc", "instance", "principals"}
+    unknown = set(doc) - {"index", "holder", "pc", "instance", "frontend", "principals"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section")
     auth = Authorizer.from_config(doc.get("principals", []))
@@ -321,7 +362,8 @@ def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None)
     holder = _holder_config(doc.get("holder", {}), base_dir or Path.cwd())
     pc = _pc_config(doc.get("pc", {}))
     instance = _instance_config(doc.get("instance", {}), base_dir or Path.cwd())
-    return ControlConfig(auth=auth, index=index, holder=holder, pc=pc, instance=instance)
+    frontend = FrontEndConfig(**_known(doc.get("frontend", {}), "frontend", FrontEndConfig))
+    return ControlConfig(auth=auth, index=index, holder=holder, pc=pc, instance=instance, frontend=frontend)
 
 
 def _known(section: object, name: str, cls: type) -> dict[str, Any]:
@@ -351,6 +393,8 @@ def _instance_config(section: object, base_dir: Path) -> InstanceConfig:
         values["links"] = tuple(LinkConfig(**_known(l, f"instance.links[{i}]", LinkConfig)) for i, l in enumerate(links))
     if isinstance(values.get("epoch_file"), str):
         values["epoch_file"] = str(base_dir / values["epoch_file"])
+    if "engine" in values:
+        values["engine"] = engine_config_from_mapping(values["engine"], base_dir)
     return InstanceConfig(**values)
 
 

@@ -104,3 +104,8 @@ class NotActive(ServiceError):
 
     problem = problems.NOT_ACTIVE
 
+
+
+class InstanceUnreachable(Exception):
+    """An instance refused or did not answer a call of the PC (a client-side error, not a
+    refusal the PC sends)."""

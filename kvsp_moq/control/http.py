@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import http
 import json
 import logging
@@ -51,27 +52,56 @@ from ..kvsp.records import (
     Problem,
     Record,
     ReplicaRecord,
+    ReshardMessage,
+    ReshardPlan,
+    SessionCheckpoint,
+    ShardMap,
     StateChange,
     decode_json,
     dump_json,
     parse_json,
+    parse_reshard_message,
 )
+from ..kvsp.container import decode_container, encode_container
 from ..storage import BlockStore, RecordKey, ReplicaPinned, StoreFull
 from .auth import Authorizer, Principal
 from .clock import Clock, MonotonicClock, Timer
-from .config import ControlConfig, HolderConfig, InstanceConfig, PcConfig
+from .config import ControlConfig, FrontEndConfig, HolderConfig, InstanceConfig, PcConfig
 from .control_records import InstanceStateRequest, PlacementRequest, SessionRequest, StatusAnswer
-from .errors import ServiceError
+from .engine import InferenceEngine
+from .engine_counters import CountingFetcher, CountingRetriever, EngineCounters
+from .engine_records import GenerateRequest
+from .engine_setup import start_engine
+from .errors import ServiceError, StaleEpoch
+from .frontend import FrontEnd, SessionOpenFailed, StreamEnd
 from .holder import BLOCK_MEDIA_TYPE, HolderService, build_store, repr_digest
 from .index import IndexService
 from .index_store import BlockRef, IndexStore, ReplicaId
 from .instance import InstanceService
 from .instance_reporter import PcClient, persisted_epoch, wall_clock_epoch
+from .instance_reshard import ShardFetchFailed
+from .instance_sessions import PeerUnreachable, SessionEngine, Superseded
 from .leases import LeaseLimits, LeaseManager
 from .pc import InstanceClient, InstanceUnreachable, PcIndex, PlacementController, SleepPolicy, StartInstance
+from .pc_sessions import SessionInstanceClient
 from .prefetch import LeaseRefused, MoqtRetriever, PrefetchExecutor
-from .retrieval import BlockFetcher
+from .retrieval import BlockFetcher, parse_repr_digest
 from .publisher import IndexClient, IndexRefused, IndexUnreachable, ReplicaPublisher
+from .session_records import (
+    CheckpointAck,
+    ClientSession,
+    ClientSessionRequest,
+    DeliveryAnswer,
+    FailureReport,
+    OutputToken,
+    OutputTokens,
+    ReshardAck,
+    SessionDone,
+    SessionOpen,
+    SessionOrder,
+    SessionView,
+)
+from .shard_store import ShardSlice, ShardStore, TokenRange
 from .status_table import InstanceStatusTable
 
 log = logging.getLogger(__name__)
@@ -86,6 +116,7 @@ INDEX_SERVICE = web.AppKey("kvsp_index_service", IndexService)
 HOLDER_SERVICE = web.AppKey("kvsp_holder_service", HolderService)
 PC_SERVICE = web.AppKey("kvsp_pc_service", PlacementController)
 INSTANCE_SERVICE = web.AppKey("kvsp_instance_service", InstanceService)
+FRONTEND_SERVICE = web.AppKey("kvsp_frontend_service", FrontEnd)
 
 R = TypeVar("R", bound=Record)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -544,6 +575,223 @@ class InstanceRoutes:
         return web.Response(status=204)
 
 
+class EngineRoutes:
+    """The engine's routes under the instance's base path (ours; docs/http-api.md "Generation"):
+    ``POST generate`` runs one request on the model, ``GET engine`` returns its counters."""
+
+    def __init__(self, service: InstanceService, engine: InferenceEngine) -> None:
+        self.engine = engine
+        self.base = service.config.base_path
+        self.max_body = service.config.max_body_octets
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post(f"{self.base}generate", self.post_generate),
+            web.get(f"{self.base}engine", self.get_engine, allow_head=False),
+        ]
+
+    async def post_generate(self, request: web.Request) -> web.Response:
+        """200 with the output tokens, their indices and where the prompt's KV came from;
+        403 without the scope (or its key here), 409 ``kvsp-not-active`` when not active."""
+        principal = authenticate(request)
+        body = await read_record(request, GenerateRequest, self.max_body)
+        return record_response(await self.engine.generate(principal, body))
+
+    async def get_engine(self, request: web.Request) -> web.Response:
+        authenticate(request)
+        return web.json_response(self.engine.stats(), content_type=KVSP_JSON)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions, checkpoints and migration (§6.8), resharding (§6.9), the front end
+
+#: A Shard Map identifier in a path (ours: unreserved characters only, so it needs no escaping).
+MAP_SEGMENT = "[A-Za-z0-9._~-]{1,256}"
+#: Media type of a front end's token stream (one JSON object per line).
+NDJSON = "application/x-ndjson"
+
+
+def path_session(request: web.Request) -> uuid.UUID:
+    return uuid.UUID(request.match_info["session"])
+
+
+def parse_token_range(value: str | None, name: str = "tokens") -> TokenRange:
+    """``tokens=a-b``: the half-open token range [a, b) of §6.9, a < b; ``RecordError`` (400)."""
+    first, sep, last = (value or "").partition("-")
+    if not (sep and first.isascii() and last.isascii() and first.isdigit() and last.isdigit()
+            and len(first) <= 16 and len(last) <= 16):
+        raise RecordError(name, f"must be a-b, the half-open token range [a, b), got {value!r}")
+    a, b = int(first), int(last)
+    if a >= b:
+        raise RecordError(name, f"must have a < b, got {value!r}")
+    return a, b
+
+
+class PcSessionRoutes:
+    """The PC's §6.8 and §6.9 routes (docs/http-api.md "Sessions" and "Resharding")."""
+
+    def __init__(self, service: PlacementController) -> None:
+        self.service = service
+        self.base = service.config.base_path
+        self.max_body = service.config.max_body_octets
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        session = f"{base}sessions/{{session:{UUID_SEGMENT}}}"
+        return [
+            web.post(f"{base}sessions", self.post_session),
+            web.get(session, self.get_session, allow_head=False),
+            web.put(f"{session}/checkpoint", self.put_checkpoint),
+            web.post(f"{session}/done", self.post_done),
+            web.post(f"{base}failures", self.post_failure),
+            web.put(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.put_shard_map),
+            web.get(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.get_shard_map, allow_head=False),
+        ]
+
+    async def post_session(self, request: web.Request) -> web.Response:
+        """Ours: place (§6.4) and start a session; 201 with its view."""
+        principal = authenticate(request)
+        body = await read_record(request, SessionOpen, self.max_body)
+        view = await self.service.sessions.open(principal, body)
+        return record_response(view, status=201, headers={"Location": f"{self.base}sessions/{body.session}"})
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        return record_response(self.service.sessions.view(authenticate(request), path_session(request)))
+
+    async def put_checkpoint(self, request: web.Request) -> web.Response:
+        """§6.8: 200 with the acknowledgement; 409 ``kvsp-stale-epoch`` for a lower epoch."""
+        principal = authenticate(request)
+        cp = await read_record(request, SessionCheckpoint, self.max_body)
+        return record_response(self.service.sessions.checkpoint(principal, path_session(request), cp))
+
+    async def post_done(self, request: web.Request) -> web.Response:
+        principal = authenticate(request)
+        body = await read_record(request, SessionDone, self.max_body)
+        self.service.sessions.done(principal, path_session(request), body)
+        return web.Response(status=204)
+
+    async def post_failure(self, request: web.Request) -> web.Response:
+        """Ours: an instance failed; its sessions are resumed elsewhere (§6.8). 200 with them."""
+        principal = authenticate(request)
+        body = await read_record(request, FailureReport, self.max_body)
+        return record_response(await self.service.sessions.report_failure(principal, body))
+
+    async def put_shard_map(self, request: web.Request) -> web.Response:
+        """Ours (§6.9): install a map, or reshard to its next version; 200 with the outcome."""
+        principal = authenticate(request)
+        body = await read_record(request, ShardMap, self.max_body)
+        if body.map != request.match_info["map"]:
+            raise RecordError("map", "must be the map of the path")
+        deadline = request.query.get("deadline_ms")
+        deadline_ms = None
+        if deadline is not None:
+            if not (deadline.isascii() and deadline.isdigit() and 0 < len(deadline) <= 9 and int(deadline) > 0):
+                raise RecordError("deadline_ms", f"must be a positive integer, got {deadline!r}")
+            deadline_ms = int(deadline)
+        return record_response(await self.service.reshard.put(principal, body, deadline_ms))
+
+    async def get_shard_map(self, request: web.Request) -> web.Response:
+        return record_response(self.service.reshard.get(authenticate(request), request.match_info["map"]))
+
+
+class InstanceSessionRoutes:
+    """An instance's §6.8 and §6.9 routes (docs/http-api.md "Sessions" and "Resharding")."""
+
+    def __init__(self, service: InstanceService) -> None:
+        self.service = service
+        self.base = service.config.base_path
+        self.max_body = service.config.max_body_octets
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        session = f"{base}sessions/{{session:{UUID_SEGMENT}}}"
+        return [
+            web.post(f"{session}/start", self.post_start),
+            web.post(f"{session}/resume", self.post_resume),
+            web.post(f"{base}reshard", self.post_reshard),
+            web.get(f"{base}shards/{{map:{MAP_SEGMENT}}}/{{version:[0-9]{{1,16}}}}", self.get_shard_tokens),
+        ]
+
+    async def _order(self, request: web.Request, *, resume: bool) -> web.Response:
+        principal = authenticate(request)
+        order = await read_record(request, SessionOrder, self.max_body)
+        accepted = self.service.run_session(principal, path_session(request), order, resume=resume)
+        return record_response(accepted, status=202)
+
+    async def post_start(self, request: web.Request) -> web.Response:
+        """Ours: start a session (a resume from its initial checkpoint); 202."""
+        return await self._order(request, resume=False)
+
+    async def post_resume(self, request: web.Request) -> web.Response:
+        """§6.8: resume from the checkpoint at the new epoch; 202 once it runs."""
+        return await self._order(request, resume=True)
+
+    async def post_reshard(self, request: web.Request) -> web.Response:
+        """§6.9: a plan answers 200 after its fetches; commit and abort answer 200 at once."""
+        principal = authenticate(request)
+        message = parse_reshard_message(await read_body(request, self.max_body), max_size=self.max_body)
+        ack = await self.service.reshard(principal, message)
+        return record_response(ack if ack is not None else message)
+
+    async def get_shard_tokens(self, request: web.Request) -> web.Response:
+        """Ours (§6.9 fetch): the KV of tokens [a, b) as a KVB1 container (§4.3) with Token
+        Count b - a, layers from 0, and Repr-Digest."""
+        principal = authenticate(request)
+        tokens = parse_token_range(request.query.get("tokens"))
+        data = await self.service.shard_tokens(principal, request.match_info["map"], int(request.match_info["version"]), tokens)
+        body = encode_container(1, 0, data.token_count, data.layers)
+        return web.Response(body=body, content_type=BLOCK_MEDIA_TYPE,
+                            headers={"Repr-Digest": repr_digest(hashlib.sha256(body).digest()), "Cache-Control": "no-store"})
+
+
+class FrontEndRoutes:
+    """The front end's routes under ``service.config.base_path`` (docs/http-api.md "Front end")."""
+
+    def __init__(self, service: FrontEnd) -> None:
+        self.service = service
+        self.base = service.config.base_path
+        self.max_body = service.config.max_body_octets
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        session = f"{base}sessions/{{session:{UUID_SEGMENT}}}"
+        return [
+            web.post(f"{base}sessions", self.post_session),
+            web.post(f"{session}/tokens", self.post_tokens),
+            web.get(f"{session}/tokens", self.get_tokens, allow_head=False),
+        ]
+
+    async def post_session(self, request: web.Request) -> web.Response:
+        """A client starts a session: 201 with its id and token stream."""
+        principal = authenticate(request)
+        body = await read_record(request, ClientSessionRequest, self.max_body)
+        started = await self.service.open(principal, body)
+        return record_response(started, status=201, headers={"Location": f"{self.base}sessions/{started.session}"})
+
+    async def post_tokens(self, request: web.Request) -> web.Response:
+        """An instance delivers output tokens (§6.8); 409 ``kvsp-stale-epoch`` for a lower epoch."""
+        principal = authenticate(request)
+        batch = await read_record(request, OutputTokens, self.max_body)
+        return record_response(self.service.deliver(principal, path_session(request), batch))
+
+    async def get_tokens(self, request: web.Request) -> web.StreamResponse:
+        """The client's stream: NDJSON lines ``{"index", "token"}`` in index order, each index
+        once, then ``{"end": n}``; ``?from=i`` starts at index i."""
+        principal = authenticate(request)
+        start = request.query.get("from", "0")
+        if not (start.isascii() and start.isdigit() and len(start) <= 16):
+            raise RecordError("from", f"must be a token index, got {start!r}")
+        items = self.service.stream(principal, path_session(request), int(start))
+        response = web.StreamResponse(status=200, headers={"Cache-Control": "no-store"})
+        response.content_type = NDJSON
+        await response.prepare(request)
+        async for item in items:
+            line = {"end": item.end} if isinstance(item, StreamEnd) else item.to_json()
+            await response.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+
 # ---------------------------------------------------------------------------------------------
 # Application and server
 
@@ -556,6 +804,7 @@ def build_app(
     holder_config: HolderConfig | None = None,
     pc: PlacementController | None = None,
     instance: InstanceService | None = None,
+    frontend: FrontEnd | None = None,
 ) -> web.Application:
     """One application serving the given roles, all authenticated by ``auth``.
 
@@ -576,9 +825,16 @@ def build_app(
     if pc is not None:
         app[PC_SERVICE] = pc
         app.add_routes(PcRoutes(pc).routes())
+        app.add_routes(PcSessionRoutes(pc).routes())
     if instance is not None:
         app[INSTANCE_SERVICE] = instance
         app.add_routes(InstanceRoutes(instance).routes())
+        app.add_routes(InstanceSessionRoutes(instance).routes())
+        if instance.inference is not None:
+            app.add_routes(EngineRoutes(instance, instance.inference).routes())
+    if frontend is not None:
+        app[FRONTEND_SERVICE] = frontend
+        app.add_routes(FrontEndRoutes(frontend).routes())
     return app
 
 
@@ -984,6 +1240,24 @@ class HttpLeaseClient(_Client):
             raise LeaseRefused(f"release: status {status} {name or ''}: {detail}")
 
 
+class HttpBlockStorer(_Client):
+    """:class:`~.engine_publish.BlockStorer` over HTTP: ``PUT {holder}blocks/...`` with
+    ``If-None-Match: *`` (§6.7); an instance storing the blocks it computed."""
+
+    async def put_block(self, holder: str, key: RecordKey, container: bytes) -> bool:
+        headers = {"Content-Type": BLOCK_MEDIA_TYPE, "If-None-Match": "*"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        url = f"{_base(holder)}blocks/{key.path}"
+        async with self._client().put(url, data=container, headers=headers, timeout=self._timeout) as resp:
+            if resp.status == 201:
+                return True
+            if resp.status == 412:
+                return False  # §6.7: the holder already has a replica and keeps it
+            name, detail = await _problem_of(resp)
+            raise IndexRefused(resp.status, name, f"PUT {url}: {detail}")
+
+
 class HttpInstanceClient(_Client):
     """:class:`~.pc.InstanceClient` over HTTP: the PC's ``PUT state`` and ``POST prefetch``."""
 
@@ -1011,6 +1285,42 @@ class HttpInstanceClient(_Client):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise InstanceUnreachable(f"{type(exc).__name__}: {exc}") from exc
 
+    async def _instance_call(self, method: str, url: str, body: Record | None, expect: int) -> bytes:
+        try:
+            status, data, name, detail = await self._call(method, url, body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise InstanceUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if status != expect:
+            raise InstanceUnreachable(f"{method} {url}: status {status} {name or ''}: {detail}")
+        return data
+
+    async def start_session(self, instance: str, order: SessionOrder) -> None:
+        """``POST {ii}sessions/{id}/start`` (``pc_sessions.SessionInstanceClient``)."""
+        await self._instance_call("POST", f"{_base(instance)}sessions/{order.session}/start", order, 202)
+
+    async def resume_session(self, instance: str, order: SessionOrder) -> None:
+        """``POST {ii}sessions/{id}/resume`` (§6.8)."""
+        await self._instance_call("POST", f"{_base(instance)}sessions/{order.session}/resume", order, 202)
+
+    async def reshard(self, instance: str, message: ReshardMessage) -> ReshardAck | None:
+        """``POST {ii}reshard`` (§6.9, ``pc_reshard.ReshardClient``): a plan waits for the
+        instance's fetches, so it gets no timeout of its own (the PC's deadline ends it)."""
+        url = f"{_base(instance)}reshard"
+        if isinstance(message, ReshardPlan):
+            try:
+                status, data, name, detail = await _call(self._client(), "POST", url, self._token, message,
+                                                         aiohttp.ClientTimeout(total=None))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise InstanceUnreachable(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+            if status != 200:
+                raise InstanceUnreachable(f"POST {url}: status {status} {name or ''}: {detail}")
+            try:
+                return parse_json(data, ReshardAck)
+            except RecordError as exc:
+                raise InstanceUnreachable(f"POST {url}: bad acknowledgement: {exc}") from None
+        await self._instance_call("POST", url, message, 200)
+        return None
+
 
 class PcRefused(Exception):
     """The PC refused a status report (e.g. 409 ``kvsp-stale-epoch``)."""
@@ -1034,6 +1344,122 @@ class HttpPcClient(_Client):
             raise PcRefused(status, name, detail)
         return parse_json(body, StatusAnswer)
 
+    async def _session_call(self, method: str, path: str, body: Record, expect: int) -> bytes:
+        """For a running session (``instance_sessions.CheckpointSink``): ``Superseded`` on
+        ``kvsp-stale-epoch``, ``PeerUnreachable`` on anything else."""
+        try:
+            status, data, name, detail = await self._call(method, f"{self.pc_url}{path}", body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise PeerUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if status == 409 and name == problems.STALE_EPOCH:
+            raise Superseded(detail)
+        if status != expect:
+            raise PeerUnreachable(f"{method} {path}: status {status} {name or ''}: {detail}")
+        return data
+
+    async def checkpoint(self, checkpoint: SessionCheckpoint) -> CheckpointAck:
+        """``PUT {pc}sessions/{id}/checkpoint`` (§6.8)."""
+        data = await self._session_call("PUT", f"sessions/{checkpoint.session}/checkpoint", checkpoint, 200)
+        try:
+            return parse_json(data, CheckpointAck)
+        except RecordError as exc:
+            raise PeerUnreachable(f"bad checkpoint acknowledgement: {exc}") from None
+
+    async def session_done(self, session: uuid.UUID, done: SessionDone) -> None:
+        """``POST {pc}sessions/{id}/done`` (ours)."""
+        await self._session_call("POST", f"sessions/{session}/done", done, 204)
+
+    async def open_session(self, body: SessionOpen) -> SessionView:
+        """``POST {pc}sessions`` (ours; ``frontend.SessionOpener``)."""
+        try:
+            status, data, name, detail = await self._call("POST", f"{self.pc_url}sessions", body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise SessionOpenFailed(f"{type(exc).__name__}: {exc}") from exc
+        if status != 201:
+            raise SessionOpenFailed(f"status {status} {name or ''}: {detail}")
+        try:
+            return parse_json(data, SessionView)
+        except RecordError as exc:
+            raise SessionOpenFailed(f"bad answer: {exc}") from None
+
+
+class HttpFrontEndClient(_Client):
+    """Front ends over HTTP: an instance delivering output (``instance_sessions.TokenSink``),
+    and a client starting a session and reading its stream."""
+
+    async def deliver(self, front_end: str, batch: OutputTokens) -> None:
+        """``POST {fe}sessions/{id}/tokens``; ``Superseded`` on ``kvsp-stale-epoch``."""
+        url = f"{_base(front_end)}sessions/{batch.session}/tokens"
+        try:
+            status, _, name, detail = await self._call("POST", url, batch)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise PeerUnreachable(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        if status == 409 and name == problems.STALE_EPOCH:
+            raise Superseded(detail)
+        if status != 200:
+            raise PeerUnreachable(f"POST {url}: status {status} {name or ''}: {detail}")
+
+    async def start(self, front_end: str, request: ClientSessionRequest) -> ClientSession:
+        """``POST {fe}sessions``: a new session, placed and started; ``PeerUnreachable`` otherwise."""
+        status, data, name, detail = await self._call("POST", f"{_base(front_end)}sessions", request)
+        if status != 201:
+            raise PeerUnreachable(f"status {status} {name or ''}: {detail}")
+        return parse_json(data, ClientSession)
+
+    async def tokens(self, front_end: str, session: uuid.UUID, start: int = 0) -> AsyncIterator[OutputToken | StreamEnd]:
+        """``GET {fe}sessions/{id}/tokens``: the output, in index order, then its end."""
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        url = f"{_base(front_end)}sessions/{session}/tokens"
+        async with self._client().get(url, params={"from": str(start)}, headers=headers,
+                                      timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as resp:
+            if resp.status != 200:
+                name, detail = await _problem_of(resp)
+                raise PeerUnreachable(f"status {resp.status} {name or ''}: {detail}")
+            async for line in resp.content:
+                item = json.loads(line)
+                if "end" in item:
+                    yield StreamEnd(end=int(item["end"]))
+                    return
+                yield OutputToken.from_json(item)
+
+
+class HttpShardFetcher(_Client):
+    """:class:`~.instance_reshard.ShardFetcher` over HTTP: ``GET {peer}shards/{map}/{v}?tokens=a-b``,
+    the container's Repr-Digest verified (RFC 9530) and its Token Count checked."""
+
+    def __init__(self, token: str | None, *, max_octets: int = 1 << 34, **kw: object) -> None:
+        super().__init__(token, **kw)  # type: ignore[arg-type]
+        self.max_octets = max_octets
+
+    async def fetch(self, source: str, map_id: str, version: int, tokens: TokenRange) -> ShardSlice:
+        url = f"{_base(source)}shards/{quote(map_id, safe='')}/{version}"
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            async with self._client().get(url, params={"tokens": f"{tokens[0]}-{tokens[1]}"}, headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False) as resp:
+                if resp.status != 200:
+                    name, detail = await _problem_of(resp)
+                    raise ShardFetchFailed(f"{url}: status {resp.status} {name or ''}: {detail}")
+                if resp.content_length is not None and resp.content_length > self.max_octets:
+                    raise ShardFetchFailed(f"{url}: {resp.content_length} octets exceed {self.max_octets}")
+                body = await resp.read()
+                announced = resp.headers.get("Repr-Digest")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ShardFetchFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
+        digest = parse_repr_digest(announced)
+        if digest is None or digest != hashlib.sha256(body).digest():
+            raise ShardFetchFailed(f"{url}: Repr-Digest missing or wrong")
+        try:
+            box = decode_container(body)
+        except KvspError as exc:
+            raise ShardFetchFailed(f"{url}: bad container: {exc}") from None
+        if box.header.token_count != tokens[1] - tokens[0] or box.header.first_layer != 0:
+            raise ShardFetchFailed(f"{url}: the container holds {box.header.token_count} tokens, not {tokens}")
+        try:
+            return ShardSlice(tokens, tuple((bytes(layer.k), bytes(layer.v)) for layer in box.layers()))
+        except ValueError as exc:
+            raise ShardFetchFailed(f"{url}: {exc}") from None
+
 
 # ---------------------------------------------------------------------------------------------
 # Servers of the PC and of an instance
@@ -1049,8 +1475,10 @@ async def serve_pc(
     instances: InstanceClient | None = None,
     policy: SleepPolicy | None = None,
     start_instance: StartInstance | None = None,
+    session_client: SessionInstanceClient | None = None,
 ) -> RunningServer:
-    """Run a PC per ``config.pc``. ``index`` defaults to :class:`HttpIndexClient` for
+    """Run a PC per ``config.pc``. With ``failure_check_ms`` set, every that many ms on ``clock`` (when it can wait:
+    ``MonotonicClock``, ``ManualClock``) it migrates the sessions of failed instances (§6.8). ``index`` defaults to :class:`HttpIndexClient` for
     ``index_url`` (none: no lookups, every placement recomputes); ``instances`` to
     :class:`HttpInstanceClient` with ``instance_token``; ``start_instance`` is the
     deployment's hook (§6.4)."""
@@ -1064,19 +1492,38 @@ async def serve_pc(
         instance_client = HttpInstanceClient(pcc.instance_token)
         owned.append(instance_client)
         instances = instance_client
+    clock = clock if clock is not None else MonotonicClock()
+    timer = cast(Timer, clock) if hasattr(clock, "sleep_ms") else MonotonicClock()
+    http_instances = instances if isinstance(instances, HttpInstanceClient) else None
     service = PlacementController(
-        clock=clock if clock is not None else MonotonicClock(), index=index, instances=instances,
-        config=pcc, policy=policy, start_instance=start_instance,
+        clock=clock, index=index, instances=instances, config=pcc, policy=policy, start_instance=start_instance,
+        session_client=session_client if session_client is not None else http_instances,
+        reshard_client=http_instances, timer=timer,
     )
     app = build_app(auth=config.auth, pc=service)
 
     async def close_clients(app: web.Application) -> AsyncIterator[None]:
+        monitor = asyncio.create_task(_watch_failures(service, timer, pcc.failure_check_ms)) if pcc.failure_check_ms else None
         yield
+        if monitor is not None:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+        await service.close()
         for client in owned:
             await client.close()
 
     app.cleanup_ctx.append(close_clients)
     return await serve_app(app, host, port, base_path=pcc.base_path)
+
+
+async def _watch_failures(service: PlacementController, timer: Timer, interval_ms: int) -> None:
+    """§6.3/§6.8: look for expired instances and migrate their sessions, forever."""
+    while True:
+        await timer.sleep_ms(interval_ms)
+        try:
+            await service.sessions.check_failures()
+        except Exception:  # must not stop the loop
+            log.exception("checking for failed instances failed")
 
 
 async def serve_instance(
@@ -1090,6 +1537,8 @@ async def serve_instance(
     pc: PcClient | None = None,
     report: bool = True,
     moqt_retriever: MoqtRetriever | None = None,
+    session_engine: SessionEngine | None = None,
+    shard_store: ShardStore | None = None,
 ) -> RunningServer:
     """Run an inference instance's control plane per ``config.instance``.
 
@@ -1098,7 +1547,9 @@ async def serve_instance(
     counter, else the start time in ms (§6.3). ``pc`` defaults to :class:`HttpPcClient` for
     ``pc_url``. With ``report`` the reports run in the background (first one at start, then
     every ``report_ms``; the first report is awaited before this returns); tests pass ``report=False`` and call ``service.reporter.report_now()``.
-    The instance URL is ``url``, else the bound address.
+    The instance URL is ``url``, else the bound address. ``session_engine`` runs the sessions
+    the PC starts and resumes (§6.8, ``instance_sessions.SessionEngine``; none: they are
+    refused with 409); ``shard_store`` holds its sequence shards (§6.9; default in memory).
     """
     ic: InstanceConfig = config.instance
     timer: Timer = clock if clock is not None else MonotonicClock()
@@ -1121,12 +1572,42 @@ async def serve_instance(
     publisher = ReplicaPublisher(store, index_client, holder_url=url, clock=timer, ttl_ms=ic.record_ttl_ms,
                                  refresh_ms=max(1, ic.record_ttl_ms // 3))
     replicas = index_client if index_client is not None else _NoIndex()
+    # [instance.engine]: what directives load is counted with what requests load (engine_counters.py).
+    counters = EngineCounters() if ic.engine is not None else None
+    counted_fetcher = CountingFetcher(counters, cast(BlockFetcher, fetcher), 0) if counters is not None else None
+    counted_retriever = CountingRetriever(counters, moqt_retriever) if counters is not None else None
     executor = PrefetchExecutor(
-        store=store, publisher=publisher, replicas=replicas, leases=leases, fetcher=cast(BlockFetcher, fetcher), timer=timer,
-        max_directives=ic.max_directives, moqt_retriever=moqt_retriever,
+        store=store, publisher=publisher, replicas=replicas, leases=leases,
+        fetcher=counted_fetcher if counted_fetcher is not None else cast(BlockFetcher, fetcher), timer=timer,
+        max_directives=ic.max_directives,
+        moqt_retriever=counted_retriever if counted_retriever is not None else moqt_retriever,
     )
+    session_pc = pc if isinstance(pc, HttpPcClient) else None
+    if session_pc is None and ic.pc_url is not None:
+        session_pc = HttpPcClient(ic.pc_url, ic.token)
+        owned.append(session_pc)
+    front_ends = HttpFrontEndClient(ic.token)
+    shard_fetcher = HttpShardFetcher(ic.token)
+    owned += [front_ends, shard_fetcher]
     service = InstanceService(url=ic.url or "http://unbound/", epoch=epoch, store=store, prefetch=executor,
-                              timer=timer, pc=pc, config=ic)
+                              timer=timer, pc=pc, config=ic, session_engine=session_engine, checkpoints=session_pc,
+                              front_ends=front_ends, shard_store=shard_store, shard_fetcher=shard_fetcher)
+    if ic.engine is not None:
+        assert counters is not None and counted_fetcher is not None
+        storer = HttpBlockStorer(ic.token)
+        owned.append(storer)
+        try:
+            service.inference = await start_engine(
+                ic.engine, store=store, lifecycle=service.lifecycle, url=lambda: service.url, index=index_client,
+                index_publisher=index_client, fetcher=cast(BlockFetcher, fetcher), storer=storer,
+                replica_publisher=publisher, directives=executor, token=ic.token, counters=counters,
+                owned=(counted_retriever,) if counted_retriever is not None else ())
+        except BaseException:
+            await fetcher.close()
+            for client in owned:
+                await client.close()
+            raise
+        counted_fetcher.layers = service.inference.bundle.layers
     app = build_app(auth=config.auth, instance=service)
 
     tasks: list[asyncio.Task[None]] = []
@@ -1160,3 +1641,39 @@ class _NoIndex:
     async def replicas(self, key: RecordKey) -> list[ReplicaRecord]:
         return []
 
+
+
+async def serve_frontend(
+    config: ControlConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    pc: HttpPcClient | None = None,
+) -> RunningServer:
+    """Run a front end per ``config.frontend`` (§6.8). ``pc`` defaults to :class:`HttpPcClient`
+    for ``pc_url`` with ``pc_token`` (none: clients cannot start sessions, instances can still
+    deliver to sessions registered in Python). Its URL is ``url``, else the bound address."""
+    fc: FrontEndConfig = config.frontend
+    owned: list[_Client] = []
+    if pc is None and fc.pc_url is not None:
+        pc = HttpPcClient(fc.pc_url, fc.pc_token)
+        owned.append(pc)
+    url = _Url(fc.url)
+    service = FrontEnd(config=fc, pc=pc, url=url)
+    app = build_app(auth=config.auth, frontend=service)
+
+    async def end_streams(app: web.Application) -> None:
+        service.close()  # open token streams would otherwise hold the shutdown
+
+    app.on_shutdown.append(end_streams)
+
+    async def close_clients(app: web.Application) -> AsyncIterator[None]:
+        yield
+        for client in owned:
+            await client.close()
+
+    app.cleanup_ctx.append(close_clients)
+    server = await serve_app(app, host, port, base_path=fc.base_path)
+    if url.url is None:
+        url.url = server.url
+    return server

@@ -19,8 +19,11 @@ whatever a directive is doing (the prefetch runs in its own task).
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
-from ..kvsp.records import InstanceStatusRecord, Link, PrefetchDirective, PrefetchStatus
+from ..kvsp.errors import RecordError
+from ..kvsp.records import InstanceStatusRecord, Link, PrefetchDirective, PrefetchStatus, ReshardMessage, ReshardPlan
+from ..kvsp.records.shard import ReshardAbort, ReshardCommit
 from ..kvsp.records.instance import ACTIVE, DRAINING, SLEEPING
 from ..storage import BlockStore, RecordKey
 from .auth import Principal, require_instance, require_scope
@@ -30,7 +33,14 @@ from .control_records import SessionAdmitted, SessionRequest, StatusAnswer
 from .errors import NotActive, NotFound
 from .instance_lifecycle import Lifecycle
 from .instance_reporter import PcClient, StatusReporter, sleep_request
+from .instance_reshard import ReshardParticipant, ShardFetcher
+from .instance_sessions import CheckpointSink, InstanceSessions, SessionEngine, TokenSink
 from .prefetch import PrefetchExecutor
+from .session_records import ReshardAck, SessionAccepted, SessionOrder
+from .shard_store import MemoryShardStore, ShardSlice, ShardStore, TokenRange
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import InferenceEngine
 
 __all__ = ["InstanceService"]
 
@@ -48,6 +58,11 @@ class InstanceService:
         timer: Timer,
         pc: PcClient | None = None,
         config: InstanceConfig | None = None,
+        session_engine: SessionEngine | None = None,
+        checkpoints: CheckpointSink | None = None,
+        front_ends: TokenSink | None = None,
+        shard_store: ShardStore | None = None,
+        shard_fetcher: ShardFetcher | None = None,
     ) -> None:
         self.config = config if config is not None else InstanceConfig()
         self.url = url
@@ -58,6 +73,14 @@ class InstanceService:
         self.lifecycle = Lifecycle(timer, max_sessions=self.config.max_sessions, on_sleep=self._entered_sleep)
         self.reporter = StatusReporter(self, pc, timer, self.config.report_ms)
         self.links = tuple(Link(holder=l.holder, mbit_per_s=l.mbit_per_s, rtt_us=l.rtt_us) for l in self.config.links)
+        #: §6.8 sessions run by the engine (``instance_sessions.py``).
+        self.sessions = InstanceSessions(engine=session_engine, lifecycle=self.lifecycle, pc=checkpoints, front_end=front_ends,
+                                         checkpoint_every=self.config.checkpoint_every)
+        #: §6.9 this instance's shards and its side of resharding (``instance_reshard.py``).
+        self.shards = ReshardParticipant(shard_store if shard_store is not None else MemoryShardStore(), shard_fetcher)
+        #: The model-running engine behind ``POST generate`` (``engine.py``); set by
+        #: ``http.serve_instance`` when ``[instance.engine]`` is configured.
+        self.inference: InferenceEngine | None = None
 
     @property
     def state(self) -> str:
@@ -114,7 +137,41 @@ class InstanceService:
         if scope is None:
             raise NotFound(f"no session {session} in flight")
         require_scope(principal, scope)
+        self.sessions.stop(session)
         self.lifecycle.finish(session)
+
+    # -- §6.8 start and resume -------------------------------------------------------------------
+
+    def run_session(self, principal: Principal, session: uuid.UUID, order: SessionOrder, *, resume: bool) -> SessionAccepted:
+        """``POST sessions/{id}/start`` (ours) or ``/resume`` (§6.8) from the PC: the principal
+        acts for this instance and the session's scope (else 403); an epoch not above the
+        highest seen here for the session is refused (409 ``kvsp-stale-epoch``, §6.8); a
+        draining or sleeping instance refuses (409 ``kvsp-not-active``, §6.3)."""
+        if order.session != session:
+            raise RecordError("checkpoint.session", f"must be the session of the path ({session})")
+        require_instance(principal, self.url)
+        require_scope(principal, order.checkpoint.scope_id)
+        return self.sessions.accept(order, resume=resume)
+
+    # -- §6.9 resharding ---------------------------------------------------------------------------
+
+    async def reshard(self, principal: Principal, message: ReshardMessage) -> ReshardAck | None:
+        """``POST reshard`` from the PC: a plan answers once its fetches completed; commit and
+        abort at once (``None``)."""
+        require_instance(principal, self.url)
+        if isinstance(message, ReshardPlan):
+            return await self.shards.plan(message)
+        if isinstance(message, ReshardCommit):
+            self.shards.commit(message)
+        elif isinstance(message, ReshardAbort):
+            self.shards.abort(message)
+        return None
+
+    async def shard_tokens(self, principal: Principal, map_id: str, version: int, tokens: TokenRange) -> ShardSlice:
+        """A peer's fetch of a token range (the peer acts for this instance, i.e. is a member
+        of the parallel group the deployment configured)."""
+        require_instance(principal, self.url)
+        return await self.shards.serve(map_id, version, tokens)
 
     # -- §6.3 status -----------------------------------------------------------------------------
 
@@ -130,8 +187,8 @@ class InstanceService:
             queued=0,
             batch_size=self.config.batch_size,
             kv_utilization=min(1.0, used / capacity) if capacity else 0.0,
-            prefill_tokens_per_s=self.config.prefill_tokens_per_s,
-            decode_tokens_per_s=self.config.decode_tokens_per_s,
+            prefill_tokens_per_s=self._rates()[0],
+            decode_tokens_per_s=self._rates()[1],
             links=self.links,
             requested_state=sleep_request(self.state, self.lifecycle.idle_for_ms(), self.config.sleep_after_idle_ms),
             ttl_ms=self.config.status_ttl_ms,
@@ -146,6 +203,15 @@ class InstanceService:
         else:
             self.lifecycle.restart_idle()
 
+    def _rates(self) -> tuple[float, float]:
+        """§4.4 prefill/decode rates: measured by the engine once it ran, else configured."""
+        measured = self.inference.measured_rates() if self.inference is not None else (None, None)
+        return (measured[0] or self.config.prefill_tokens_per_s, measured[1] or self.config.decode_tokens_per_s)
+
     async def close(self) -> None:
+        if self.inference is not None:
+            await self.inference.close()
+        await self.sessions.close()
+        await self.shards.close()
         await self.prefetch.close()
         await self.reporter.flush()

@@ -1,5 +1,5 @@
-"""The Placement Controller (kvsp-draft §6.3, §6.4, §6.5): instance status and lifecycle,
-placement by cost, prefetch directives.
+"""The Placement Controller (kvsp-draft §6.3, §6.4, §6.5, §6.8, §6.9): instance status and
+lifecycle, placement by cost, prefetch directives, sessions and resharding.
 
 A plain class: callers pass an authenticated :class:`~.auth.Principal` and typed records;
 ``kvsp_moq/control/http.py`` maps ``instance-status``, ``instance-state``, ``instances`` and
@@ -11,7 +11,10 @@ A plain class: callers pass an authenticated :class:`~.auth.Principal` and typed
   that the IS has the links its estimates need (in process :class:`LocalPcIndex`, over HTTP
   ``http.HttpIndexClient``);
 - :class:`InstanceClient` — calls to instances: ``PUT state`` and ``POST prefetch``;
-- :data:`StartInstance` — the deployment's hook that starts a new instance (§6.4 MAY).
+- :data:`StartInstance` — the deployment's hook that starts a new instance (§6.4 MAY);
+- :class:`~.pc_sessions.SessionManager` (``sessions``) — §6.8 checkpoints, session epochs and
+  migration, placing with :meth:`PlacementController.rank`;
+- :class:`~.pc_reshard.ReshardCoordinator` (``reshard``) — §6.9 Shard Maps and reshard plans.
 
 The §6.3 MUSTs: a record with a lower epoch is discarded (``StaleEpoch``, 409); an expired
 record makes the instance failed; requests are assigned, and directives sent, only to active
@@ -21,10 +24,11 @@ check it right before acting).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,12 +43,14 @@ from ..kvsp.records import (
 from ..kvsp.records.instance import ACTIVE, DRAINING, SLEEPING
 from . import estimates, placement
 from .auth import Principal, require_instance, require_scope
-from .clock import Clock
+from .clock import Clock, Timer
 from .config import PcConfig
 from .control_records import Candidate, InstanceList, InstanceView, Placement, PlacementRequest, StatusAnswer
-from .errors import NotActive, NotFound
+from .errors import InstanceUnreachable, NotActive, NotFound
 from .index import IndexService
 from .pc_registry import InstanceRegistry
+from .pc_reshard import ReshardClient, ReshardCoordinator
+from .pc_sessions import SessionInstanceClient, SessionManager
 
 __all__ = [
     "InstanceClient",
@@ -84,10 +90,6 @@ class LocalPcIndex:
 
     async def report_status(self, record: InstanceStatusRecord) -> None:
         self.service.update_instance_status(record)
-
-
-class InstanceUnreachable(Exception):
-    """An instance refused or did not answer a call of the PC."""
 
 
 class InstanceClient(Protocol):
@@ -144,6 +146,9 @@ class PlacementController:
         policy: SleepPolicy | None = None,
         start_instance: StartInstance | None = None,
         service_time_us: placement.ServiceTime | None = None,
+        session_client: SessionInstanceClient | None = None,
+        reshard_client: ReshardClient | None = None,
+        timer: Timer | None = None,
     ) -> None:
         self.config = config if config is not None else PcConfig()
         self.clock = clock
@@ -159,6 +164,12 @@ class PlacementController:
             max_queued=self.config.max_queued,
             max_kv_utilization=self.config.max_kv_utilization,
         )
+        #: §6.8 sessions, checkpoints and migration (``pc_sessions.py``).
+        self.sessions = SessionManager(registry=self.registry, client=session_client, rank=self.rank,
+                                       max_sessions=self.config.max_sessions)
+        #: §6.9 Shard Maps and resharding (``pc_reshard.py``); deadlines on ``timer``.
+        self.reshard = ReshardCoordinator(client=reshard_client, timer=timer, deadline_ms=self.config.reshard_deadline_ms)
+        self._background: set[asyncio.Task[object]] = set()
 
     # -- §6.3 status and lifecycle --------------------------------------------------------------
 
@@ -172,8 +183,16 @@ class PlacementController:
         The record is then passed on to the IS (its links feed the §6.4 estimates).
         """
         require_instance(principal, record.instance)
+        previous = self.registry.highest_epoch(record.instance)
         record = self.registry.report(record)
         state = self.registry.state(record.instance)
+        if previous is not None and record.epoch > previous:
+            # §6.3 the instance restarted: the sessions its earlier incarnation ran are gone (§6.8).
+            self.spawn(self.sessions.instance_failed(record.instance, before_epoch=record.epoch))
+        elif state == ACTIVE and self.sessions.tracking():
+            # §6.3/§6.8: a live instance reporting is when expired ones are looked for (and
+            # the moment a migration target exists); pending sessions are retried too.
+            self.spawn(self.sessions.check_failures())
         if record.requested_state == SLEEPING and state == ACTIVE:
             active = [r.instance for r in self.registry.active_records()]
             if self.policy(record, active):
@@ -288,6 +307,44 @@ class PlacementController:
             instance=result.instance, cost_us=result.cost_us, matched=result.matched, started=result.started,
             directive=directive.directive, directive_status=location, candidates=result.candidates,
         )
+
+    async def rank(self, request: PlacementRequest, exclude: Collection[str] = ()) -> list[str]:
+        """The active instances for ``request``, best first: acceptable ones by §6.4 cost, then
+        the others by cost (ties to the smaller URL); ``exclude`` left out. Used to place and
+        resume sessions (§6.8 "selects a new instance as in Section 6.4")."""
+        statuses = [s for s in self.registry.active_records() if s.instance not in exclude]
+        if not statuses:
+            return []
+        try:
+            lookup = await self._lookup(request, [s.instance for s in statuses])
+        except Exception as exc:  # the IS is advisory here: without it every candidate recomputes
+            log.warning("lookup for ranking failed: %s", exc)
+            lookup = LookupResponse(matched=0, blocks=())
+        ranked = sorted(self.candidates(request, statuses, lookup), key=lambda c: (not c.acceptable, c.cost_us, c.instance))
+        return [c.instance for c in ranked]
+
+    # -- background work ---------------------------------------------------------------------
+
+    def spawn(self, work: Coroutine[object, object, object]) -> None:
+        """Run ``work`` in the background (a migration triggered by a status report)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[object]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background work of the PC failed", exc_info=task.exception())
+
+    async def settle(self) -> None:
+        """Wait for the background work started so far (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*list(self._background), return_exceptions=True)
 
     # -- §6.5 prefetch directives --------------------------------------------------------------
 

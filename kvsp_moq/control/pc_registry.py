@@ -64,6 +64,20 @@ class InstanceRegistry:
         """The PC started ``instance`` (§6.4): active until it reports or the grace passes."""
         self._starting[instance] = self._clock.now_ms() + self._start_grace_ms
 
+    def fail(self, instance: str) -> bool:
+        """The instance was reported failed (§6.8): its record expires now, so it is failed
+        until it reports again. Whether the PC knew it."""
+        entry = self._entries.get(instance)
+        self._starting.pop(instance, None)
+        if entry is None:
+            return False
+        entry.expires_ms = min(entry.expires_ms, self._clock.now_ms())
+        return True
+
+    def highest_epoch(self, instance: str) -> int | None:
+        """The highest epoch seen for ``instance`` (§6.3), also after expiry."""
+        return self._highest_epoch.get(instance)
+
     def assign(self, instance: str, state: str) -> None:
         """The PC set the instance's state (an accepted sleep request, or ``PUT state``)."""
         entry = self._entries.get(instance)

@@ -157,6 +157,11 @@ class PrefetchExecutor:
     def get(self, directive: uuid.UUID) -> DirectiveRun | None:
         return self._runs.get(directive)
 
+    def by_request_ref(self, request_ref: str) -> list[DirectiveRun]:
+        """The kept directives carrying ``request_ref`` (§6.5: it lets the PC associate the
+        directive with the request it routes), oldest first."""
+        return [run for run in self._runs.values() if run.directive.request_ref == request_ref]
+
     @property
     def running(self) -> int:
         return sum(1 for r in self._runs.values() if not r.done.is_set())

@@ -1,0 +1,266 @@
+"""The PC's sessions (kvsp-draft §6.8): checkpoints, session epochs, migration on failure.
+
+For every session it started, the PC keeps the instance serving it, the current **session
+epoch** and the **latest checkpoint**: the one with the highest ``output_offset`` for the
+current epoch (§6.8). The rules:
+
+- ``PUT sessions/{id}/checkpoint`` with a lower epoch than the session's is refused with
+  ``kvsp-stale-epoch`` (§6.8 MUST); a higher one was never assigned (400). A checkpoint must
+  extend the output the kept one covers (``generated`` starts with it); one that covers less
+  (a retransmission) changes nothing. The answer, :class:`CheckpointAck`, names the offset
+  covered by the checkpoint kept, so that an instance with a non-deterministic sampler knows
+  which tokens it may release (§6.8 MUST NOT release before acknowledgement).
+- When an instance fails — its status record expires (§6.3), a ``POST failures`` reports it,
+  or it reports a higher instance epoch (it restarted, so what it ran is gone) — each of its
+  sessions is placed again (the §6.4 cost, through the ``rank`` hook the PC provides) and
+  resumed with ``POST sessions/{id}/resume`` carrying the latest checkpoint and a **new
+  epoch** (§6.8). The epoch is raised when the failure is learnt, so that any message of the
+  failed instance is refused from then on, and again before each further attempt: if an
+  attempt timed out but the instance did start the session, its messages carry a lower epoch
+  than the next attempt's and are refused too. Sessions that no instance took stay pending
+  and are retried by :meth:`SessionManager.retry_pending`.
+
+Expired instances are looked for (:meth:`SessionManager.check_failures`) whenever an active
+instance reports its status — the moment a migration target is known to be alive — and, with
+``failure_check_ms`` configured, periodically.
+
+The PC's calls to instances go through :class:`SessionInstanceClient` (``http.HttpInstanceClient``
+over HTTP), which raises :class:`~.errors.InstanceUnreachable` on any refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..kvsp.errors import RecordError
+from ..kvsp.records import SessionCheckpoint
+from ..kvsp.records.instance import FAILED
+from .auth import Principal, require_instance, require_scope
+from .control_records import PlacementRequest
+from .errors import InstanceUnreachable, NotActive, NotFound, StaleEpoch
+from .pc_registry import InstanceRegistry
+from .session_records import CheckpointAck, FailureReport, SessionDone, SessionList, SessionOpen, SessionOrder, SessionView
+
+__all__ = ["Rank", "SessionEntry", "SessionInstanceClient", "SessionManager"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionInstanceClient(Protocol):
+    """The PC's session calls to instances; both raise :class:`~.errors.InstanceUnreachable`
+    when the instance refuses (any error answer) or cannot be reached."""
+
+    async def start_session(self, instance: str, order: SessionOrder) -> None:
+        """``POST {ii}sessions/{id}/start`` (ours)."""
+        ...
+
+    async def resume_session(self, instance: str, order: SessionOrder) -> None:
+        """``POST {ii}sessions/{id}/resume`` (§6.8)."""
+        ...
+
+
+#: The instances to try for a placement request, best first (§6.4 cost), leaving out
+#: ``exclude``. Provided by :class:`~.pc.PlacementController`.
+Rank = Callable[[PlacementRequest, Collection[str]], Awaitable[Sequence[str]]]
+
+
+@dataclass
+class SessionEntry:
+    """What the PC keeps of one session."""
+
+    open: SessionOpen
+    epoch: int  # the current session epoch
+    checkpoint: SessionCheckpoint  # the latest: highest output_offset (§6.8)
+    instance: str | None = None  # serving it; None while pending
+    instance_epoch: int | None = None  # the instance's own epoch (§6.3) when it took the session
+    fresh: bool = False  # no order was sent with ``epoch`` yet
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def view(self) -> SessionView:
+        return SessionView(session=self.open.session, instance=self.instance, epoch=self.epoch,
+                           output_offset=self.checkpoint.output_offset)
+
+
+class SessionManager:
+    """Sessions, checkpoints and migration (§6.8)."""
+
+    def __init__(self, *, registry: InstanceRegistry, client: SessionInstanceClient | None, rank: Rank,
+                 max_sessions: int = 65_536) -> None:
+        self.registry = registry
+        self.client = client
+        self.rank = rank
+        self.max_sessions = max_sessions
+        self._sessions: dict[uuid.UUID, SessionEntry] = {}
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def entry(self, session: uuid.UUID) -> SessionEntry:
+        entry = self._sessions.get(session)
+        if entry is None:
+            raise NotFound(f"the PC has no session {session}")
+        return entry
+
+    def view(self, principal: Principal, session: uuid.UUID) -> SessionView:
+        entry = self.entry(session)
+        require_scope(principal, entry.open.scope_id)
+        return entry.view()
+
+    def sessions_of(self, instance: str) -> list[SessionEntry]:
+        return [e for e in self._sessions.values() if e.instance == instance]
+
+    def tracking(self) -> bool:
+        return bool(self._sessions)
+
+    def pending(self) -> list[SessionEntry]:
+        return [e for e in self._sessions.values() if e.instance is None]
+
+    # -- start (ours) ------------------------------------------------------------------------------
+
+    async def open(self, principal: Principal, body: SessionOpen) -> SessionView:
+        """Place a new session (§6.4) and start it at epoch 1 from its initial checkpoint.
+        ``NotActive`` (409) when no instance took it; the same session again answers its view."""
+        require_scope(principal, body.scope_id)
+        existing = self._sessions.get(body.session)
+        if existing is not None:
+            if existing.open != body:
+                raise RecordError("session", "names another session already")
+            return existing.view()
+        if len(self._sessions) >= self.max_sessions:
+            raise NotActive(f"the PC tracks {self.max_sessions} sessions, its maximum")
+        entry = SessionEntry(open=body, epoch=0, checkpoint=body.initial_checkpoint())
+        self._sessions[body.session] = entry
+        async with entry.lock:
+            placed = await self._place(entry, exclude=(), resume=False)
+        if not placed:
+            del self._sessions[body.session]
+            raise NotActive("no instance took the session")
+        return entry.view()
+
+    # -- checkpoints (§6.8) ----------------------------------------------------------------------
+
+    def checkpoint(self, principal: Principal, session: uuid.UUID, cp: SessionCheckpoint) -> CheckpointAck:
+        """Keep ``cp`` if it covers more than the kept checkpoint (§6.8); see the module notes."""
+        if cp.session != session:
+            raise RecordError("session", f"must be the session of the path ({session})")
+        entry = self.entry(session)
+        require_scope(principal, entry.open.scope_id)
+        if entry.instance is not None:
+            require_instance(principal, entry.instance)
+        if cp.epoch < entry.epoch:
+            raise StaleEpoch(f"checkpoint epoch {cp.epoch} is lower than the session's epoch {entry.epoch}")
+        if cp.epoch > entry.epoch:
+            raise RecordError("epoch", f"the PC assigned epoch {entry.epoch} to this session, not {cp.epoch}")
+        kept = entry.checkpoint
+        for name in ("compat_id", "scope_id", "prompt_blocks", "prompt_tail"):
+            if getattr(cp, name) != getattr(kept, name):
+                raise RecordError(name, "differs from the session's")
+        if cp.output_offset >= kept.output_offset:
+            if cp.generated[: kept.output_offset] != kept.generated:
+                raise RecordError("generated", f"does not extend the {kept.output_offset} tokens already checkpointed")
+            entry.checkpoint = cp
+        elif kept.generated[: cp.output_offset] != cp.generated:
+            raise RecordError("generated", "differs from the tokens already checkpointed")
+        return CheckpointAck(session=session, epoch=entry.epoch, output_offset=entry.checkpoint.output_offset)
+
+    def done(self, principal: Principal, session: uuid.UUID, body: SessionDone) -> None:
+        """The serving instance completed the session: the PC forgets it."""
+        entry = self.entry(session)
+        require_scope(principal, entry.open.scope_id)
+        if entry.instance is not None:
+            require_instance(principal, entry.instance)
+        if body.epoch != entry.epoch:
+            raise StaleEpoch(f"epoch {body.epoch} is not the session's epoch {entry.epoch}")
+        del self._sessions[session]
+
+    # -- failures and migration (§6.8) -------------------------------------------------------------
+
+    async def report_failure(self, principal: Principal, report: FailureReport) -> SessionList:
+        """``POST failures``: the instance failed. ``StaleEpoch`` when the report names an older
+        incarnation than the PC knows. Answers the sessions it moved."""
+        require_instance(principal, report.instance)
+        highest = self.registry.highest_epoch(report.instance)
+        if report.epoch is not None and highest is not None and report.epoch < highest:
+            raise StaleEpoch(f"epoch {report.epoch} of {report.instance} is older than {highest}")
+        self.registry.fail(report.instance)
+        return SessionList(sessions=tuple(await self.instance_failed(report.instance)))
+
+    async def instance_failed(self, instance: str, *, before_epoch: int | None = None) -> list[SessionView]:
+        """Migrate every session of ``instance`` (with ``before_epoch``: only those it took
+        in an earlier incarnation)."""
+        moved = []
+        for entry in self.sessions_of(instance):
+            if before_epoch is not None and entry.instance_epoch is not None and entry.instance_epoch >= before_epoch:
+                continue
+            moved.append(await self.migrate(entry, failed=instance))
+        return moved
+
+    async def migrate(self, entry: SessionEntry, *, failed: str) -> SessionView:
+        """Raise the epoch of a session whose instance failed, then resume it elsewhere."""
+        async with entry.lock:
+            if entry.instance != failed or self._sessions.get(entry.open.session) is not entry:
+                return entry.view()  # moved or finished meanwhile
+            entry.epoch += 1  # from now on the failed instance's messages are stale (§6.8)
+            entry.fresh = True
+            entry.instance = entry.instance_epoch = None
+            exclude = (failed,) if self.registry.state(failed) == FAILED else ()
+            await self._place(entry, exclude=exclude, resume=True)
+            return entry.view()
+
+    async def retry_pending(self) -> list[SessionView]:
+        """Try again to place the sessions no instance took."""
+        out = []
+        for entry in self.pending():
+            async with entry.lock:
+                if entry.instance is None and self._sessions.get(entry.open.session) is entry:
+                    await self._place(entry, exclude=(), resume=True)
+                    out.append(entry.view())
+        return out
+
+    async def check_failures(self) -> list[SessionView]:
+        """Migrate the sessions of instances whose status expired (§6.3 failed), then retry
+        the pending ones. The PC runs this periodically."""
+        moved = []
+        for instance in sorted({e.instance for e in self._sessions.values() if e.instance is not None}):
+            if self.registry.state(instance) == FAILED:
+                moved += await self.instance_failed(instance)
+        return moved + await self.retry_pending()
+
+    # -- placement -----------------------------------------------------------------------------------
+
+    def _request(self, entry: SessionEntry) -> PlacementRequest:
+        body = entry.open
+        return PlacementRequest(
+            scope_id=body.scope_id, compat_id=body.compat_id, block_keys=body.prompt_blocks,
+            tokens=body.tokens + entry.checkpoint.output_offset, request_ref=str(body.session), prefetch=False,
+        )
+
+    async def _place(self, entry: SessionEntry, *, exclude: Collection[str], resume: bool) -> bool:
+        """Send the session to the best instance that takes it, a new epoch per attempt.
+        Called with ``entry.lock`` held."""
+        if self.client is None:
+            return False
+        for instance in await self.rank(self._request(entry), exclude):
+            if not entry.fresh:
+                entry.epoch += 1
+            entry.fresh = False
+            order = SessionOrder(epoch=entry.epoch, checkpoint=entry.checkpoint, front_end=entry.open.front_end,
+                                 max_tokens=entry.open.max_tokens)
+            try:
+                if resume:
+                    await self.client.resume_session(instance, order)
+                else:
+                    await self.client.start_session(instance, order)
+            except InstanceUnreachable as exc:
+                log.warning("session %s: %s did not take epoch %d: %s", entry.open.session, instance, entry.epoch, exc)
+                continue
+            entry.instance = instance
+            entry.instance_epoch = self.registry.highest_epoch(instance)
+            return True
+        log.warning("session %s: no instance took it; pending", entry.open.session)
+        return False
+
