@@ -41,7 +41,7 @@ from .logs import event
 from .metrics import MetricsServer
 from .names import format_namespace
 from .namespaces import NamespacePropagation
-from .peer import PeerSession, RequestHandler
+from .peer import NamespaceRequestHandler, PeerSession, RequestHandler
 from .publish_in import PublishRegistry
 from .rendezvous import Rendezvous
 from .routing import RoutingTable
@@ -56,7 +56,7 @@ Namespace = tuple[bytes, ...]
 Observer = Callable[[str, object], None]
 
 
-class _Announcement(RequestHandler):
+class _Announcement(NamespaceRequestHandler):
     """A PUBLISH_NAMESPACE we accepted; withdrawn by cancelling it (§"Publishing
     Namespaces")."""
 
@@ -68,7 +68,7 @@ class _Announcement(RequestHandler):
         self.relay.propagation.local_changed([self.ns])
 
 
-class _NamespaceSubscription(RequestHandler):
+class _NamespaceSubscription(NamespaceRequestHandler):
     """A SUBSCRIBE_NAMESPACE: NAMESPACE / NAMESPACE_DONE (suffixes after the prefix) as
     namespaces under the prefix appear and go (§"Subscribing to Namespaces"), only for the
     namespaces its principals may subscribe to (nothing of the others leaks). With an

@@ -129,35 +129,45 @@ class Subscriber(RequestHandler):
             if d.stream_id == stream_id:
                 del self.streams[usid]
 
+    takes_updates = True
+
     def on_update(self, msg: RequestUpdate) -> None:
-        """REQUEST_UPDATE on this subscription (§"Updating Subscriptions"): what it changes
-        applies to every object not yet handed to QUIC; answered REQUEST_OK."""
+        self.apply_updates(msg.parameters)
+
+    def apply_updates(self, p: MessageParameters, count: int = 1) -> None:
+        """REQUEST_UPDATE on this subscription (§"Updating Subscriptions"), or ``count``
+        updates coalesced into ``p`` (held while the subscription waited for its upstream):
+        what it changes applies to every object not yet handed to QUIC; answered REQUEST_OK
+        with LARGEST_OBJECT (one per update). A LOCATION_FILTER whose end precedes its start
+        fails it: one REQUEST_ERROR INVALID_RANGE that does not end the request, then the
+        subscription ends with PUBLISH_DONE UPDATE_FAILED ("When a REQUEST_UPDATE is
+        unsuccessful, the publisher MUST also terminate the subscription by sending a
+        PUBLISH_DONE with error code UPDATE_FAILED")."""
         moqt = self.peer.moqt
         if moqt is None or moqt.closed or self.request_id not in moqt.requests:
             return  # PUBLISH_DONE already went: nothing left to change
-        p = msg.parameters
         if self.ended:
             # Ended by the fan-out, but bytes may still wait: the priority still counts.
             if p.subscriber_priority is not None:
                 self.out.set_priority(p.subscriber_priority)
-            moqt.request_ok(self.request_id, MessageParameters())
+            for _ in range(count):
+                moqt.request_ok(self.request_id, MessageParameters())
             self.peer.flush()
             return
         if p.location_filter is not None:
             window = subscription_window(p.location_filter, self.fanout.largest)
             if window.empty:
-                # The subscription cannot go on (REQUEST_ERROR ends the request stream, so
-                # no PUBLISH_DONE UPDATE_FAILED can follow it: see docs/relay.md).
                 moqt.reject(self.request_id, RequestErrorCode.INVALID_RANGE,
-                            "the filter's end precedes its start")
+                            "the filter's end precedes its start", end=False)
                 self.peer.flush()
                 self.end(PublishDoneCode.UPDATE_FAILED, "invalid LOCATION_FILTER update")
                 return
             self.window = window
         self.apply(p)
         largest = self.fanout.largest
-        moqt.request_ok(self.request_id, MessageParameters(
-            largest_object=Location(*largest) if largest is not None else None))
+        for _ in range(count):
+            moqt.request_ok(self.request_id, MessageParameters(
+                largest_object=Location(*largest) if largest is not None else None))
         self.peer.flush()
         if largest is not None and self.window.passed(*largest):
             self.end(PublishDoneCode.SUBSCRIPTION_ENDED, "range delivered")

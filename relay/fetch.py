@@ -168,16 +168,22 @@ class _ServedFetch(RequestHandler):
     def on_session_closed(self, peer: PeerSession) -> None:
         self.out.abort()
 
+    takes_updates = True
+
     def on_update(self, msg: RequestUpdate) -> None:
-        """REQUEST_UPDATE of the FETCH: SUBSCRIBER_PRIORITY (the only other parameter it
-        may carry is AUTHORIZATION_TOKEN); answered REQUEST_OK."""
+        self.apply_updates(msg.parameters)
+
+    def apply_updates(self, p: MessageParameters, count: int = 1) -> None:
+        """REQUEST_UPDATE of the FETCH (or ``count`` of them coalesced, held while the FETCH
+        waited for its upstream FETCH): SUBSCRIBER_PRIORITY (the only other parameter it
+        may carry is AUTHORIZATION_TOKEN); one REQUEST_OK each."""
         moqt = self.down.moqt
         if moqt is None or moqt.closed or self.rid not in moqt.requests:
             return
-        prio = msg.parameters.subscriber_priority
-        if prio is not None:
-            self.out.set_priority(prio)
-        moqt.request_ok(self.rid, MessageParameters())
+        if p.subscriber_priority is not None:
+            self.out.set_priority(p.subscriber_priority)
+        for _ in range(count):
+            moqt.request_ok(self.rid, MessageParameters())
         self.down.flush()
 
 
@@ -329,11 +335,14 @@ class FetchService:
         req = moqt.requests[rid]
         params = getattr(req.message, "parameters", None)
         out = down.sender.request(getattr(params, "subscriber_priority", None))
-        down.served[rid] = _ServedFetch(down, rid, out)
+        served = down.served[rid] = _ServedFetch(down, rid, out)
         objects = [o for o in objects if o.status is ObjectStatus.NORMAL]
         props = self.cache.track_properties(track) or ()
         moqt.accept_fetch(rid, Location(*objects[-1].location), end_of_track=end_of_track,
                           track_properties=props)
+        held = down.take_updates(rid)  # updates that came while the FETCH waited upstream
+        if held is not None:
+            served.apply_updates(held.parameters, held.count)
         sid = moqt.open_fetch_stream(rid)
         down.flush()
         out.open_stream(sid, objects[0].publisher_priority, objects[0].group_id)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from kvsp_moq.moqt import session_events as ev
-from kvsp_moq.moqt.errors import SessionErrorCode
-from kvsp_moq.moqt.messages import Message, RequestUpdate, Token
+from kvsp_moq.moqt.errors import RequestErrorCode, SessionErrorCode
+from kvsp_moq.moqt.messages import Message, MessageParameters, RequestUpdate, Token
+from kvsp_moq.moqt.objects import ObjectDatagram
 from kvsp_moq.moqt.session import Role, SessionConfig
 from kvsp_moq.moqt.session import Session as MoqtSession
 from kvsp_moq.moqt.version import Version
@@ -33,7 +35,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from .core import Relay
     from .solicit import Solicitation
 
-__all__ = ["PeerSession", "RequestHandler"]
+__all__ = ["HeldUpdates", "NamespaceRequestHandler", "PeerSession", "RequestHandler"]
+
+
+@dataclass(slots=True)
+class HeldUpdates:
+    """REQUEST_UPDATEs of a request that could not be applied yet, coalesced (draft-22
+    §"REQUEST_UPDATE": "A receiver of multiple REQUEST_UPDATE messages on the same stream
+    MAY coalesce their processing by applying only the cumulative result. Parameter values
+    from later REQUEST_UPDATE messages override values from earlier ones"): ``count``
+    answers are owed (one REQUEST_OK each, or one REQUEST_ERROR for all)."""
+
+    count: int
+    parameters: MessageParameters
+
+    def add(self, later: MessageParameters) -> None:
+        changed = {f.name: getattr(later, f.name) for f in fields(later)
+                   if getattr(later, f.name) != f.default}
+        self.parameters = replace(self.parameters, **changed)
+        self.count += 1
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +70,19 @@ class RequestHandler:
     def on_data(self, stream_id: int, event: object) -> None:
         """Data-plane event of our subscription / fetch."""
 
+    def on_datagram(self, datagram: ObjectDatagram) -> None:
+        """An OBJECT_DATAGRAM of our subscription (or of the peer's PUBLISH)."""
+
     def on_stream_closed(self, stream_id: int, code: int | None) -> None:
         """One of its data streams ended (FIN: None; reset: the code)."""
 
     def on_stream_stopped(self, stream_id: int, code: int) -> None:
         """The peer sent STOP_SENDING on a data stream we send for this request."""
+
+    #: Whether :meth:`on_update` applies and answers REQUEST_UPDATEs. While the handler of
+    #: a request does not (none yet, or one that waits, e.g. for the upstream subscription),
+    #: its updates are held by the session (:meth:`PeerSession.take_updates`).
+    takes_updates = False
 
     def on_update(self, msg: RequestUpdate) -> None:
         """The peer sent REQUEST_UPDATE for this request (it answers REQUEST_OK/ERROR)."""
@@ -67,6 +95,37 @@ class RequestHandler:
 
     def on_session_closed(self, peer: PeerSession) -> None:
         """The session ended."""
+
+
+class NamespaceRequestHandler(RequestHandler):
+    """A handler of the peer's PUBLISH_NAMESPACE / SUBSCRIBE_NAMESPACE / SUBSCRIBE_TRACKS
+    (attributes ``peer`` and ``rid``). Their REQUEST_UPDATEs change nothing the relay keeps
+    (token aliases are applied by the gate first): REQUEST_OK. A new
+    TRACK_NAMESPACE_PREFIX (§"Updating Namespace Subscriptions") is not supported:
+    REQUEST_ERROR NOT_SUPPORTED, then the stream is closed, as §"Updating Subscriptions"
+    requires for a failed update of these requests; :meth:`on_update_failed` cleans up."""
+
+    peer: PeerSession
+    rid: int
+    takes_updates = True
+
+    def on_update(self, msg: RequestUpdate) -> None:
+        moqt = self.peer.moqt
+        if moqt is None or moqt.closed or self.rid not in moqt.requests:
+            return
+        if msg.parameters.track_namespace_prefix is not None:
+            self.peer.served.pop(self.rid, None)
+            moqt.reject(self.rid, RequestErrorCode.NOT_SUPPORTED,
+                        "changing the Track Namespace Prefix is not supported")
+            self.peer.flush()
+            self.on_update_failed()
+            return
+        moqt.request_ok(self.rid)
+        self.peer.flush()
+
+    def on_update_failed(self) -> None:
+        """The request ended after a failed update (the relay closed its stream)."""
+        self.on_cancelled(RequestErrorCode.NOT_SUPPORTED)
 
 
 class PeerSession(SessionDriver):
@@ -90,6 +149,8 @@ class PeerSession(SessionDriver):
         #: Handlers of the peer's requests we are answering (by its Request ID).
         self.served: dict[int, RequestHandler] = {}
         self.goaway_received = False
+        #: REQUEST_UPDATEs of the peer's requests whose handler cannot apply them yet.
+        self.held_updates: dict[int, HeldUpdates] = {}
         self._aliases = 0
         self._pumping = False
         #: Token aliases the peer registered (we advertise the cache size to downstream
@@ -193,8 +254,14 @@ class PeerSession(SessionDriver):
                 if self.moqt is None or self.moqt.closed:
                     return
                 h = self._handler(e.request_id)
-                if h is not None:
+                if h is not None and h.takes_updates:
                     h.on_update(e.message)
+                else:
+                    self._hold_update(e.request_id, e.message)
+        elif isinstance(e, ev.DatagramReceived):
+            h = self._handler(e.request_id)
+            if h is not None:
+                h.on_datagram(e.datagram)
         elif isinstance(e, ev.RequestMessage):
             h = self._handler(e.request_id)
             if h is not None:
@@ -243,6 +310,25 @@ class PeerSession(SessionDriver):
         if self._sender is not None:
             self._sender.close()
         self.relay.on_session_closed(self)
+
+    # -- REQUEST_UPDATEs held for a request still being routed / waiting upstream -------------
+    def _hold_update(self, rid: int, msg: RequestUpdate) -> None:
+        moqt = self.moqt
+        if moqt is None:
+            return
+        # Requests that ended while their updates were held (refused, cancelled) owe nothing.
+        for gone in [r for r in self.held_updates if r not in moqt.requests]:
+            del self.held_updates[gone]
+        held = self.held_updates.get(rid)
+        if held is None:
+            self.held_updates[rid] = HeldUpdates(1, msg.parameters)
+        else:
+            held.add(msg.parameters)
+
+    def take_updates(self, rid: int) -> HeldUpdates | None:
+        """The held REQUEST_UPDATEs of the peer's request ``rid`` (its handler now applies
+        them and answers), or None."""
+        return self.held_updates.pop(rid, None)
 
     # -- helpers for handlers ----------------------------------------------------------------
     def flush(self) -> None:

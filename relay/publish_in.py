@@ -29,28 +29,17 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
-from kvsp_moq.moqt.messages import (
-    Location,
-    Message,
-    MessageParameters,
-    Publish,
-    RequestError,
-    RequestOk,
-    Subscribe,
-    SubscribeTracks,
-)
-from kvsp_moq.moqt.objects import SubgroupHeader
-from kvsp_moq.pubsub.window import subscription_window
+from kvsp_moq.moqt.messages import MessageParameters, Publish, Subscribe, SubscribeTracks
+from kvsp_moq.moqt.objects import ObjectDatagram, SubgroupHeader
 
 from .cache import TrackName
-from .fanout import Subscriber
 from .logs import event
 from .names import format_namespace
-from .peer import PeerSession, RequestHandler
+from .peer import NamespaceRequestHandler, PeerSession
+from .publish_out import PushedSubscriber, UpstreamPublishing, push_publish
 from .routing import is_prefix
 from .upstream import UpstreamSubscription
 
@@ -60,7 +49,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["PublishRegistry", "PublishedTrack", "PushedSubscriber", "TracksSubscription"]
 
-logger = logging.getLogger(__name__)
 Namespace = tuple[bytes, ...]
 
 
@@ -120,6 +108,10 @@ class PublishedTrack(UpstreamSubscription):
             return
         super().on_data(stream_id, event)
 
+    def on_datagram(self, datagram: ObjectDatagram) -> None:
+        if self.active:  # a standby's objects are not forwarded
+            super().on_datagram(datagram)
+
     def on_stream_closed(self, stream_id: int, code: int | None) -> None:
         if stream_id in self._ignored:
             self._ignored.discard(stream_id)
@@ -138,25 +130,7 @@ class PublishedTrack(UpstreamSubscription):
             self.registry.removed(self)
 
 
-class PushedSubscriber(Subscriber):
-    """A PUBLISH the relay sent to a SUBSCRIBE_TRACKS subscriber: a subscriber of the track's
-    fan-out on a request the relay opened."""
-
-    def on_response(self, msg: Message) -> None:
-        if isinstance(msg, RequestOk):  # PUBLISH_OK may carry SUBSCRIBER_PRIORITY, FORWARD
-            self.apply(msg.parameters)
-        elif isinstance(msg, RequestError):  # e.g. UNINTERESTED: stop sending it this track
-            self.ended = True
-            self.out.abort()
-            self.peer.local.pop(self.request_id, None)
-            self.fanout.remove(self)
-
-    def _publish_done(self, status: int, reason: str) -> None:
-        super()._publish_done(status, reason)
-        self.peer.local.pop(self.request_id, None)
-
-
-class TracksSubscription(RequestHandler):
+class TracksSubscription(NamespaceRequestHandler):
     """A SUBSCRIBE_TRACKS we accepted."""
 
     def __init__(self, registry: PublishRegistry, peer: PeerSession, rid: int,
@@ -176,26 +150,8 @@ class TracksSubscription(RequestHandler):
         if moqt is None or moqt.closed or self.rid not in moqt.requests:
             self._leave()
             return
-        ns, name = track.track
-        alias = self.peer.next_alias()
-        largest = track.fanout.largest
-        params = MessageParameters(
-            forward=None if self.forward else False,
-            largest_object=Location(*largest) if largest is not None else None)
-        try:
-            rid = moqt.publish(ns, name, alias, params, track.track_properties)
-        except (RuntimeError, ValueError) as exc:  # e.g. the peer's request ID limit
-            logger.warning("relay: cannot PUBLISH %s to %r: %s", format_namespace(ns),
-                           self.peer, exc)
-            return
-        sub = PushedSubscriber(track.fanout, self.peer, rid, alias,
-                               subscription_window(None, largest),
-                               self.registry.relay.config.subscriber_queue_bytes)
-        sub.forward = self.forward  # our PUBLISH says FORWARD=0 then (§"Forward State")
-        self.peer.local[rid] = sub
-        track.fanout.add(sub)
-        self.peer.flush()
-        if self.forward:
+        if push_publish(self.registry.relay, self.peer, track, self.forward) is not None \
+                and self.forward:
             track.want_forward()
 
     def _leave(self) -> None:
@@ -216,6 +172,7 @@ class PublishRegistry:
         #: full track name → its PUBLISHes, the active one first.
         self.tracks: dict[TrackName, list[PublishedTrack]] = {}
         self.watchers: list[TracksSubscription] = []
+        self.upstream = UpstreamPublishing(relay)
 
     def active(self, prefix: Namespace = ()) -> list[PublishedTrack]:
         return [pts[0] for t, pts in sorted(self.tracks.items())
@@ -236,9 +193,11 @@ class PublishRegistry:
         self.tracks.setdefault(track, []).append(pt)
         if self.relay.upstreams.get(track) is None:
             self._activate(pt)
+        self.relay._emit("publish", pt)  # observers (tests, tools): a PUBLISH was accepted
 
     def _activate(self, pt: PublishedTrack) -> None:
         pt.activate()
+        self.upstream.track_active(pt)  # chaining: PUBLISH it to the upstream relay
         # Held SUBSCRIBEs (RENDEZVOUS_TIMEOUT) proceed first; SUBSCRIBE_TRACKS watchers of
         # those sessions then get no PUBLISH (§"Publisher Interactions").
         self.relay.rendezvous.publisher_appeared(pt.track[0], pt.track[1])

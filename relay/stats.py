@@ -24,6 +24,11 @@ class RelayStats:
     #: local publishers announced) and upstream SUBSCRIBE_NAMESPACEs (one per prefix).
     upstream_announces: int = 0
     upstream_namespace_subscribes: int = 0
+    #: Chaining: PUBLISHes we sent upstream (one per track PUBLISHed here by a publisher).
+    upstream_publishes: int = 0
+    #: Object datagrams not forwarded to a subscriber: larger than its session's maximum
+    #: datagram payload (draft-22 §"Datagrams": dropped without notification).
+    datagrams_dropped: int = 0
     #: Downstream FETCHes, those served from the cache, those that needed upstream, and
     #: the upstream FETCHes actually sent (single-flight: misses >= upstream_fetches).
     fetches: int = 0

@@ -31,10 +31,11 @@ from kvsp_moq.moqt.messages import (
     Subscribe,
     SubscribeOk,
 )
-from kvsp_moq.moqt.objects import SubgroupHeader
+from kvsp_moq.moqt.objects import ObjectDatagram, SubgroupHeader
 from kvsp_moq.pubsub.window import subscription_window
 
 from .cache import ObjectCache, TrackName
+from .datagrams import forward_datagram
 from .fanout import Fanout, Subscriber
 from .logs import event
 from .names import format_namespace
@@ -109,6 +110,11 @@ class UpstreamSubscription(RequestHandler):
         down.flush()
         if self.manager.on_accepted is not None:
             self.manager.on_accepted(self, sub, msg)  # fill fetch stream (relay.fill)
+        # REQUEST_UPDATEs that arrived while the SUBSCRIBE waited (for the upstream
+        # subscription, a route, a publisher): applied now, answered after SUBSCRIBE_OK.
+        held = down.take_updates(rid)
+        if held is not None:
+            sub.apply_updates(held.parameters, held.count)
 
     def _reject_pending(self, code: int, reason: str) -> None:
         pending, self.pending = self.pending, []
@@ -168,6 +174,9 @@ class UpstreamSubscription(RequestHandler):
         if isinstance(event, SubgroupHeader):
             self.streams_seen += 1
         self.fanout.on_data(stream_id, event)
+
+    def on_datagram(self, datagram: ObjectDatagram) -> None:
+        forward_datagram(self.fanout, datagram)  # relay/datagrams.py
 
     def on_stream_closed(self, stream_id: int, code: int | None) -> None:
         self.fanout.on_stream_closed(stream_id, code)

@@ -282,9 +282,8 @@ async def test_subscriber_priority_across_subscriptions_and_request_update(
         b = await s.subscribe(NS, "b", parameters=MessageParameters(subscriber_priority=200),
                               on_object_begin=c.begin, on_object_progress=c.progress("b"))
         if update:
-            def send_update() -> None:
-                assert s.moqt is not None
-                s.moqt.request_update(b.request_id, MessageParameters(subscriber_priority=1))
+            def send_update() -> None:  # sent at once, before any further byte is read
+                b.update(subscriber_priority=1)
             c.on_release = send_update
         c.tell(c.ready)
         got_a, got_b = await a.collect(), await b.collect()
@@ -393,7 +392,6 @@ async def test_request_update_answered_and_forward_0_pauses(net: Net) -> None:  
     """REQUEST_UPDATE is answered REQUEST_OK with LARGEST_OBJECT (§"REQUEST_UPDATE") and
     its SUBSCRIBER_PRIORITY is in force; a subscription with Forward State 0 gets no objects
     until an update sets it to 1."""
-    from kvsp_moq.moqt import session_events as ev
     from relay.fanout import Subscriber
 
     relay = await net.relay()
@@ -401,29 +399,15 @@ async def test_request_update_answered_and_forward_0_pauses(net: Net) -> None:  
     track = catalog.create(NS, "fwd")
     witness = await within((await net.client(relay)).subscribe(NS, "fwd"))
     s = await net.client(relay)
-    answers: asyncio.Queue = asyncio.Queue()
-    real_dispatch = s._dispatch
-
-    def dispatch(e) -> None:  # the pubsub session drops UpdateAnswered: observe it here
-        if isinstance(e, ev.UpdateAnswered):
-            answers.put_nowait(e.message)
-        real_dispatch(e)
-
-    s._dispatch = dispatch  # type: ignore[method-assign]
     sub = await within(s.subscribe(NS, "fwd", parameters=MessageParameters(forward=False)))
     await within(track.write_object(0, 0, payload(0, 0)))
     assert (await within(witness.__anext__())).object_id == 0  # the relay has object 0
-    assert s.moqt is not None
-    s.moqt.request_update(sub.request_id, MessageParameters(subscriber_priority=7))
-    s.pump()
-    ok = await within(answers.get())
+    ok = await within(sub.update(subscriber_priority=7))
     assert ok.NAME == "REQUEST_OK" and tuple(ok.parameters.largest_object) == (0, 0)
     mine = [h for p in relay.sessions for h in p.served.values()
             if isinstance(h, Subscriber) and not h.forward]
     assert len(mine) == 1 and mine[0].priority == 7
-    s.moqt.request_update(sub.request_id, MessageParameters(forward=True))
-    s.pump()
-    assert (await within(answers.get())).NAME == "REQUEST_OK"
+    assert (await within(sub.update(forward=True))).NAME == "REQUEST_OK"
     await within(track.write_object(0, 1, payload(0, 1)))
     await within(track.finish())
     got = [(o.group_id, o.object_id) for o in await within(sub.collect())]

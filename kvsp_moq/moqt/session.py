@@ -40,7 +40,9 @@ from .messages import (
     ControlStreamReader,
     Fetch,
     FetchOk,
+    FetchType,
     GoAway,
+    JoiningFetch,
     Location,
     LocationFilter,
     Message,
@@ -59,6 +61,7 @@ from .messages import (
     Subscribe,
     SubscribeNamespace,
     SubscribeOk,
+    SubscribeTracks,
     TrackStatus,
     check_redirect,
     check_request_ok,
@@ -786,6 +789,25 @@ class Session:
                      parameters: MessageParameters = MessageParameters()) -> int:
         return self._request(lambda rid: TrackStatus(rid, tuple(namespace), name, parameters))
 
+    def subscribe_tracks(self, prefix: Sequence[bytes],
+                         parameters: MessageParameters = MessageParameters()) -> int:
+        """SUBSCRIBE_TRACKS (draft 18+, §"SUBSCRIBE_TRACKS"): the peer PUBLISHes every track
+        under ``prefix``, now and later."""
+        return self._request(lambda rid: SubscribeTracks(rid, tuple(prefix), parameters))
+
+    def joining_fetch(self, subscribe_request_id: int, joining_start: int, *,
+                      absolute: bool = False,
+                      parameters: MessageParameters = MessageParameters()) -> int:
+        """Draft-18 Joining FETCH (§"Joining Fetches") of our subscription
+        ``subscribe_request_id``: Relative (``joining_start`` groups before its Joining
+        Location) or Absolute (from group ``joining_start``). Removed in draft 20 (fill
+        fetch streams replace it): ValueError on other versions."""
+        if not self.version.fetch_has_fetch_type:
+            raise ValueError(f"{self.version.name} has no Joining FETCH (use FILL_PARAMETERS)")
+        kind = FetchType.ABSOLUTE_JOINING if absolute else FetchType.RELATIVE_JOINING
+        return self._request(lambda rid: JoiningFetch(rid, kind, subscribe_request_id,
+                                                      joining_start, parameters))
+
     def publish(self, namespace: Sequence[bytes], name: bytes, track_alias: int,
                 parameters: MessageParameters = MessageParameters(),
                 track_properties: Sequence[tuple[int, int | bytes]] = ()) -> int:
@@ -858,12 +880,22 @@ class Session:
         self._respond(request_id, RequestOk(parameters, tuple(track_properties)), end=end)
 
     def reject(self, request_id: int, error_code: int, reason: str = "", *,
-               retry_interval: int = 0) -> None:
-        """REQUEST_ERROR, then FIN: the request is over."""
+               retry_interval: int = 0, end: bool = True) -> None:
+        """REQUEST_ERROR. With ``end`` (the default) FIN follows: the request is over.
+
+        ``end=False`` answers a REQUEST_UPDATE of the peer (§"REQUEST_UPDATE": "The receiver
+        of a REQUEST_UPDATE MUST respond with exactly one REQUEST_OK or REQUEST_ERROR")
+        without ending the request, so that what the draft asks next can still be sent on
+        it: PUBLISH_DONE UPDATE_FAILED for a subscription (§"Updating Subscriptions"), or
+        the responder closes the stream itself (:meth:`finish_request`). The first answer
+        to a request cannot be such an error (a REQUEST_ERROR there ends the request)."""
         req = self._req(request_id)
-        self._respond(request_id, RequestError(error_code, retry_interval, reason), end=True)
-        # The request is over: whatever else the requester sends on it is ignored.
-        self._forget(req, reset_code=None)
+        if not end and not req.responded:
+            raise ValueError("a REQUEST_ERROR answering the request itself ends it")
+        self._respond(request_id, RequestError(error_code, retry_interval, reason), end=end)
+        if end:
+            # The request is over: whatever else the requester sends on it is ignored.
+            self._forget(req, reset_code=None)
 
     def namespace(self, request_id: int, suffix: Sequence[bytes]) -> None:
         self._respond(request_id, Namespace(tuple(suffix)))

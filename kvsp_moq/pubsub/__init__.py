@@ -7,13 +7,14 @@ with ``await session.subscribe(ns, name)``, fetch with ``await session.fetch(...
 Failures raise :class:`MoqtError` carrying the MOQT code.
 """
 
-from .errors import ErrorKind, MoqtError, SessionClosedError
+from .errors import DatagramTooLargeError, ErrorKind, MoqtError, SessionClosedError
 from .publish import Catalog, ObjectWriter, StoredObject, TrackPublisher
 from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Subscription
 from .session import IncomingPublish, MoqtServer, Session, connect, serve
 
 __all__ = [
     "Catalog",
+    "DatagramTooLargeError",
     "ErrorKind",
     "FetchStream",
     "IncomingPublish",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ErrorKind", "MoqtError", "SessionClosedError"]
+__all__ = ["DatagramTooLargeError", "ErrorKind", "MoqtError", "SessionClosedError"]
 
 
 class ErrorKind(Enum):
@@ -39,3 +39,17 @@ class SessionClosedError(MoqtError):
 
     def __init__(self, code: int, reason: str = "") -> None:
         super().__init__(code, reason, ErrorKind.SESSION)
+
+
+class DatagramTooLargeError(ValueError):
+    """An object does not fit in one OBJECT_DATAGRAM to a subscriber's session: ``size``
+    octets (header and payload) against that session's ``limit`` (the largest QUIC DATAGRAM
+    payload the peer's ``max_datagram_frame_size`` and the path allow). Nothing was sent;
+    publish the object on a stream instead (draft-22 §"Datagrams": a datagram larger than
+    the session's maximum would be dropped without notice)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"OBJECT_DATAGRAM of {size} octets exceeds the peer's maximum "
+                         f"datagram payload of {limit} octets")
+        self.size = size
+        self.limit = limit

@@ -17,12 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..moqt.data import SubgroupStreamEncoder
+from ..moqt.data import SubgroupStreamEncoder, encode_datagram
 from ..moqt.errors import PublishDoneCode, StreamResetCode
-from ..moqt.objects import SubgroupHeader, SubgroupIdMode
+from ..moqt.objects import ObjectDatagram, SubgroupHeader, SubgroupIdMode
 from ..transport import StreamClosedError, TransportError
 from ..wire.buffer import Buffer
 from ..wire.kvp import encode_kvps
+from .errors import DatagramTooLargeError
 from .window import Window
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +59,10 @@ class _Outgoing:
     dead: bool = False
     #: The objects this subscription asked for (its LOCATION_FILTER).
     window: Window = field(default_factory=Window)
+    #: Forward State (§"FORWARD"): False sends no objects until an update sets it again.
+    forward: bool = True
+    #: SUBSCRIBER_PRIORITY of the request (kept; objects go out as they are written).
+    subscriber_priority: int = 128
 
 
 @dataclass
@@ -69,6 +74,9 @@ class _Stored:
     payload: Buffer | Callable[[], Buffer]
     properties: tuple[tuple[int, int | bytes], ...]
     priority: int
+    #: Published as an OBJECT_DATAGRAM (Forwarding Preference Datagram): a FETCH carries
+    #: it with the datagram flag instead of a Subgroup ID (§"Fetch Header").
+    datagram: bool = False
 
 
 #: Public name of a FETCH-servable object (for :meth:`TrackPublisher.objects_in` overrides).
@@ -121,6 +129,13 @@ class TrackPublisher:
         self._subs.append(out)
         self.subscribed.set()
 
+    def outgoing(self, session: Session, request_id: int) -> _Outgoing | None:
+        """The live subscription ``request_id`` of ``session`` (None if gone)."""
+        for s in self._subs:
+            if s.session is session and s.request_id == request_id and not s.dead:
+                return s
+        return None
+
     def _remove(self, session: Session, request_id: int) -> None:
         for s in self._subs:
             if s.session is session and s.request_id == request_id:
@@ -153,7 +168,7 @@ class TrackPublisher:
             props = tuple(properties)
             targets: list[_Outgoing] = []
             for sub in list(self._subs):
-                if sub.dead:
+                if sub.dead or not sub.forward:
                     continue
                 if sub.window.passed(group, object_id):
                     self._complete(sub)  # its range is delivered: PUBLISH_DONE
@@ -194,19 +209,83 @@ class TrackPublisher:
             pass
         sub.session._data_stream_done(sid)
 
+    async def write_datagram(self, group: int, object_id: int, payload: Buffer, *,
+                             properties: PropertyList = (), priority: int | None = None,
+                             end_of_group: bool = False) -> None:
+        """Publish one object as an OBJECT_DATAGRAM (Forwarding Preference Datagram,
+        draft-22 §"Object Datagram") to every subscriber whose Forward State is 1 and whose
+        window admits it; kept for FETCH like any object (``keep=True``).
+
+        Raises :class:`~kvsp_moq.pubsub.errors.DatagramTooLargeError`, sending nothing, when
+        the encoded datagram exceeds any subscriber session's maximum datagram payload
+        (the peer's ``max_datagram_frame_size``, the path MTU): the draft would have it
+        "dropped without any explicit notification" (§"Datagrams"). Datagrams are
+        unreliable: a subscriber may not get it."""
+        if self.finished:
+            raise RuntimeError("track finished")
+        encode_kvps(properties)  # fail early on properties that cannot be encoded
+        prio = self.priority if priority is None else priority
+        props = tuple(properties)
+        async with self._lock:
+            out: list[tuple[_Outgoing, bytes]] = []
+            for sub in list(self._subs):
+                if sub.dead or not sub.forward:
+                    continue
+                if sub.window.passed(group, object_id):
+                    self._complete(sub)
+                    continue
+                if not sub.window.admits(group, object_id):
+                    continue
+                version = sub.session.version
+                data = encode_datagram(ObjectDatagram(
+                    sub.track_alias, group, object_id, prio, payload=payload,
+                    end_of_group=end_of_group,
+                    raw_properties=encode_kvps(props, seven_byte=version.vi64_seven_byte)
+                    if props else b""), version)
+                limit = sub.session.max_datagram_size
+                if len(data) > limit:
+                    raise DatagramTooLargeError(len(data), limit)
+                out.append((sub, data))
+            for sub, data in out:
+                sub.session._send_datagram(data)
+            if self.keep:
+                self.store[(group, object_id)] = _Stored(bytes(payload), props, prio,
+                                                         datagram=True)
+            if self.largest is None or (group, object_id) > self.largest:
+                self.largest = (group, object_id)
+            for sub, _data in out:  # a range ending at this very object is complete now
+                w = sub.window
+                if w.end_object is not None and (group, object_id) == (w.end_group, w.end_object):
+                    self._complete(sub)
+
     async def end_group(self) -> None:
         """FIN the current group's streams (the next object opens a new one)."""
         async with self._lock:
             for sub in self._subs:
                 self._end_stream(sub)
 
-    def _complete(self, sub: _Outgoing) -> None:
-        """End one subscription whose range is complete (PUBLISH_DONE SUBSCRIPTION_ENDED)."""
+    def _complete(self, sub: _Outgoing, status: int = PublishDoneCode.SUBSCRIPTION_ENDED,
+                  reason: str = "range delivered") -> None:
+        """End one subscription (by default: its range is complete): FIN its stream, then
+        PUBLISH_DONE with its Stream Count. Called with the track's lock held."""
         self._end_stream(sub)
-        sub.session._publish_done(sub.request_id, PublishDoneCode.SUBSCRIPTION_ENDED,
-                                  sub.streams_opened, "range delivered")
+        sub.session._publish_done(sub.request_id, status, sub.streams_opened, reason)
         sub.dead = True
         self._subs = [s for s in self._subs if s is not sub]
+
+    def _complete_soon(self, sub: _Outgoing, status: int = PublishDoneCode.SUBSCRIPTION_ENDED,
+                       reason: str = "range delivered") -> None:
+        """:meth:`_complete` once no object is being written (never FIN mid-object)."""
+        if not self._lock.locked():
+            self._complete(sub, status, reason)
+            return
+
+        async def later() -> None:
+            async with self._lock:
+                if not sub.dead:
+                    self._complete(sub, status, reason)
+
+        sub.session._spawn(later())
 
     async def finish(self, status: int = PublishDoneCode.TRACK_ENDED, reason: str = "") -> None:
         """End the track: close every data stream, then PUBLISH_DONE with the Stream Count

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..moqt.messages import FetchOk, Message, PublishDone, SubscribeOk
-from ..moqt.objects import ObjectBegin, ObjectEnd, ObjectPayload, ObjectStatus
+from ..moqt.messages import (
+    FetchOk,
+    LocationFilter,
+    Message,
+    MessageParameters,
+    PublishDone,
+    SubscribeOk,
+)
+from ..moqt.objects import ObjectBegin, ObjectDatagram, ObjectEnd, ObjectPayload, ObjectStatus
 from ..wire.kvp import KeyValuePair
 from .errors import ErrorKind, MoqtError
 
@@ -36,6 +43,7 @@ ObjectProgressCallback = Callable[[ObjectBegin, int], object]
 @dataclass(frozen=True, slots=True)
 class ReceivedObject:
     group_id: int
+    #: None for an object whose Forwarding Preference is Datagram.
     subgroup_id: int | None
     object_id: int
     status: ObjectStatus
@@ -43,6 +51,8 @@ class ReceivedObject:
     #: The payload: the caller's buffer (callback path) or a bytearray.
     payload: memoryview | bytearray
     publisher_priority: int | None = None
+    #: The END_OF_GROUP flag of an OBJECT_DATAGRAM (§"Object Datagram").
+    end_of_group: bool = False
 
 
 @dataclass
@@ -105,6 +115,30 @@ class ObjectStream:
     def done(self) -> bool:
         return self._done
 
+    def update(self, *, subscriber_priority: int | None = None,
+               forward: bool | None = None,
+               location_filter: LocationFilter | None = None,
+               parameters: MessageParameters | None = None) -> asyncio.Future[Message]:
+        """REQUEST_UPDATE on this request (§"REQUEST_UPDATE"), sent at once (before this
+        returns); await the result for the REQUEST_OK (its ``parameters.largest_object`` is
+        the Largest Object, §"Updating Subscriptions"), or a :class:`MoqtError` with the
+        REQUEST_ERROR's code (a failed subscription update is then ended by the publisher
+        with PUBLISH_DONE UPDATE_FAILED). Parameters not given stay as they are ("There is
+        no mechanism to remove a parameter"). ``parameters`` carries any other update
+        parameter (e.g. AUTHORIZATION_TOKEN); the keywords override it. A subscription may
+        change SUBSCRIBER_PRIORITY, FORWARD and LOCATION_FILTER, a FETCH its
+        SUBSCRIBER_PRIORITY; a parameter the request cannot take raises
+        :class:`~kvsp_moq.wire.errors.WireError` before anything is sent."""
+        changes: dict[str, object] = {}
+        if subscriber_priority is not None:
+            changes["subscriber_priority"] = subscriber_priority
+        if forward is not None:
+            changes["forward"] = forward
+        if location_filter is not None:
+            changes["location_filter"] = location_filter
+        return self.session.update_request(
+            self.request_id, replace(parameters or MessageParameters(), **changes))  # type: ignore[arg-type]
+
     # -- fed by the session ----------------------------------------------------------------
     def _data_event(self, stream_id: int, ev: object) -> None:
         if isinstance(ev, ObjectPayload):
@@ -142,6 +176,34 @@ class ObjectStream:
             if stream_id not in self._open_streams:
                 self._open_streams.add(stream_id)
                 self.stats.data_streams += 1
+
+    def _datagram(self, dg: ObjectDatagram) -> None:
+        """An OBJECT_DATAGRAM of this subscription: one whole object, its payload copied once
+        into its destination (``on_object_begin``'s buffer, or a bytearray)."""
+        if self._done:
+            return
+        begin = ObjectBegin(dg.group_id, None, dg.object_id, dg.publisher_priority, dg.status,
+                            len(dg.payload), dg.properties, dg.raw_properties)
+        dest = self.on_object_begin(begin) if self.on_object_begin is not None else None
+        n = len(dg.payload)
+        if dest is None:
+            payload: memoryview | bytearray = bytearray(dg.payload)
+            self.stats.buffered_bytes += n
+            self.stats.peak_buffered_bytes = max(self.stats.peak_buffered_bytes,
+                                                 self.stats.buffered_bytes)
+        else:
+            view = dest if isinstance(dest, memoryview) else memoryview(dest)
+            if len(view) < n:
+                raise ValueError("on_object_begin returned a buffer shorter than the payload")
+            view[:n] = dg.payload
+            payload = view[:n]
+        self.stats.payload_bytes += n
+        self.stats.objects += 1
+        if self.on_object_progress is not None and n:
+            self.on_object_progress(begin, n)
+        self._queue.put_nowait(ReceivedObject(dg.group_id, None, dg.object_id, dg.status,
+                                              dg.properties, payload, dg.publisher_priority,
+                                              dg.end_of_group))
 
     def _stream_closed(self, stream_id: int, error_code: int | None) -> None:
         self._open_streams.discard(stream_id)

@@ -21,6 +21,7 @@ from ..moqt.messages import (
     AliasType,
     Fetch,
     FetchWithType,
+    Location,
     LocationFilterType,
     Message,
     MessageParameters,
@@ -30,6 +31,7 @@ from ..moqt.messages import (
     PublishDone,
     PublishNamespace,
     RequestError,
+    RequestOk,
     Setup,
     StandaloneFetch,
     Subscribe,
@@ -57,6 +59,7 @@ from .errors import ErrorKind, MoqtError, SessionClosedError
 from .window import subscription_window
 from .publish import Catalog, TrackPublisher, _Outgoing, _name, normalize_namespace
 from .receive import FetchStream, ObjectStream, Subscription
+from .serve_updates import answer_update
 
 __all__ = ["MoqtServer", "RequestGate", "Session", "connect", "serve", "token_values"]
 
@@ -133,6 +136,8 @@ class Session(SessionDriver):
         self.closed: asyncio.Future[tuple[int, str]] = loop.create_future()
         self.goaway_received: asyncio.Future[str] = loop.create_future()
         self._waiters: dict[int, asyncio.Future[Message]] = {}
+        #: Our REQUEST_UPDATEs waiting for REQUEST_OK / REQUEST_ERROR, by the update's ID.
+        self._update_waiters: dict[int, asyncio.Future[Message]] = {}
         self._streams: dict[int, ObjectStream] = {}
         self._serving: dict[int, TrackPublisher] = {}
         self._aliases = 0
@@ -215,6 +220,19 @@ class Session(SessionDriver):
             self._on_request_message(e.request_id, e.message)
         elif isinstance(e, ev.RequestCancelled):
             self._on_cancelled(e.request_id, e.error_code)
+        elif isinstance(e, ev.DatagramReceived):
+            s = self._streams.get(e.request_id)
+            if s is not None:
+                s._datagram(e.datagram)
+        elif isinstance(e, ev.UpdateAnswered):
+            fut = self._update_waiters.pop(e.update_request_id, None)
+            if fut is not None and not fut.done():
+                if isinstance(e.message, RequestError):
+                    fut.set_exception(MoqtError(e.message.error_code, e.message.error_reason))
+                else:
+                    fut.set_result(e.message)
+        elif isinstance(e, ev.UpdateReceived):
+            answer_update(self, e.request_id, e.message)  # pubsub/serve_updates.py
         elif isinstance(e, ev.DataStreamStopped):
             track = self._serving.get(e.request_id)
             if track is not None:
@@ -331,7 +349,8 @@ class Session(SessionDriver):
                 # A callable payload is read now, when the FETCH reaches it (no copy).
                 payload = obj.payload() if callable(obj.payload) else obj.payload
                 await conn.write(sid, enc.object_header(
-                    g, o, len(payload), subgroup_id=0, publisher_priority=obj.priority,
+                    g, o, len(payload), subgroup_id=None if getattr(obj, "datagram", False) else 0,
+                    publisher_priority=obj.priority,
                     properties=obj.properties))
                 await conn.write(sid, payload)
                 del payload
@@ -389,10 +408,11 @@ class Session(SessionDriver):
 
     def _on_closed(self, code: int, reason: str) -> None:
         err = SessionClosedError(code, reason)
-        for fut in list(self._waiters.values()):
+        for fut in list(self._waiters.values()) + list(self._update_waiters.values()):
             if not fut.done():
                 fut.set_exception(err)
         self._waiters.clear()
+        self._update_waiters.clear()
         for stream in list(self._streams.values()):
             stream._finish(err)
         for rid, track in list(self._serving.items()):
@@ -437,11 +457,13 @@ class Session(SessionDriver):
             raise MoqtError(msg.error_code, msg.error_reason, ErrorKind.REQUEST)
         return rid, msg, obj
 
-    async def publish_namespace(self, namespace: NamespaceLike) -> int:
+    async def publish_namespace(self, namespace: NamespaceLike, *,
+                                parameters: MessageParameters = MessageParameters()) -> int:
         """PUBLISH_NAMESPACE; returns its Request ID on REQUEST_OK, raises
-        :class:`MoqtError` otherwise. Withdraw it with :meth:`withdraw_namespace`."""
+        :class:`MoqtError` otherwise. Withdraw it with :meth:`withdraw_namespace`.
+        ``parameters``: e.g. ``authorization_tokens``."""
         ns = normalize_namespace(namespace)
-        rid, _, _ = await self._request(lambda m: m.publish_namespace(ns))
+        rid, _, _ = await self._request(lambda m: m.publish_namespace(ns, parameters))
         self._published_namespaces[ns] = rid
         return rid
 
@@ -455,13 +477,87 @@ class Session(SessionDriver):
         self._cancel(rid)
         return True
 
-    async def subscribe_namespace(self, prefix: NamespaceLike) -> None:
+    async def subscribe_namespace(self, prefix: NamespaceLike, *,
+                                  parameters: MessageParameters = MessageParameters()) -> int:
+        """SUBSCRIBE_NAMESPACE; returns its Request ID once REQUEST_OK arrived. NAMESPACE /
+        NAMESPACE_DONE arrive on :attr:`namespace_updates`; end it with
+        :meth:`cancel_request`."""
         ns = normalize_namespace(prefix)
-        await self._request(lambda m: m.subscribe_namespace(ns))
+        rid, _, _ = await self._request(lambda m: m.subscribe_namespace(ns, parameters))
+        return rid
 
-    async def track_status(self, namespace: NamespaceLike, name: str | bytes) -> Message:
+    async def track_status(self, namespace: NamespaceLike, name: str | bytes, *,
+                           parameters: MessageParameters = MessageParameters()) -> Message:
+        """TRACK_STATUS; returns the REQUEST_OK (LARGEST_OBJECT, Track Properties).
+        ``parameters``: request parameters, e.g. ``authorization_tokens``."""
         ns = normalize_namespace(namespace)
-        return (await self._request(lambda m: m.track_status(ns, _name(name))))[1]
+        return (await self._request(lambda m: m.track_status(ns, _name(name), parameters)))[1]
+
+    async def subscribe_tracks(self, prefix: NamespaceLike, *, forward: bool = True,
+                               parameters: MessageParameters = MessageParameters()) -> int:
+        """SUBSCRIBE_TRACKS (draft 18+, §"SUBSCRIBE_TRACKS"): the peer PUBLISHes every track
+        under ``prefix``, now and later; they arrive on :attr:`incoming_publishes` (the
+        session must accept PUBLISH: ``connect(..., accept_publish=True)``). ``forward``
+        False asks for the PUBLISHes in Forward State 0 (§"FORWARD"). Returns the Request
+        ID on REQUEST_OK; end it with :meth:`cancel_request`."""
+        if not self.accept_publish:
+            raise ValueError("SUBSCRIBE_TRACKS needs a session that accepts PUBLISH")
+        ns = normalize_namespace(prefix)
+        params = parameters if forward else replace(parameters, forward=False)
+        rid, _, _ = await self._request(lambda m: m.subscribe_tracks(ns, params))
+        return rid
+
+    async def publish(self, track: TrackPublisher, *, forward: bool = True,
+                      track_alias: int | None = None,
+                      parameters: MessageParameters = MessageParameters()) -> int:
+        """PUBLISH ``track`` to the peer (§"PUBLISH"): a subscription we start, with no
+        filter; once REQUEST_OK (PUBLISH_OK) arrives the track's writes go to it like to any
+        subscriber. ``forward`` False: FORWARD=0, nothing is sent until the peer's
+        REQUEST_UPDATE sets FORWARD=1. ``track_alias``: the Track Alias to use (the
+        publisher chooses it, §"Track Alias"; default: the session's next one). Returns the
+        Request ID; end it with :meth:`end_publish` (or ``track.finish()``, which ends every
+        subscription)."""
+        self._check_open()
+        if track_alias is None:
+            alias = self._aliases
+            self._aliases += 1
+        else:
+            alias = track_alias
+            self._aliases = max(self._aliases, alias + 1)
+        params = replace(parameters, forward=forward)
+        if track.largest is not None and params.largest_object is None:
+            params = replace(params, largest_object=Location(*track.largest))
+        rid, ok, _ = await self._request(lambda m: m.publish(
+            track.namespace, track.name, alias, params, track.response_properties()))
+        forward_now = forward
+        if isinstance(ok, RequestOk) and ok.parameters.forward is not None:
+            forward_now = ok.parameters.forward
+        self._serving[rid] = track
+        track._add(_Outgoing(self, rid, alias, window=subscription_window(None, track.largest),
+                             forward=forward_now))
+        return rid
+
+    def end_publish(self, request_id: int, status: int = PublishDoneCode.TRACK_ENDED,
+                    reason: str = "") -> None:
+        """End one subscription we serve (our PUBLISH, or the peer's SUBSCRIBE): FIN its
+        data stream, then PUBLISH_DONE ``status`` with its exact Stream Count."""
+        track = self._serving.get(request_id)
+        out = track.outgoing(self, request_id) if track is not None else None
+        if track is None or out is None:
+            raise KeyError(f"no subscription {request_id} served on this session")
+        track._complete_soon(out, status, reason)
+
+    def cancel_request(self, request_id: int) -> None:
+        """Cancel one of our requests by its Request ID (SUBSCRIBE_NAMESPACE,
+        SUBSCRIBE_TRACKS, PUBLISH_NAMESPACE, ...): RESET_STREAM / STOP_SENDING CANCELLED
+        (§"Request Cancellation"; drafts 17+ have no cancel messages)."""
+        for ns, rid in list(self._published_namespaces.items()):
+            if rid == request_id:
+                del self._published_namespaces[ns]
+        stream = self._streams.get(request_id)
+        self._cancel(request_id)
+        if stream is not None:
+            stream._finish()
 
     async def subscribe(self, namespace: NamespaceLike, name: str | bytes, *,
                         parameters: MessageParameters = MessageParameters(),
@@ -484,12 +580,21 @@ class Session(SessionDriver):
     async def fetch(self, namespace: NamespaceLike, name: str | bytes, *,
                     start: tuple[int, int] = (0, 0), end: tuple[int, int] | None = None,
                     group_order: GroupOrder | None = None,
+                    subscriber_priority: int | None = None,
+                    parameters: MessageParameters = MessageParameters(),
                     on_object_begin: Callable[..., object] | None = None,
                     on_object_progress: Callable[..., object] | None = None) -> FetchStream:
         """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object), groups
-        in ``group_order`` (None: the publisher's, ascending here)."""
+        in ``group_order`` (None: the publisher's, ascending here), at
+        ``subscriber_priority`` (§"SUBSCRIBER PRIORITY": relative to the session's other
+        subscriptions and fetch responses; None: default 128). ``parameters``: any other
+        request parameter (e.g. ``authorization_tokens``); the keywords override it."""
         ns = normalize_namespace(namespace)
-        params = MessageParameters(group_order=group_order) if group_order else MessageParameters()
+        params = parameters
+        if group_order:
+            params = replace(params, group_order=group_order)
+        if subscriber_priority is not None:
+            params = replace(params, subscriber_priority=subscriber_priority)
 
         def make(rid: int) -> ObjectStream:
             s = FetchStream(self, rid)
@@ -501,6 +606,55 @@ class Session(SessionDriver):
             lambda m: m.fetch(ns, _name(name), start, end, parameters=params), make)
         assert isinstance(f, FetchStream)
         return f
+
+    async def joining_fetch(self, subscription: Subscription, joining_start: int, *,
+                            absolute: bool = False,
+                            parameters: MessageParameters = MessageParameters(),
+                            on_object_begin: Callable[..., object] | None = None
+                            ) -> FetchStream:
+        """Draft-18 Joining FETCH (§"Joining Fetches") of ``subscription``: the objects
+        before its Joining Location, from ``joining_start`` groups back (Relative) or from
+        group ``joining_start`` (``absolute``). Drafts 20+ replaced it with fill fetch
+        streams (SUBSCRIBE with FILL_PARAMETERS): ValueError there."""
+
+        def make(rid: int) -> ObjectStream:
+            s = FetchStream(self, rid)
+            s.on_object_begin = on_object_begin  # type: ignore[assignment]
+            return s
+
+        _, _, f = await self._request(lambda m: m.joining_fetch(
+            subscription.request_id, joining_start, absolute=absolute, parameters=parameters),
+            make)
+        assert isinstance(f, FetchStream)
+        return f
+
+    def update_request(self, request_id: int,
+                       parameters: MessageParameters) -> asyncio.Future[Message]:
+        """REQUEST_UPDATE on our request ``request_id`` (any updatable request: SUBSCRIBE,
+        FETCH, PUBLISH_NAMESPACE, SUBSCRIBE_NAMESPACE, SUBSCRIBE_TRACKS, or a PUBLISH we
+        received), sent now, even before the request was answered (the answer then follows
+        the request's own). The future resolves to the REQUEST_OK or fails with
+        :class:`MoqtError` (REQUEST_ERROR's code, or the session closing). See
+        :meth:`ObjectStream.update <kvsp_moq.pubsub.receive.ObjectStream.update>`."""
+        moqt = self.moqt
+        if moqt is None or moqt.closed:
+            code = moqt.close_code if moqt is not None and moqt.close_code is not None else 0
+            raise SessionClosedError(code, "session closed")
+        if request_id not in moqt.requests:
+            raise MoqtError(RequestErrorCode.INTERNAL_ERROR,
+                            f"request {request_id} is over", ErrorKind.LOCAL)
+        upd = moqt.request_update(request_id, parameters)
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # may go unawaited
+        self._update_waiters[upd] = fut
+        self._pump()
+        return fut
+
+    @property
+    def max_datagram_size(self) -> int:
+        """The largest OBJECT_DATAGRAM (header and payload) this session can send: the
+        peer's ``max_datagram_frame_size`` within one QUIC packet."""
+        return self.connection.max_datagram_payload
 
     def create_track(self, namespace: NamespaceLike, name: str | bytes, **kw: object
                      ) -> TrackPublisher:
@@ -542,6 +696,13 @@ class Session(SessionDriver):
         sid = self.moqt.open_subgroup_stream(rid, header)
         self._pump()
         return sid
+
+    def _send_datagram(self, data: bytes) -> None:
+        if self.moqt is not None and not self.moqt.closed:
+            try:
+                self.connection.send_datagram(data)
+            except TransportError:
+                pass  # the connection is going away: datagrams are unreliable anyway
 
     def _data_stream_done(self, sid: int) -> None:
         if self.moqt is not None and not self.moqt.closed:

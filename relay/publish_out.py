@@ -1,0 +1,128 @@
+"""PUBLISHes the relay sends: to SUBSCRIBE_TRACKS subscribers, and up the relay chain.
+
+Draft-22 §"Publisher Interactions": "Relays MUST forward PUBLISH_NAMESPACE or PUBLISH
+messages to all matching subscribers", and "When a relay receives an incoming PUBLISH
+message, it MUST send a PUBLISH request to each subscriber that has sent SUBSCRIBE_TRACKS
+for the Track's namespace or a prefix thereof".
+
+* :func:`push_publish`: one PUBLISH of a track to one session, as a subscriber of the
+  track's fan-out (:class:`PushedSubscriber`): objects, datagrams, PUBLISH_DONE and its
+  REQUEST_UPDATEs (FORWARD, SUBSCRIBER_PRIORITY, LOCATION_FILTER) like any subscriber; a
+  REQUEST_ERROR answer (e.g. UNINTERESTED) drops it.
+* :class:`UpstreamPublishing` (chaining, ``--upstream``): a track PUBLISHed to this relay by
+  a downstream publisher is PUBLISHed once to the upstream relay, as announcements go up
+  (:mod:`relay.namespaces`), so a subscriber at the upstream relay, or at any relay below
+  it, reaches the track (rack A ← publisher; datacenter D ← A; subscriber at D or at rack B
+  under D). The upstream PUBLISH carries the publisher's Track Properties, LARGEST_OBJECT and
+  Forward State: with FORWARD=0 the upstream relay's REQUEST_UPDATE FORWARD=1 (its first
+  forwarding subscriber, §"Forward Handling") is passed on to the publisher. The publisher's
+  PUBLISH_DONE goes up as the fan-out's PUBLISH_DONE. A PUBLISH that arrived from the
+  upstream relay is never sent back up, nor a standby PUBLISH (only the active one of a
+  track). If the upstream refuses it, the track stays local (logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from kvsp_moq.moqt.messages import Location, Message, MessageParameters, RequestError, RequestOk
+from kvsp_moq.pubsub.window import subscription_window
+from kvsp_moq.transport import ConnectError, TransportError
+
+from .fanout import Subscriber
+from .logs import event
+from .names import format_namespace
+from .peer import PeerSession
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .core import Relay
+    from .publish_in import PublishedTrack
+
+__all__ = ["PushedSubscriber", "UpstreamPublishing", "push_publish"]
+
+logger = logging.getLogger(__name__)
+
+
+class PushedSubscriber(Subscriber):
+    """A PUBLISH the relay sent: a subscriber of the track's fan-out on a request the relay
+    opened."""
+
+    def on_response(self, msg: Message) -> None:
+        if isinstance(msg, RequestOk):  # PUBLISH_OK may carry SUBSCRIBER_PRIORITY, FORWARD
+            self.apply(msg.parameters)
+        elif isinstance(msg, RequestError):  # e.g. UNINTERESTED: stop sending it this track
+            ns, name = self.fanout.track
+            event("publish_refused", peer=self.peer.address, namespace=format_namespace(ns),
+                  track=name.decode("utf-8", "backslashreplace"), code=msg.error_code,
+                  reason=msg.error_reason)
+            self.ended = True
+            self.out.abort()
+            self.peer.local.pop(self.request_id, None)
+            self.fanout.remove(self)
+
+    def _publish_done(self, status: int, reason: str) -> None:
+        super()._publish_done(status, reason)
+        self.peer.local.pop(self.request_id, None)
+
+
+def push_publish(relay: Relay, peer: PeerSession, track: PublishedTrack,
+                 forward: bool) -> PushedSubscriber | None:
+    """PUBLISH ``track`` on ``peer`` and add it to the track's fan-out (None if the session
+    cannot take a request now)."""
+    moqt = peer.moqt
+    if moqt is None or moqt.closed:
+        return None
+    ns, name = track.track
+    alias = peer.next_alias()
+    largest = track.fanout.largest
+    params = MessageParameters(
+        forward=None if forward else False,
+        largest_object=Location(*largest) if largest is not None else None)
+    try:
+        rid = moqt.publish(ns, name, alias, params, track.track_properties)
+    except (RuntimeError, ValueError) as exc:  # e.g. the peer sent GOAWAY
+        logger.warning("relay: cannot PUBLISH %s to %r: %s", format_namespace(ns), peer, exc)
+        return None
+    sub = PushedSubscriber(track.fanout, peer, rid, alias, subscription_window(None, largest),
+                           relay.config.subscriber_queue_bytes)
+    sub.forward = forward  # our PUBLISH says FORWARD=0 then (§"Forward State")
+    peer.local[rid] = sub
+    track.fanout.add(sub)
+    peer.flush()
+    return sub
+
+
+class UpstreamPublishing:
+    """PUBLISHes of downstream publishers, sent on to the upstream relay."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def track_active(self, track: PublishedTrack) -> None:
+        """``track`` became the active PUBLISH of its full track name here."""
+        relay = self.relay
+        if not relay.config.upstream or track.peer.upstream or relay.closing:
+            return
+        relay._spawn(self._publish_up(track))
+
+    async def _publish_up(self, track: PublishedTrack) -> None:
+        relay = self.relay
+        try:
+            up = await relay._upstream_peer()
+        except (ConnectError, TransportError, OSError, asyncio.TimeoutError,
+                ConnectionError) as exc:
+            logger.warning("relay: upstream %s unreachable, PUBLISH stays local: %s",
+                           relay.config.upstream, exc)
+            return
+        if up is None or up is track.peer or not track.active or track.ended:
+            return
+        sub = push_publish(relay, up, track, track.forwarding)
+        if sub is None:
+            return
+        relay.stats.upstream_publishes += 1
+        ns, name = track.track
+        event("upstream_publish", namespace=format_namespace(ns),
+              track=name.decode("utf-8", "backslashreplace"), request_id=sub.request_id,
+              upstream=up.address)
