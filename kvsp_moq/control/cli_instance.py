@@ -1,19 +1,19 @@
-"""``kvsp instance --listen HOST:PORT --config FILE`` (kvsp-draft §6.3, §6.5); see :mod:`.cli_roles`."""
+"""``kvsp instance --listen HOST:PORT --config FILE`` (kvsp-draft §6.3, §6.5, §6.8 sessions on its model); see :mod:`.cli_roles`."""
 
 from __future__ import annotations
 
 import argparse
 
 from . import cli_roles
-from .http import serve_instance
+from .model_instance import serve_model_instance
 
 ROLE = cli_roles.RoleCommand(
     name="instance",
-    help="run an inference instance's control plane (prefetch, state)",
+    help="run an inference instance (prefetch, state, sessions on its model)",
     description="Run the KVSP Inference Instance over HTTP (docs/http-api.md, section Inference Instance).",
     default_listen="127.0.0.1:8473",
     section="instance",
-    serve=serve_instance,
+    serve=serve_model_instance,  # sessions on [instance.engine] (session_engine = "model")
 )
 DEFAULT_LISTEN = ROLE.default_listen
 

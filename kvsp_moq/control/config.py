@@ -281,15 +281,24 @@ class InstanceConfig:
     #: ``[instance.engine]``: the reference-model engine serving ``POST generate`` (none: the
     #: instance runs only its control plane). See ``engine_config.py``.
     engine: EngineConfig | None = None
+    #: Who runs the §6.8 sessions the PC starts and resumes: ``"model"`` — the reference model of
+    #: ``[instance.engine]`` (``model_sessions.py``; without an engine, sessions are refused) —
+    #: or ``"none"`` (refused with 409). Used by ``kvsp instance`` (``model_instance.py``).
+    session_engine: str = "model"
+    #: A model session gives up loading its context's blocks after this long (a hung holder)
+    #: and recomputes them instead (``model_sessions.py``).
+    session_load_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
         _check_base_path("instance", self.base_path)
+        if self.session_engine not in ("model", "none"):
+            raise ConfigError("instance.session_engine", 'must be "model" or "none"')
         for name in ("url", "pc_url", "index_url"):
             _check_url("instance", name, getattr(self, name))
         _check_ints("instance", self, (
             ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
             ("max_body_octets", 1024), ("max_directives", 1), ("max_sessions", 1), ("batch_size", 0),
-            ("checkpoint_every", 1),
+            ("checkpoint_every", 1), ("session_load_timeout_ms", 1),
         ))
         if self.checkpoint_every > 64:
             raise ConfigError("instance.checkpoint_every", "must be at most 64 (§6.8 at least every 64 output tokens)")

@@ -42,7 +42,7 @@ from .session_records import (
     SessionView,
 )
 
-__all__ = ["FrontEnd", "SessionOpenFailed", "SessionOpener", "StreamEnd"]
+__all__ = ["DeliveryObserver", "DeliveryTally", "FrontEnd", "SessionOpenFailed", "SessionOpener", "StreamEnd"]
 
 
 class SessionOpenFailed(Exception):
@@ -65,6 +65,22 @@ class StreamEnd:
 
 
 @dataclass
+class DeliveryTally:
+    """What instances delivered for one session: new indices taken per epoch, duplicates
+    dropped (§6.8 "discards the duplicates by index") and batches refused for a lower epoch."""
+
+    accepted: dict[int, int] = field(default_factory=dict)  # epoch -> indices taken
+    duplicates: int = 0
+    stale_batches: int = 0
+
+
+#: Called after every delivery the front end handled: the session, the batch, and the answer
+#: (``None`` when the batch was refused for its lower epoch). Embedding and tests observe the
+#: output with it (e.g. that a non-deterministic sampler's tokens come after their checkpoint).
+DeliveryObserver = Callable[[uuid.UUID, OutputTokens, "DeliveryAnswer | None"], None]
+
+
+@dataclass
 class _Output:
     scope_id: bytes
     max_tokens: int
@@ -73,6 +89,7 @@ class _Output:
     pending: dict[int, int] = field(default_factory=dict)  # index -> token, beyond next
     end: int | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    tally: DeliveryTally = field(default_factory=lambda: DeliveryTally())
 
     def notify(self) -> None:
         event, self.changed = self.changed, asyncio.Event()
@@ -89,6 +106,7 @@ class FrontEnd:
         self._url = url
         self._outputs: dict[uuid.UUID, _Output] = {}
         self.closed = False
+        self.observers: list[DeliveryObserver] = []
 
     def close(self) -> None:
         """End every open stream (shutdown): readers see the stream stop without its end."""
@@ -156,6 +174,9 @@ class FrontEnd:
             raise RecordError("session", f"must be the session of the path ({session})")
         out = self._output(principal, session)
         if batch.epoch < out.epoch:
+            out.tally.stale_batches += 1
+            for observe in self.observers:
+                observe(session, batch, None)
             raise StaleEpoch(f"epoch {batch.epoch} is lower than epoch {out.epoch}, already seen for the session")
         next_index = len(out.delivered)
         limit = min(out.max_tokens, next_index + self.config.max_ahead)
@@ -184,7 +205,12 @@ class FrontEnd:
         while len(out.delivered) in out.pending:
             out.delivered.append(out.pending.pop(len(out.delivered)))
         out.notify()
-        return DeliveryAnswer(accepted=accepted, duplicates=duplicates, next=len(out.delivered))
+        out.tally.accepted[batch.epoch] = out.tally.accepted.get(batch.epoch, 0) + accepted
+        out.tally.duplicates += duplicates
+        answer = DeliveryAnswer(accepted=accepted, duplicates=duplicates, next=len(out.delivered))
+        for observe in self.observers:
+            observe(session, batch, answer)
+        return answer
 
     # -- the client's stream -------------------------------------------------------------------------
 
@@ -210,6 +236,11 @@ class FrontEnd:
         """The tokens delivered so far (tests, embedding)."""
         output = self._outputs.get(session)
         return list(output.delivered) if output else []
+
+    def tally(self, session: uuid.UUID) -> DeliveryTally | None:
+        """What was delivered for ``session``, counted (tests, embedding)."""
+        output = self._outputs.get(session)
+        return output.tally if output else None
 
     def epoch(self, session: uuid.UUID) -> int | None:
         output = self._outputs.get(session)

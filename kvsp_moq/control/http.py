@@ -64,7 +64,7 @@ from ..kvsp.records import (
 )
 from ..kvsp.container import decode_container, encode_container
 from ..storage import BlockStore, RecordKey, ReplicaPinned, StoreFull
-from .auth import Authorizer, Principal
+from .auth import Authorizer, Principal, require_instance
 from .clock import Clock, MonotonicClock, Timer
 from .config import ControlConfig, FrontEndConfig, HolderConfig, InstanceConfig, PcConfig
 from .control_records import InstanceStateRequest, PlacementRequest, SessionRequest, StatusAnswer
@@ -710,6 +710,7 @@ class InstanceSessionRoutes:
             web.post(f"{session}/resume", self.post_resume),
             web.post(f"{base}reshard", self.post_reshard),
             web.get(f"{base}shards/{{map:{MAP_SEGMENT}}}/{{version:[0-9]{{1,16}}}}", self.get_shard_tokens),
+            web.put(f"{base}shards/{{map:{MAP_SEGMENT}}}/{{version:[0-9]{{1,16}}}}", self.put_shard_tokens),
         ]
 
     async def _order(self, request: web.Request, *, resume: bool) -> web.Response:
@@ -742,6 +743,20 @@ class InstanceSessionRoutes:
         body = encode_container(1, 0, data.token_count, data.layers)
         return web.Response(body=body, content_type=BLOCK_MEDIA_TYPE,
                             headers={"Repr-Digest": repr_digest(hashlib.sha256(body).digest()), "Cache-Control": "no-store"})
+
+
+    async def put_shard_tokens(self, request: web.Request) -> web.Response:
+        """Ours (§6.9): install the KV of tokens [a, b) a producer computed (a KVB1 container,
+        ``application/kvsp-block``, the inverse of the GET); 201 ``{"map", "version", "tokens", "held"}``. Auth: ``instances``
+        including this instance (docs/migration.md)."""
+        principal = authenticate(request)
+        require_instance(principal, self.service.url)
+        tokens = parse_token_range(request.query.get("tokens"))
+        map_id, version = request.match_info["map"], int(request.match_info["version"])
+        self.service.shards.install_container(map_id, version, tokens, await read_block_body(request, self.max_body))
+        held = [list(r) for r in self.service.shards.store.held(map_id)]
+        return web.json_response({"map": map_id, "version": version, "tokens": list(tokens), "held": held},
+                                 status=201, content_type=KVSP_JSON)
 
 
 class FrontEndRoutes:

@@ -26,7 +26,8 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..kvsp.errors import RecordError
+from ..kvsp.container import decode_container
+from ..kvsp.errors import KvspError, RecordError
 from ..kvsp.records import ReshardAbort, ReshardCommit, ReshardPlan
 from .errors import NotFound, PreconditionFailed, StaleEpoch
 from .session_records import ReshardAck
@@ -74,6 +75,30 @@ class ReshardParticipant:
             raise ValueError(f"map {map_id!r} is at version {current} here, not {version}")
         self.versions[map_id] = version
         self.store.install(map_id, data)
+
+    def install_container(self, map_id: str, version: int, tokens: TokenRange, body: bytes | memoryview) -> ShardSlice:
+        """``PUT {ii}shards/{map}/{version}?tokens=a-b`` (ours): hold the KV of [a, b) that a
+        producer computed (a KVB1 container: codec raw, layers from 0, Token Count b - a).
+        400 for another container; 409 ``kvsp-stale-epoch`` when the map is at another version
+        here (install a version before resharding it; a reshard moves ranges afterwards)."""
+        try:
+            box = decode_container(body)
+        except KvspError as exc:
+            raise RecordError("body", f"not a KVB1 container: {exc}") from None
+        header = box.header
+        if header.codec != 1 or header.first_layer != 0:
+            raise RecordError("body", "the container must be codec raw (1) with layers from 0")
+        if header.token_count != tokens[1] - tokens[0]:
+            raise RecordError("tokens", f"the container holds {header.token_count} tokens, not [{tokens[0]}, {tokens[1]})")
+        current = self.versions.get(map_id)
+        if current is not None and current != version:
+            raise StaleEpoch(f"map {map_id!r} is at version {current} here, not {version}")
+        try:
+            data = ShardSlice(tokens, tuple((bytes(layer.k), bytes(layer.v)) for layer in box.layers()))
+        except ValueError as exc:
+            raise RecordError("body", str(exc)) from None
+        self.install(map_id, version, data)
+        return data
 
     # -- serving peers -----------------------------------------------------------------------------
 
