@@ -1,7 +1,8 @@
-"""``kvsp demo`` as a real process (the reference model in two ``kvsp instance`` processes):
-the report's numbers agree with each other and with what the components counted (the
-instances' engine counters, the relay's metrics, the IS), reused KV gives the same greedy
-output, nothing is left running after it exits, and Ctrl-C shuts everything down with 130."""
+"""``kvsp demo`` as a real process (the reference model in two ``kvsp instance`` processes, every
+request a §6.8 session through the front end): the report's numbers agree with each other and
+with what the components counted (the instances' engine counters, the relay's metrics, the IS,
+the front end's tally), reused KV gives the same greedy output, nothing is left running after it
+exits, and Ctrl-C shuts everything down with 130."""
 
 from __future__ import annotations
 
@@ -58,16 +59,34 @@ def test_the_report_adds_up(demo: tuple[dict[str, Any], str]) -> None:
     cold, warm, *more = report["requests"]
     prompt_blocks, system_blocks = cold["prompt_blocks"], report["system_blocks"]
     assert system_blocks >= 3 and prompt_blocks > system_blocks  # the question's block is not shared
-    # request 1: an empty cache, everything recomputed; request 2 (the same prompt) elsewhere, prefetched
+    # request 1: an empty cache (nothing named by key), everything recomputed; request 2 (the
+    # same prompt, its blocks now named by key) elsewhere, prefetched over MOQT before it ran
+    assert cold["blocks_named"] == 0 and cold["directive"] is None and cold["prefetched"] == {"moqt": 0, "http": 0}
     assert cold["blocks"] == {"local": 0, "moqt": 0, "http": 0, "recomputed": prompt_blocks}
-    assert warm["instance"] != cold["instance"] and warm["placement"]["directive"]
-    assert warm["blocks"]["local"] == prompt_blocks and warm["placement"]["matched"] == prompt_blocks
-    assert report["prefetch"] == {**report["prefetch"], "state": "complete", "loaded": prompt_blocks}
-    assert all(r["instance"] == warm["instance"] and r["blocks"]["local"] == system_blocks for r in more)
+    assert warm["instance"] != cold["instance"] and warm["blocks_named"] == prompt_blocks
+    assert warm["directive"]["state"] == "complete" and len(warm["directive"]["loaded"]) == prompt_blocks
+    assert warm["prefetched"] == {"moqt": prompt_blocks, "http": 0}
+    assert warm["blocks"] == {"local": prompt_blocks, "moqt": 0, "http": 0, "recomputed": 0}
+    assert report["prefetch"] == {**report["prefetch"], "state": "complete", "loaded": prompt_blocks,
+                                  "directive": warm["directive"]["directive"]}
+    # requests 3 and 4 name the system blocks (resident at the second instance: no directive)
+    assert all(r["instance"] == warm["instance"] and r["blocks_named"] == system_blocks and r["directive"] is None
+               and r["blocks"]["local"] == system_blocks for r in more)
     assert report["ttft_ms"]["without_cache"] == cold["ttft_ms"] > 0 and report["ttft_ms"]["with_cache"] == warm["ttft_ms"] > 0
+    assert report["ttft_ms"]["client_without_cache"] == cold["client_ttft_ms"] >= cold["ttft_ms"]
+    assert report["ttft_ms"]["client_with_cache"] == warm["client_ttft_ms"] >= warm["ttft_ms"]
+    # every request was one session at its instance; the per-request figures add up to the counters
+    engines = report["instances"]
+    assert sum(c["sessions"] for c in engines.values()) == len(report["requests"])
+    assert sum(c["failed_sessions"] + c["requests"] for c in engines.values()) == 0
+    for name, c in engines.items():
+        mine = [r for r in report["requests"] if r["instance"] == name]
+        assert c["ttft_ms"] == [r["ttft_ms"] for r in mine]
+        assert c["output_tokens"] == sum(r["output_tokens"] for r in mine)
+        for source in ("local", "moqt", "http", "recomputed"):
+            assert c["request_blocks"][source]["blocks"] == sum(r["blocks"][source] for r in mine)
 
     # the transports are what the instances counted ...
-    engines = report["instances"]
     t = report["transports"]
     assert t["moqt"]["blocks"] == sum(c["prefetch_blocks"]["moqt"]["blocks"] + c["request_blocks"]["moqt"]["blocks"]
                                       for c in engines.values()) == prompt_blocks
@@ -77,8 +96,11 @@ def test_the_report_adds_up(demo: tuple[dict[str, Any], str]) -> None:
     assert t["local"]["blocks"] == sum(r["blocks"]["local"] for r in report["requests"])
     assert report["hits"] == t["local"]["blocks"] and report["misses"] == t["recomputed"]["blocks"]
     assert report["hit_ratio"] == round(report["hits"] / (report["hits"] + report["misses"]), 4)
-    assert sum(c["requests"] for c in engines.values()) == len(report["requests"])
-    assert engines[cold["instance"]]["published"]["moqt"] == prompt_blocks
+    # request 1 published its prompt blocks and the blocks its output completed (§6.8): the
+    # last token sampled is not in the KV cache
+    published = (cold["prompt_tokens"] + cold["output_tokens"] - 1) // report["model"]["block_tokens"]
+    assert published > prompt_blocks
+    assert engines[cold["instance"]]["published"]["moqt"] == published == cold["published"]["moqt"]
     # ... and what the relay counted: each layer of each block came through it once
     relay, layers = report["relay"], report["model"]["layers"]
     assert relay["bytes_out_total"] == relay["bytes_in_total"] == t["moqt"]["bytes"]
@@ -87,6 +109,13 @@ def test_the_report_adds_up(demo: tuple[dict[str, Any], str]) -> None:
     # ... and the IS: every system block at the first instance, the holder, the relay, the second instance
     assert report["system_blocks_matched_at_is"] == system_blocks
     assert report["replicas_per_system_block"] == [4]
+    # ... and the front end: every token delivered once, in one epoch, and streamed once
+    fe = report["front_end"]
+    streamed = sum(r["output_tokens"] for r in report["requests"])
+    assert fe["sessions"] == len(report["requests"]) and fe["epochs"] == [1]
+    assert fe["tokens_delivered"] == fe["tokens_streamed"] == streamed
+    assert fe["duplicates_dropped"] == 0 and fe["stale_batches"] == 0
+    assert cold["output"] == warm["output"] and len(cold["output"]) > 0
     g = report["model"]
     assert report["block_octets"] == layers * 2 * g["block_tokens"] * g["kv_heads"] * g["head_dim"] * 4
 
@@ -95,7 +124,7 @@ def test_progress_goes_to_stderr_and_everything_is_shut_down(demo: tuple[dict[st
     report, stderr = demo
     assert "[demo] cluster up" in stderr and "[demo] all servers stopped, relay and instances exited" in stderr
     roles = {s["role"] for s in report["servers"]}
-    assert {"index", "relay", "holder", "pc", "instance-1", "instance-2"} <= roles
+    assert {"index", "relay", "holder", "pc", "frontend", "instance-1", "instance-2"} <= roles
     for server in report["servers"]:
         if "pid" in server:
             assert _gone(server["pid"]), server

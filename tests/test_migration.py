@@ -116,10 +116,14 @@ async def test_greedy_session_survives_sigkill_reported_by_a_supervisor(tmp_path
         stats = (await c.call("GET", f"{other}engine")).json["counters"]
         loaded = stats["request_blocks"]
         assert sum(loaded[s]["blocks"] for s in ("local", "moqt", "http")) == 4
-        # the instance that ran the earlier request holds the prompt blocks itself
-        assert loaded["local"]["blocks"] == (usable if other == a else 0)
-        assert loaded["http"]["blocks"] == 4 - loaded["local"]["blocks"]  # from the holder: the dead one's are gone
-        assert loaded["http"]["octets"] == loaded["http"]["blocks"] * B * KV_OCTETS_PER_TOKEN
+        # the prompt blocks are local at the new instance: it ran the earlier request itself, or
+        # the PC sent it a prefetch directive for them with the resume (§6.5, request_ref = the
+        # session id), loaded from the holder (the dead instance's copy is gone) before it ran;
+        # the generated block, unknown to the PC, was loaded by the session from the holder
+        assert loaded["local"]["blocks"] == usable and loaded["http"]["blocks"] == 1
+        assert loaded["http"]["octets"] == B * KV_OCTETS_PER_TOKEN
+        prefetched = stats["prefetch_blocks"]["http"]["blocks"]
+        assert prefetched == (0 if other == a else usable)
         assert (await c.call("GET", f"{c.pc.url}sessions/{sid}")).status == 404  # done: the PC forgot it
 
 

@@ -93,9 +93,10 @@ class Cluster:
         return self.fe.app[FRONTEND_SERVICE]
 
     async def start_instance(self, name: str, *, status_ttl_ms: int = 30_000, checkpoint_every: int = 64,
-                             engine: bool = True, load_timeout_ms: int = 10_000) -> str:
+                             engine: bool = True, load_timeout_ms: int = 10_000, block_tokens: int = B) -> str:
         """``python -m kvsp_moq instance``, with ``[instance.engine]`` (the model; sessions run on
-        it) unless ``engine`` is false. It reports to the PC before it prints its URL, so the PC
+        it) unless ``engine`` is false; ``block_tokens`` other than ``B`` makes it another model
+        (another Compatibility ID, §4.1). It reports to the PC before it prints its URL, so the PC
         knows it (active) once this returns."""
         (self.tmp / "scope.key").write_text(SCOPE_KEY.hex() + "\n")
         config = self.tmp / f"{name}.toml"
@@ -104,7 +105,7 @@ class Cluster:
                 f"status_ttl_ms = {status_ttl_ms}\ncheckpoint_every = {checkpoint_every}\n"
                 f"session_load_timeout_ms = {load_timeout_ms}\n")
         if engine:
-            text += (f'[instance.engine]\nmodel_dir = "{self.model_dir}"\nblock_tokens = {B}\ntorch_threads = 1\n'
+            text += (f'[instance.engine]\nmodel_dir = "{self.model_dir}"\nblock_tokens = {block_tokens}\ntorch_threads = 1\n'
                      f'holder_url = "{self.holder.url}"\nscope_key_files = ["scope.key"]\n')
         config.write_text(text)
         log = self.tmp / f"{name}.log"

@@ -1,9 +1,11 @@
 """``kvsp demo``: the main job, every role for real on loopback with embedded defaults.
 
 It starts (``demo_cluster``) an Index Service, a holder, a MOQT relay (``python -m relay``), a
-PC, and two inference instances (``kvsp instance`` processes running the reference model,
-``kvsp_moq.model``), then routes requests the way a front end would (``demo_router``: Block
-Keys, ``POST {pc}placements``, ``POST {ii}generate``):
+PC, a front end, and two inference instances (``kvsp instance`` processes running the reference
+model, ``kvsp_moq.model``, and the §6.8 sessions the PC starts on them). Every request is a
+session started at the front end (``demo_router``: Block Keys, the cached prefix from the IS,
+``POST {fe}sessions``; the front end has the PC place it, §6.4), and its output is read from
+the front end's stream (``GET {fe}sessions/{id}/tokens``), every index once:
 
 1. request 1 (a long shared system prompt and a question) is placed on an instance with an
    empty cache: it computes every block (time to first token *without* the cache), answers,
@@ -11,19 +13,23 @@ Keys, ``POST {pc}placements``, ``POST {ii}generate``):
    through the relay (kvsp-draft §6.1; binding v1);
 2. that instance is put to sleep through the PC (``PUT {pc}instance-state``, §6.3), as an
    operator would before maintenance;
-3. the same request again: the PC looks it up at the IS (§6.2), places it on the other
-   instance by §6.4 cost and sends it a prefetch directive (§6.5) whose first source is the
-   relay: the blocks are FETCHed layer by layer over MOQT, verified against their layer
-   digests, stored and published. The instance then serves the request from the prefetched
-   blocks (time to first token *with* the cache); its greedy output must equal request 1's,
-   which recomputed everything;
+3. the same request again: its prompt blocks are now listed at the IS, so the session names
+   them by Block Key; the PC places it on the other instance (§6.4) and sends that instance a
+   prefetch directive (§6.5, ``request_ref`` = the session id) whose first source is the relay:
+   the blocks are FETCHed layer by layer over MOQT, verified against their layer digests,
+   stored and published. The instance waits for the directive, then serves the session from
+   the prefetched blocks (time to first token *with* the cache); its greedy output must equal
+   request 1's, which recomputed everything;
 4. more requests sharing the system prompt reuse its blocks from the second instance's store.
 
-The report (stdout; ``--json``: one object) gives blocks and KV octets per transport (MOQT,
-HTTP, local store, recomputed), the hit ratio, the time to first token with and without the
-cache, whether the outputs matched, and the relay's and the IS's own figures to check them
-against. Progress goes to stderr (``[demo] ...``). Everything is shut down at the end and on
-Ctrl-C (exit 130). Exit 0 only if everything matched.
+Per request, what the serving instance did is the difference of its engine counters
+(``GET {ii}engine``) before and after. The report (stdout; ``--json``: one object) gives
+blocks and KV octets per transport (MOQT, HTTP, local store, recomputed), the hit ratio, the
+time to first token with and without the cache (at the instance, and as the client saw it
+through the front end), whether the outputs matched, the front end's tally (tokens delivered,
+duplicates dropped, stale batches refused), and the relay's and the IS's own figures to check
+them against. Progress goes to stderr (``[demo] ...``). Everything is shut down at the end and
+on Ctrl-C (exit 130). Exit 0 only if everything matched.
 """
 
 from __future__ import annotations
@@ -35,14 +41,16 @@ import os
 import signal
 import sys
 import time
+import uuid
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from ..kvsp import compat, scope
 from ..kvsp.records import LookupRequest
 from ..transport import new_event_loop
 from .demo_cluster import Cluster, http_request, start_cluster
-from .demo_router import RequestRouter, Routed
+from .demo_router import SessionClient, Streamed
 
 SYSTEM_PROMPT = (
     "You are the support assistant of a storage company. Answer briefly and precisely. "
@@ -65,6 +73,7 @@ BLOCK_TOKENS = 64
 MAX_TOKENS = 24
 #: The progress line printed once every role is up (tests wait for it).
 CLUSTER_UP = "cluster up"
+SOURCES = ("local", "moqt", "http")
 
 
 def _progress(message: str) -> None:
@@ -79,37 +88,72 @@ def _name(cluster: Cluster, url: str) -> str:
     return cluster.instance_named(url).name
 
 
-def _sources(result: dict[str, Any]) -> dict[str, int]:
-    out = {"local": 0, "moqt": 0, "http": 0, "recomputed": 0}
-    for block in result["blocks"]:
-        out[block["source"]] += 1
-    return out
-
-
-def _request_line(n: int, cluster: Cluster, routed: Routed) -> dict[str, Any]:
-    r, p = routed.result, routed.placement
-    return {
-        "request": n,
-        "instance": _name(cluster, routed.instance),
-        "prompt_tokens": r["prompt_tokens"],
-        "prompt_blocks": len(routed.block_keys),
-        "placement": {"matched": p["matched"], "cost_us": p.get("cost_us"), "directive": p.get("directive")},
-        "blocks": _sources(r),
-        "layerwise": r["layerwise"],
-        "ttft_ms": r["ttft_ms"],
-        "prefetch_wait_ms": r["prefetch_wait_ms"],
-        "total_ms": r["total_ms"],
-        "output_tokens": len(r["tokens"]),
-        "output": r["text"],
-        "published": r["published"],
-    }
-
-
 async def _get_json(url: str, token: str) -> dict[str, Any]:
     reply = await http_request(url, token=token)
     if reply.status != 200:
         raise RuntimeError(f"GET {url}: {reply.status} {reply.body[:300]!r}")
     return reply.json()
+
+
+@dataclass
+class Served:
+    """One request: what the client streamed, the serving instance's counters before and after,
+    and the prefetch directive the PC sent with it (its status at the instance), if any."""
+
+    streamed: Streamed
+    before: dict[str, Any]
+    after: dict[str, Any]
+    directive: dict[str, Any] | None
+
+    def delta(self, *path: str) -> int:
+        a: Any = self.after
+        b: Any = self.before
+        for part in path:
+            a, b = a[part], b[part]
+        return int(a) - int(b)
+
+    @property
+    def blocks(self) -> dict[str, int]:
+        out = {s: self.delta("request_blocks", s, "blocks") for s in SOURCES}
+        out["recomputed"] = self.delta("request_blocks", "recomputed", "blocks")
+        return out
+
+    @property
+    def ttft_ms(self) -> float:
+        new = self.after["ttft_ms"][len(self.before["ttft_ms"]):]
+        if len(new) != 1:
+            raise RuntimeError(f"expected one new time to first token at the instance, got {new}")
+        return float(new[0])
+
+
+class Scenario:
+    """The requests of the demo, each a session through the front end (module notes)."""
+
+    def __init__(self, cluster: Cluster, client: SessionClient) -> None:
+        self.cluster = cluster
+        self.client = client
+        self.token = cluster.tokens["client"]
+        self.directives: dict[uuid.UUID, tuple[str, uuid.UUID]] = {}
+        cluster.pc_service.sessions.directive_observers.append(self._observe)
+
+    def _observe(self, session: uuid.UUID, instance: str, directive: uuid.UUID) -> None:
+        self.directives[session] = (instance, directive)
+
+    async def counters(self) -> dict[str, dict[str, Any]]:
+        return {i.url: (await _get_json(f"{i.url}engine", self.token))["counters"] for i in self.cluster.instances}
+
+    async def request(self, question: str) -> Served:
+        before = await self.counters()
+        streamed = await self.client.run(prompt_of(question), MAX_TOKENS)
+        after = await self.counters()
+        directive = None
+        if streamed.session in self.directives:
+            instance, directive_id = self.directives[streamed.session]
+            directive = await _get_json(f"{instance}prefetch/{directive_id}", self.token)
+        served = Served(streamed, before[streamed.instance], after[streamed.instance], directive)
+        if served.delta("sessions") != 1:
+            raise RuntimeError(f"{streamed.instance} ran {served.delta('sessions')} sessions for one request")
+        return served
 
 
 # -- the scenario ---------------------------------------------------------------------------------
@@ -130,19 +174,20 @@ async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, An
 
     cluster = await start_cluster(stack, descriptor=descriptor, model_dir=str(files.directory), scope_key=scope_key,
                                   progress=_progress)
-    _progress(f"{CLUSTER_UP}: index, holder, relay, PC, 2 instances on 127.0.0.1")
-    token = cluster.tokens["client"]
-    router = RequestRouter(pc_url=cluster.pc.url, token=token, scope_key=scope_key, scope_id=sid, compat_id=cid,
-                           block_tokens=BLOCK_TOKENS, tokenizer=tokenizer)
+    _progress(f"{CLUSTER_UP}: index, holder, relay, PC, front end, 2 instances on 127.0.0.1")
+    client = SessionClient(fe_url=cluster.frontend.url, front_end=cluster.frontend_client, index=cluster.index_client,
+                           scope_key=scope_key, scope_id=sid, compat_id=cid, block_tokens=BLOCK_TOKENS, tokenizer=tokenizer)
+    run = Scenario(cluster, client)
 
     # 1. an instance with an empty cache computes everything
-    cold = await router.route(prompt_of(QUESTIONS[0]), MAX_TOKENS)
-    first = cold.instance
+    cold = await run.request(QUESTIONS[0])
+    first = cold.streamed.instance
     second = next(i.url for i in cluster.instances if i.url != first)
-    _progress(f"request 1 -> {_name(cluster, first)} (empty cache): {_sources(cold.result)['recomputed']} blocks recomputed, "
-              f"TTFT {cold.result['ttft_ms']:.1f} ms; published to {', '.join(cold.result['published'])}")
+    _progress(f"request 1 -> front end -> {_name(cluster, first)} (empty cache): {cold.blocks['recomputed']} blocks "
+              f"recomputed, TTFT {cold.ttft_ms:.1f} ms at the instance, {cold.streamed.client_ttft_ms:.1f} ms at the "
+              f"client; {len(cold.streamed.tokens)} tokens streamed")
 
-    # 2. the operator puts it to sleep: new requests go elsewhere (§6.3)
+    # 2. the operator puts it to sleep: new sessions go elsewhere (§6.3)
     reply = await http_request(f"{cluster.pc.url}instance-state", "PUT", token=cluster.tokens["pc"],
                                body=json.dumps({"instance": first, "state": "sleeping"}).encode())
     if reply.status != 200:
@@ -150,37 +195,76 @@ async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, An
     _progress(f"{_name(cluster, first)} put to {reply.json()['state']} through the PC")
 
     # 3. the same request: placed on the other instance with a prefetch directive over MOQT
-    warm = await router.route(prompt_of(QUESTIONS[0]), MAX_TOKENS)
-    if warm.instance != second or "directive" not in warm.placement:
-        raise RuntimeError(f"expected a placement on {second} with a prefetch directive, got {warm.placement}")
-    directive = await _get_json(f"{second}prefetch/{warm.placement['directive']}", token)
-    _progress(f"request 1 again -> {_name(cluster, second)}: PC matched {warm.placement['matched']} blocks, prefetch "
-              f"{directive['state']} ({len(directive.get('loaded', []))} blocks, waited {warm.result['prefetch_wait_ms']:.1f} ms); "
-              f"TTFT {warm.result['ttft_ms']:.1f} ms; blocks {_sources(warm.result)}")
-    outputs_match = [t["token"] for t in warm.result["tokens"]] == [t["token"] for t in cold.result["tokens"]]
+    warm = await run.request(QUESTIONS[0])
+    if warm.streamed.instance != second or warm.directive is None:
+        raise RuntimeError(f"expected a placement on {second} with a prefetch directive, got "
+                           f"{warm.streamed.instance} and {warm.directive}")
+    _progress(f"request 1 again -> front end -> {_name(cluster, second)}: {warm.streamed.prompt_blocks} blocks named by "
+              f"key, prefetch {warm.directive['state']} ({len(warm.directive.get('loaded', []))} blocks, MOQT "
+              f"{warm.delta('prefetch_blocks', 'moqt', 'blocks')}); TTFT {warm.ttft_ms:.1f} ms at the instance, "
+              f"{warm.streamed.client_ttft_ms:.1f} ms at the client; blocks {warm.blocks}")
+    outputs_match = warm.streamed.tokens == cold.streamed.tokens
     _progress(f"greedy output with reused KV {'==' if outputs_match else '!='} output recomputing everything")
 
     # 4. more requests sharing the system prompt
     more = []
     for n, question in enumerate(QUESTIONS[1:], start=3):
-        routed = await router.route(prompt_of(question), MAX_TOKENS)
-        more.append(routed)
-        _progress(f"request {n} -> {_name(cluster, routed.instance)}: blocks {_sources(routed.result)}, "
-                  f"TTFT {routed.result['ttft_ms']:.1f} ms")
+        served = await run.request(question)
+        more.append(served)
+        _progress(f"request {n} -> front end -> {_name(cluster, served.streamed.instance)}: blocks {served.blocks}, "
+                  f"TTFT {served.ttft_ms:.1f} ms")
 
     # 5. what the components counted
-    engines = {i.name: await _get_json(f"{i.url}engine", token) for i in cluster.instances}
+    engines = {i.name: await _get_json(f"{i.url}engine", run.token) for i in cluster.instances}
     relay = {k.removeprefix("relay_"): int(v) for k, v in (await cluster.relay.stats()).items()
              if k.startswith("relay_") and not k.endswith("ratio")}
-    system_keys = router.keys(SYSTEM_PROMPT)[1]
+    system_keys = client.keys(SYSTEM_PROMPT)[1]
     after = await cluster.index_client.lookup(LookupRequest(scope_id=sid, compat_id=cid, block_keys=tuple(system_keys)))
-    return build_report(cluster, descriptor, cid.hex(), sid.hex(), system_tokens, len(system_keys),
-                        [cold, warm, *more], directive, engines, relay, after, outputs_match, started)
+    requests = [cold, warm, *more]
+    tallies = [cluster.fe_service.tally(r.streamed.session) for r in requests]
+    front_end = {
+        "url": cluster.frontend.url,
+        "sessions": len(requests),
+        "tokens_streamed": sum(len(r.streamed.tokens) for r in requests),
+        "tokens_delivered": sum(sum(t.accepted.values()) for t in tallies if t is not None),
+        "duplicates_dropped": sum(t.duplicates for t in tallies if t is not None),
+        "stale_batches": sum(t.stale_batches for t in tallies if t is not None),
+        "epochs": sorted({e for t in tallies if t is not None for e in t.accepted}),
+    }
+    return build_report(cluster, descriptor, cid.hex(), sid.hex(), system_tokens, len(system_keys), requests, engines,
+                        relay, after, outputs_match, front_end, started)
+
+
+def _request_line(n: int, cluster: Cluster, r: Served) -> dict[str, Any]:
+    s = r.streamed
+    return {
+        "request": n,
+        "session": str(s.session),
+        "instance": _name(cluster, s.instance),
+        "prompt_tokens": len(s.prompt_ids),
+        "prompt_blocks": len(s.block_keys),
+        "blocks_named": s.prompt_blocks,
+        "directive": r.directive,
+        "blocks": r.blocks,
+        "prefetched": {t: r.delta("prefetch_blocks", t, "blocks") for t in ("moqt", "http")},
+        "ttft_ms": r.ttft_ms,
+        "client_ttft_ms": s.client_ttft_ms,
+        "total_ms": s.total_ms,
+        "output_tokens": len(s.tokens),
+        "output": _decode(s.tokens),
+        "published": {k: r.delta("published", k) for k in ("store", "holder", "moqt")},
+    }
+
+
+def _decode(tokens: list[int]) -> str:
+    from ..model import ByteTokenizer
+
+    return ByteTokenizer().decode(tokens)
 
 
 def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: str, system_tokens: int, system_blocks: int,
-                 requests: list[Routed], directive: dict[str, Any], engines: dict[str, dict[str, Any]],
-                 relay: dict[str, int], after: Any, outputs_match: bool, started: float) -> dict[str, Any]:
+                 requests: list[Served], engines: dict[str, dict[str, Any]], relay: dict[str, int], after: Any,
+                 outputs_match: bool, front_end: dict[str, Any], started: float) -> dict[str, Any]:
     counters = {name: e["counters"] for name, e in engines.items()}
 
     def total(path: tuple[str, ...], field: str) -> int:
@@ -200,7 +284,8 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
     misses = sum(c["misses"] for c in counters.values())
     layers = int(descriptor["layers"])
     block_octets = layers * 2 * BLOCK_TOKENS * int(descriptor["kv_heads"]) * int(descriptor["head_dim"]) * 4
-    cold, warm = requests[0].result, requests[1].result
+    cold, warm = requests[0], requests[1]
+    directive = warm.directive or {}
     report: dict[str, Any] = {
         "model": {"name": descriptor["model"], "layers": layers, "kv_heads": descriptor["kv_heads"],
                   "head_dim": descriptor["head_dim"], "kv_dtype": descriptor["kv_dtype"], "block_tokens": BLOCK_TOKENS},
@@ -210,8 +295,8 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
         "system_blocks": system_blocks,
         "block_octets": block_octets,
         "requests": [_request_line(n, cluster, r) for n, r in enumerate(requests, start=1)],
-        "prefetch": {"instance": _name(cluster, requests[1].instance), "directive": directive["directive"],
-                     "state": directive["state"], "loaded": len(directive.get("loaded", []))},
+        "prefetch": {"instance": _name(cluster, warm.streamed.instance), "directive": directive.get("directive"),
+                     "state": directive.get("state"), "loaded": len(directive.get("loaded", []))},
         "transports": {
             "moqt": moqt,
             "http": http,
@@ -221,9 +306,11 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
         "hits": hits,
         "misses": misses,
         "hit_ratio": round(hits / (hits + misses), 4) if hits + misses else None,
-        "ttft_ms": {"without_cache": cold["ttft_ms"], "with_cache": warm["ttft_ms"],
-                    "speedup": round(cold["ttft_ms"] / warm["ttft_ms"], 2) if warm["ttft_ms"] else None},
+        "ttft_ms": {"without_cache": cold.ttft_ms, "with_cache": warm.ttft_ms,
+                    "speedup": round(cold.ttft_ms / warm.ttft_ms, 2) if warm.ttft_ms else None,
+                    "client_without_cache": cold.streamed.client_ttft_ms, "client_with_cache": warm.streamed.client_ttft_ms},
         "outputs_match": outputs_match,
+        "front_end": front_end,
         "relay": {k: relay[k] for k in sorted(relay) if k.split("_total")[0] in (
             "objects_in", "objects_out", "bytes_in", "bytes_out", "fetches", "upstream_fetches", "cache_hits",
             "cache_misses", "cache_objects", "cache_bytes")},
@@ -232,15 +319,18 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
         "instances": counters,
         "servers": cluster.servers,
     }
-    prompt_blocks = len(requests[0].block_keys)
+    prompt_blocks = len(cold.streamed.block_keys)
     report["ok"] = bool(
         outputs_match
-        and requests[1].instance != requests[0].instance
-        and directive["state"] == "complete"
+        and warm.streamed.instance != cold.streamed.instance
+        and directive.get("state") == "complete"
+        and len(directive.get("loaded", [])) == prompt_blocks
         and report["transports"]["moqt"]["blocks"] >= prompt_blocks
-        and _sources(warm)["local"] >= system_blocks
-        and _sources(cold)["recomputed"] == prompt_blocks
+        and warm.blocks["local"] >= system_blocks
+        and cold.blocks["recomputed"] == prompt_blocks
         and after.matched == system_blocks
+        and front_end["tokens_delivered"] == front_end["tokens_streamed"]
+        and front_end["stale_batches"] == 0
     )
     report["seconds"] = round(time.perf_counter() - started, 3)
     return report
@@ -262,9 +352,9 @@ def _print_report(report: dict[str, Any]) -> None:
           f"{report['block_octets']} KV octets")
     for r in report["requests"]:
         b = r["blocks"]
-        print(f"  request {r['request']}          {r['instance']}: {r['prompt_tokens']} tokens; blocks local {b['local']}, "
-              f"moqt {b['moqt']}, http {b['http']}, recomputed {b['recomputed']}; TTFT {r['ttft_ms']:.1f} ms; "
-              f"{r['output_tokens']} tokens out")
+        print(f"  request {r['request']}          {r['instance']}: {r['prompt_tokens']} tokens ({r['blocks_named']} blocks "
+              f"named by key); blocks local {b['local']}, moqt {b['moqt']}, http {b['http']}, recomputed "
+              f"{b['recomputed']}; TTFT {r['ttft_ms']:.1f} ms; {r['output_tokens']} tokens streamed")
     p = report["prefetch"]
     print(f"  prefetch           {p['instance']}: directive {p['state']}, {p['loaded']} blocks")
     print(f"  MOQT via relay     {t['moqt']['blocks']} blocks, {t['moqt']['bytes']} bytes")
@@ -274,6 +364,12 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"  hit ratio          {report['hit_ratio']} ({report['hits']} blocks reused, {report['misses']} recomputed)")
     print(f"  TTFT               {ttft['without_cache']:.1f} ms without the cache, {ttft['with_cache']:.1f} ms with the "
           f"prefetched cache (x{ttft['speedup']})")
+    print(f"  TTFT at the client {ttft['client_without_cache']:.1f} ms without, {ttft['client_with_cache']:.1f} ms with "
+          f"(POST {{fe}}sessions to the first token streamed: placement and the prefetch wait included)")
+    fe = report["front_end"]
+    print(f"  front end          {fe['sessions']} sessions, {fe['tokens_delivered']} tokens delivered, "
+          f"{fe['duplicates_dropped']} duplicates dropped, {fe['stale_batches']} stale batches; "
+          f"{fe['tokens_streamed']} streamed to the client, each index once")
     print(f"  outputs match      {report['outputs_match']} (greedy, reused KV vs recomputing everything)")
     relay = report["relay"]
     print(f"  relay              {relay.get('objects_in_total', 0)} objects in, {relay.get('objects_out_total', 0)} out, "

@@ -7,12 +7,19 @@ generated for this run (no configuration file of the user's):
 * a holder (``serve_holder``: blocks over HTTP, leases, publication of its records to the IS);
 * a MOQT relay: ``python -m relay`` as a child process (its metrics endpoint on for the
   report's cross-checks);
-* a Placement Controller (``serve_pc``) fed by the IS;
+* a Placement Controller (``serve_pc``) fed by the IS: it places sessions (§6.4), sends prefetch
+  directives (§6.5) and keeps checkpoints (§6.8);
+* a front end (``serve_frontend``): clients start sessions there (it asks the PC to place them)
+  and read their output; instances deliver the output tokens to it (§6.8 exactly once);
 * two inference instances, each ``kvsp instance --listen 127.0.0.1:0 --config FILE`` in its own
-  process, running the reference model (``[instance.engine]``, torch threads = 1): they load
-  prompt blocks from their store, through the relay over MOQT, or from the holder over HTTP,
+  process, running the reference model (``[instance.engine]``, torch threads = 1) and the
+  sessions the PC starts on it (``model_instance.serve_model_instance``): they load context
+  blocks from their store, through the relay over MOQT, or from the holder over HTTP,
   recompute the rest, and publish what they computed to the holder (HTTP) and through the relay
   (MOQT). Their configuration files are written to a temporary directory removed at the end.
+
+The PC and the front end run in this process, so the demo can read their figures directly
+(the directives the PC sent, the front end's delivery tally).
 
 Everything is entered into one :class:`contextlib.AsyncExitStack`, so leaving it (normally,
 on an error or on cancellation by Ctrl-C) closes the servers in reverse order and stops the
@@ -41,14 +48,26 @@ from urllib.parse import urlsplit
 
 from ..control.auth import Authorizer, Grant, Principal
 from ..control.clock import MonotonicClock
-from ..control.config import ControlConfig, HolderConfig, IndexConfig, PcConfig, TierConfig
+from ..control.config import ControlConfig, FrontEndConfig, HolderConfig, IndexConfig, PcConfig, TierConfig
+from ..control.frontend import FrontEnd
 from ..control.holder import build_store
-from ..control.http import HttpIndexClient, RunningServer, serve_holder, serve_index, serve_pc
+from ..control.http import (
+    FRONTEND_SERVICE,
+    PC_SERVICE,
+    HttpFrontEndClient,
+    HttpIndexClient,
+    RunningServer,
+    serve_frontend,
+    serve_holder,
+    serve_index,
+    serve_pc,
+)
+from ..control.pc import PlacementController
 
 __all__ = ["Cluster", "HttpReply", "InstanceProcess", "http_request", "start_cluster"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding kvsp_moq/ and relay/
-ROLES = ("holder", "instance-1", "instance-2", "pc", "client")
+ROLES = ("holder", "instance-1", "instance-2", "pc", "frontend", "client")
 MiB = 1 << 20
 #: Links each instance reports (the §6.4 inputs): the relay is rack-local, the HTTP holder far.
 RELAY_LINK = (10_000.0, 100.0)  # Mbit/s, RTT µs
@@ -244,12 +263,22 @@ class Cluster:
     relay: RelayProcess
     holder: RunningServer
     pc: RunningServer
+    frontend: RunningServer
     instances: list[InstanceProcess]
     index_client: HttpIndexClient
+    frontend_client: HttpFrontEndClient
     servers: list[dict[str, Any]] = field(default_factory=list)
 
     def instance_named(self, url: str) -> InstanceProcess:
         return next(i for i in self.instances if i.url == url)
+
+    @property
+    def pc_service(self) -> PlacementController:
+        return self.pc.app[PC_SERVICE]
+
+    @property
+    def fe_service(self) -> FrontEnd:
+        return self.frontend.app[FRONTEND_SERVICE]
 
 
 async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any], model_dir: str, scope_key: bytes,
@@ -288,6 +317,10 @@ async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
     pc = await stack.enter_async_context(await serve_pc(ControlConfig(auth=auth, pc=pcc), clock=clock))
     progress(f"PC             {pc.url}")
 
+    fc = FrontEndConfig(pc_url=pc.url, pc_token=tokens["frontend"])
+    frontend = await stack.enter_async_context(await serve_frontend(ControlConfig(auth=auth, frontend=fc)))
+    progress(f"front end      {frontend.url} (sessions, exactly-once token streams)")
+
     # Both instances start at once (each imports torch and loads the model in its own process).
     procs = []
     for n in (1, 2):
@@ -306,12 +339,15 @@ async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
 
     index_client = HttpIndexClient(index.url, tokens["client"])
     stack.push_async_callback(index_client.close)
+    frontend_client = HttpFrontEndClient(tokens["client"], timeout_s=60)
+    stack.push_async_callback(frontend_client.close)
     servers: list[dict[str, Any]] = [
         {"role": "index", "url": index.url, "port": index.port, "protocol": "tcp"},
         {"role": "relay", "url": relay.url, "port": relay.port, "protocol": "udp", "pid": relay.process.pid},
         {"role": "relay-metrics", "url": relay.metrics_url, "port": urlsplit(relay.metrics_url).port, "protocol": "tcp"},
         {"role": "holder", "url": holder.url, "port": holder.port, "protocol": "tcp"},
         {"role": "pc", "url": pc.url, "port": pc.port, "protocol": "tcp"},
+        {"role": "frontend", "url": frontend.url, "port": frontend.port, "protocol": "tcp"},
         *({"role": i.name, "url": i.url, "port": i.port, "protocol": "tcp", "pid": i.process.pid} for i in instances),
     ]
-    return Cluster(tokens, index, relay, holder, pc, instances, index_client, servers)
+    return Cluster(tokens, index, relay, holder, pc, frontend, instances, index_client, frontend_client, servers)

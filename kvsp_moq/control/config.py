@@ -288,6 +288,9 @@ class InstanceConfig:
     #: A model session gives up loading its context's blocks after this long (a hung holder)
     #: and recomputes them instead (``model_sessions.py``).
     session_load_timeout_ms: int = 10_000
+    #: HTTP block retrieval (§6.7): a holder silent this long (connecting, or mid-body) fails
+    #: that replica, and the next replica is tried (``http.HttpBlockFetcher``).
+    block_read_timeout_ms: int = 5_000
 
     def __post_init__(self) -> None:
         _check_base_path("instance", self.base_path)
@@ -298,7 +301,7 @@ class InstanceConfig:
         _check_ints("instance", self, (
             ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
             ("max_body_octets", 1024), ("max_directives", 1), ("max_sessions", 1), ("batch_size", 0),
-            ("checkpoint_every", 1), ("session_load_timeout_ms", 1),
+            ("checkpoint_every", 1), ("session_load_timeout_ms", 1), ("block_read_timeout_ms", 1),
         ))
         if self.checkpoint_every > 64:
             raise ConfigError("instance.checkpoint_every", "must be at most 64 (§6.8 at least every 64 output tokens)")

@@ -19,8 +19,9 @@ that outlives them (kvsp-draft §1.1; docs/http-api.md "Generation"; docs/archit
    the relay) while the tokens are decoded; the answer waits for both;
 6. every output token carries its index (the sampler step, §6.8 step 4).
 
-Model computation runs on one worker thread (torch calls are serialized and the event loop
-keeps serving HTTP and MOQT). What was done is counted in :class:`~.engine_counters.EngineCounters`
+Model computation runs on one worker thread, :meth:`InferenceEngine.run`, which the §6.8
+sessions of the instance share (``model_sessions.py``): torch calls are serialized and the
+event loop keeps serving HTTP and MOQT. What was done is counted in :class:`~.engine_counters.EngineCounters`
 (``GET {ii}engine``), and the measured prefill and decode rates go into the instance's status
 record (§6.3, §6.4 inputs).
 """
@@ -183,7 +184,7 @@ class InferenceEngine:
 
     async def _serve(self, rid: uuid.UUID, request: GenerateRequest, scope_key: bytes, token_ids: list[int]) -> GenerateResult:
         started = time.perf_counter()
-        await self._wait_for_prefetch(request.request_ref)
+        await self.wait_for_prefetch(request.request_ref)
         serving = time.perf_counter()
         B = self.bundle.block_tokens
         keys = [RecordKey(self.compat_id, request.scope_id, k)
@@ -198,12 +199,12 @@ class InferenceEngine:
             await plan.close()
         sampler = self._sampler(request.sampler)
         logits = prefill.logits[-1]
-        first = await self._run(sampler.sample, logits)
+        first = await self.run(sampler.sample, logits)
         ttft_ms = (time.perf_counter() - serving) * 1e3
         reused = len(plan.blocks)
         self._count_prefix(plan, len(token_ids), len(keys), ttft_ms)
         # New complete blocks: encoded now (before decode extends the cache), published meanwhile.
-        containers = await self._run(self._encode_blocks, prefill.cache, reused, len(keys))
+        containers = await self.run(self._encode_blocks, prefill.cache, reused, len(keys))
         publication = asyncio.create_task(self._publish(keys, reused, containers, plan))
         try:
             tokens, finish = await self._decode(prefill.cache, sampler, first, request.max_tokens)
@@ -220,8 +221,11 @@ class InferenceEngine:
             layerwise=layerwise, published=tuple(sorted(published)),
         )
 
-    async def _wait_for_prefetch(self, request_ref: str | None) -> None:
-        """§6.5: the directive for this request runs to its end (its own deadline bounds it)."""
+    async def wait_for_prefetch(self, request_ref: str | None) -> None:
+        """§6.5: the directives carrying ``request_ref`` run to their end (their own deadline
+        bounds them). ``generate`` passes the request's ``request_ref``; a §6.8 session passes
+        its session id, which the PC uses as the ``request_ref`` of the directives it sends
+        with a start or resume (``pc_sessions.py``)."""
         if request_ref is None or self.directives is None:
             return
         for run in self.directives.by_request_ref(request_ref):
@@ -235,9 +239,9 @@ class InferenceEngine:
             try:
                 for layer in range(self.bundle.layers):
                     parts = await plan.wait_layer(layer)
-                    k, v = await self._run(_join, parts)
-                    await self._run(lp.step, layer, k, v)
-                return await self._run(lp.finish), True
+                    k, v = await self.run(_join, parts)
+                    await self.run(lp.step, layer, k, v)
+                return await self.run(lp.finish), True
             except LayerFailed as exc:
                 log.info("a prefix layer failed over MOQT (%s): falling back", exc)
                 await plan.settle(self.loader)
@@ -247,8 +251,8 @@ class InferenceEngine:
             from ..model import KVCache
 
             layers_of = [[b.layer(l) for l in range(self.bundle.layers)] for b in plan.blocks]
-            prefix = await self._run(KVCache.from_blocks, model.config, layers_of, model.device)
-        return await self._run(model.prefill, token_ids[plan.tokens:], prefix), False
+            prefix = await self.run(KVCache.from_blocks, model.config, layers_of, model.device)
+        return await self.run(model.prefill, token_ids[plan.tokens:], prefix), False
 
     async def _decode(self, cache: Any, sampler: Any, first: int, limit: int) -> tuple[list[tuple[int, int]], str]:
         from ..model import EOS_ID
@@ -258,9 +262,9 @@ class InferenceEngine:
         token = first
         decode_start = time.perf_counter()
         while token != EOS_ID and len(tokens) < limit:
-            logits = await self._run(model.decode, token, cache)
+            logits = await self.run(model.decode, token, cache)
             index = sampler.step
-            token = await self._run(sampler.sample, logits)
+            token = await self.run(sampler.sample, logits)
             tokens.append((index, token))
         if len(tokens) > 1:
             self.counters.decode_s += time.perf_counter() - decode_start
@@ -275,15 +279,23 @@ class InferenceEngine:
         return Sampler.restore(record.method, dict(record.params), record.seed, record.step)
 
     def _count_prefix(self, plan: PrefixPlan, tokens: int, blocks: int, ttft_ms: float) -> None:
+        self.count_prefix(loaded=[(b.source, b.octets) for b in plan.blocks], matched=plan.matched, tokens=tokens,
+                          blocks=blocks, prefilled=tokens - plan.tokens, ttft_ms=ttft_ms)
+
+    def count_prefix(self, *, loaded: Sequence[tuple[str, int]], matched: int, tokens: int, blocks: int,
+                     prefilled: int, ttft_ms: float) -> None:
+        """Count one request's or session's context: ``tokens`` tokens in ``blocks`` complete
+        blocks, of which ``loaded`` ((source, KV octets) each) were reused and the rest
+        recomputed; ``prefilled`` tokens computed before the first token, after ``ttft_ms``."""
         c = self.counters
         c.prompt_tokens += tokens
         c.prompt_blocks += blocks
-        c.lookup_matched += plan.matched
-        c.prefill_tokens += tokens - plan.tokens
+        c.lookup_matched += matched
+        c.prefill_tokens += prefilled
         c.ttft_ms.append(ttft_ms)
-        for block in plan.blocks:
-            {LOCAL: c.local, MOQT: c.moqt, HTTP: c.http}[block.source].add(block.octets)
-        c.recomputed_blocks += blocks - len(plan.blocks)
+        for source, octets in loaded:
+            {LOCAL: c.local, MOQT: c.moqt, HTTP: c.http}[source].add(octets)
+        c.recomputed_blocks += blocks - len(loaded)
 
     # -- publication ------------------------------------------------------------------------------
 
@@ -305,7 +317,10 @@ class InferenceEngine:
 
     # -- the worker thread --------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call ``fn(*args)`` on the instance's one model thread (torch releases the GIL, so the
+        event loop keeps serving meanwhile). Requests (``generate``) and §6.8 sessions
+        (``model_sessions``) share it: one model computation at a time per instance."""
         started = time.perf_counter()
         result = await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
         if getattr(fn, "__name__", "") in ("prefill", "step", "finish"):

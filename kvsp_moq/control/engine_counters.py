@@ -54,6 +54,9 @@ class EngineCounters:
 
     requests: int = 0
     failed_requests: int = 0
+    #: §6.8 sessions run here (starts and resumes; ``model_sessions.py``) and those that failed.
+    sessions: int = 0
+    failed_sessions: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
     #: Complete prompt blocks (§4.2) of all requests, and how many the IS lookup matched.
@@ -102,6 +105,8 @@ class EngineCounters:
         return {
             "requests": self.requests,
             "failed_requests": self.failed_requests,
+            "sessions": self.sessions,
+            "failed_sessions": self.failed_sessions,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "prompt_blocks": self.prompt_blocks,

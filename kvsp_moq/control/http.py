@@ -97,6 +97,7 @@ from .session_records import (
     OutputTokens,
     ReshardAck,
     SessionDone,
+    SessionFailed,
     SessionOpen,
     SessionOrder,
     SessionView,
@@ -643,6 +644,7 @@ class PcSessionRoutes:
             web.get(session, self.get_session, allow_head=False),
             web.put(f"{session}/checkpoint", self.put_checkpoint),
             web.post(f"{session}/done", self.post_done),
+            web.post(f"{session}/failed", self.post_failed),
             web.post(f"{base}failures", self.post_failure),
             web.put(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.put_shard_map),
             web.get(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.get_shard_map, allow_head=False),
@@ -669,6 +671,13 @@ class PcSessionRoutes:
         body = await read_record(request, SessionDone, self.max_body)
         self.service.sessions.done(principal, path_session(request), body)
         return web.Response(status=204)
+
+    async def post_failed(self, request: web.Request) -> web.Response:
+        """Ours: the serving instance cannot serve the session; the PC re-places it or marks it
+        failed. 200 with the session's view; 409 ``kvsp-stale-epoch`` for an older epoch."""
+        principal = authenticate(request)
+        body = await read_record(request, SessionFailed, self.max_body)
+        return record_response(await self.service.sessions.failed(principal, path_session(request), body))
 
     async def post_failure(self, request: web.Request) -> web.Response:
         """Ours: an instance failed; its sessions are resumed elsewhere (§6.8). 200 with them."""
@@ -1154,7 +1163,13 @@ class HttpBlockResponse:
 
 
 class HttpBlockFetcher:
-    """:class:`~.retrieval.BlockFetcher` over HTTP: GET with the client's bearer token."""
+    """:class:`~.retrieval.BlockFetcher` over HTTP: GET with the client's bearer token.
+
+    ``read_timeout_s`` bounds the wait for each read from the holder (connecting, the status
+    line, every part of the body): a holder that stops sending mid-body fails this replica
+    with a timeout after that long, and ``retrieval.retrieve_block`` tries the next replica,
+    instead of the request waiting up to ``timeout_s`` (the bound on the whole transfer).
+    """
 
     def __init__(
         self,
@@ -1162,12 +1177,13 @@ class HttpBlockFetcher:
         *,
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = 60.0,
+        read_timeout_s: float | None = 5.0,
         chunk_octets: int = 256 * 1024,
     ) -> None:
         self._token = token
         self._session = session
         self._owned = session is None
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=read_timeout_s, sock_read=read_timeout_s)
         self.chunk_octets = chunk_octets
 
     @contextlib.asynccontextmanager
@@ -1384,6 +1400,10 @@ class HttpPcClient(_Client):
         """``POST {pc}sessions/{id}/done`` (ours)."""
         await self._session_call("POST", f"sessions/{session}/done", done, 204)
 
+    async def session_failed(self, session: uuid.UUID, failed: SessionFailed) -> None:
+        """``POST {pc}sessions/{id}/failed`` (ours): this instance cannot serve the session."""
+        await self._session_call("POST", f"sessions/{session}/failed", failed, 200)
+
     async def open_session(self, body: SessionOpen) -> SessionView:
         """``POST {pc}sessions`` (ours; ``frontend.SessionOpener``)."""
         try:
@@ -1581,7 +1601,7 @@ async def serve_instance(
         owned.append(pc_client)
         pc = pc_client
     leases = HttpLeaseClient(ic.token)
-    fetcher = HttpBlockFetcher(ic.token)
+    fetcher = HttpBlockFetcher(ic.token, read_timeout_s=ic.block_read_timeout_ms / 1000)
     owned.append(leases)
     url = _Url(ic.url)
     publisher = ReplicaPublisher(store, index_client, holder_url=url, clock=timer, ttl_ms=ic.record_ttl_ms,

@@ -13,6 +13,11 @@ hands it a :class:`SessionOrder` (the checkpoint to continue from and the sessio
   with the engine's sampler state and releases what the acknowledgement covers.
 - A refusal with ``kvsp-stale-epoch`` (from the PC or the front end) means the session was
   moved to another instance: :class:`Superseded` is raised into the engine, which stops.
+- A run that fails otherwise — the engine cannot serve the session here
+  (:class:`SessionRefused`: another model, prompt blocks no replica delivers, an unknown
+  sampler) or any other error — is reported to the PC with ``POST {pc}sessions/{id}/failed``
+  (:class:`~.session_records.SessionFailed`, the run's epoch and the reason), so that the PC
+  places it elsewhere or marks it failed, instead of the session waiting for ever.
 
 On resume, the output first re-sends the tokens the checkpoint covers, labelled with the new
 epoch: the front end drops those it delivered (by index), and delivers any that the failed
@@ -35,7 +40,17 @@ from typing import Protocol
 from ..kvsp.records import Sampler, SessionCheckpoint
 from .errors import NotActive, StaleEpoch
 from .instance_lifecycle import Lifecycle
-from .session_records import MAX_TOKENS_PER_BATCH, CheckpointAck, OutputToken, OutputTokens, SessionAccepted, SessionDone, SessionOrder
+from .session_records import (
+    MAX_REASON_CHARS,
+    MAX_TOKENS_PER_BATCH,
+    CheckpointAck,
+    OutputToken,
+    OutputTokens,
+    SessionAccepted,
+    SessionDone,
+    SessionFailed,
+    SessionOrder,
+)
 
 __all__ = [
     "CheckpointSink",
@@ -43,6 +58,7 @@ __all__ = [
     "PeerUnreachable",
     "SessionEngine",
     "SessionOutput",
+    "SessionRefused",
     "Superseded",
     "TokenSink",
 ]
@@ -52,6 +68,10 @@ log = logging.getLogger(__name__)
 
 class Superseded(Exception):
     """The session moved on to a higher epoch (a ``kvsp-stale-epoch`` answer): stop it."""
+
+
+class SessionRefused(Exception):
+    """The engine cannot serve this session on this instance (the message says why)."""
 
 
 class PeerUnreachable(Exception):
@@ -68,6 +88,10 @@ class CheckpointSink(Protocol):
 
     async def session_done(self, session: uuid.UUID, done: SessionDone) -> None:
         """``POST {pc}sessions/{id}/done``; the same errors."""
+        ...
+
+    async def session_failed(self, session: uuid.UUID, failed: SessionFailed) -> None:
+        """``POST {pc}sessions/{id}/failed`` (ours); the same errors."""
         ...
 
 
@@ -270,13 +294,30 @@ class InstanceSessions:
             log.info("session %s epoch %d superseded: %s", order.session, order.epoch, exc)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except SessionRefused as exc:
+            log.warning("session %s epoch %d cannot be served here: %s", order.session, order.epoch, exc)
+            await self._report_failed(order, f"not servable here: {exc}")
+        except Exception as exc:
             log.exception("session %s epoch %d failed", order.session, order.epoch)
+            await self._report_failed(order, f"{type(exc).__name__}: {exc}")
         finally:
             run = self._runs.get(order.session)
             if run is not None and run[0] is output:
                 del self._runs[order.session]
                 self.lifecycle.finish(order.session)
+
+    async def _report_failed(self, order: SessionOrder, reason: str) -> None:
+        """Tell the PC the run failed, so that it re-places the session (see the module notes)."""
+        if self.pc is None:
+            return
+        if len(reason) > MAX_REASON_CHARS:
+            reason = reason[: MAX_REASON_CHARS - 3] + "..."
+        try:
+            await self.pc.session_failed(order.session, SessionFailed(epoch=order.epoch, reason=reason or "failed"))
+        except Superseded as exc:
+            log.info("session %s epoch %d: the PC moved it on already: %s", order.session, order.epoch, exc)
+        except PeerUnreachable as exc:
+            log.warning("session %s epoch %d: reporting the failure to the PC failed: %s", order.session, order.epoch, exc)
 
     def _cancel(self, session: uuid.UUID) -> None:
         run = self._runs.pop(session, None)

@@ -30,29 +30,39 @@ epoch-0 checkpoint (docs/decisions/0004):
    **checkpoint** is sent (§6.8 "whenever a block of generated tokens completes"); the output
    itself checkpoints at least every ``checkpoint_every`` (≤ 64) tokens.
 
-A session that cannot run here (another Compatibility ID, prompt blocks that no replica
-delivers, an unknown sampler) raises :class:`SessionNotServable`; the instance logs it and the
-session stays with the PC (gap: the PC is not told, see docs/migration.md).
+Before step 1 the session waits for the prefetch directives the PC sent with the order: the
+PC uses the session id as their ``request_ref`` (§6.5, ``pc_sessions.py``), as ``generate``
+waits for its request's. The time to first token is measured from then to the first token
+sampled, and the blocks the recomputation completed are published right after that first
+token (off its path). What was loaded and recomputed is counted in the instance's engine
+counters like a request's (``EngineCounters.count_prefix``; ``sessions`` counts the runs).
 
-Model calls run on one worker thread of this engine (torch releases the GIL; the event loop
-keeps serving HTTP, checkpoints and deliveries).
+A session that cannot run here (another Compatibility ID, prompt blocks that no replica
+delivers, an unknown sampler, a token outside the vocabulary) raises
+:class:`SessionNotServable` (an ``instance_sessions.SessionRefused``): the instance reports it
+to the PC with ``POST {pc}sessions/{id}/failed``, and the PC places it elsewhere or marks it
+failed (docs/migration.md).
+
+Model calls run on the instance's one model thread, :meth:`InferenceEngine.run`, shared with
+``generate`` (torch releases the GIL; the event loop keeps serving HTTP, checkpoints and
+deliveries).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..kvsp.blockkeys import ZERO_KEY, BlockKeyChain
 from ..kvsp.records import Sampler as SamplerRecord
 from ..sinks import LayerFailed
 from ..storage import RecordKey
-from .engine_loader import HTTP, LOCAL, MOQT, PrefixPlan
-from .instance_sessions import SessionOutput
+from .engine_loader import HTTP, MOQT, PrefixPlan
+from .instance_sessions import SessionOutput, SessionRefused, Superseded
 from .session_records import SessionOrder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,7 +76,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SessionNotServable(Exception):
+class SessionNotServable(SessionRefused):
     """The session cannot run on this instance's model (see the module notes)."""
 
 
@@ -79,8 +89,20 @@ class SessionCounters:
     loaded_blocks: int = 0  # context blocks loaded (§6.8 step 1)
     loaded_octets: int = 0
     recomputed_tokens: int = 0  # context tokens computed before the first new token (step 2)
+    ttft_ms: list[float] = field(default_factory=list)  # per run: prefetch waited for -> first token
     published_blocks: int = 0  # context blocks completed here and published
     output_tokens: int = 0
+
+
+@dataclass
+class _Restored:
+    """What restoring a context did: blocks loaded ((source, KV octets) each), blocks the IS
+    lookup matched, tokens computed, and the blocks the computation completed (to publish)."""
+
+    loaded: list[tuple[str, int]]
+    matched: int
+    prefilled: int
+    completed: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -116,7 +138,6 @@ class ModelSessionEngine:
         self._url = url
         self.load_timeout_s = load_timeout_s
         self._bound: asyncio.Event | None = None
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsp-sessions")
         self.counters = SessionCounters()
 
     def bind(self, engine: InferenceEngine, url: Callable[[], str] | None = None) -> None:
@@ -137,7 +158,7 @@ class ModelSessionEngine:
         return self._engine
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: model calls run on the engine's thread, which the engine owns."""
 
     # -- the seam (instance_sessions.SessionEngine) ------------------------------------------------
 
@@ -153,6 +174,16 @@ class ModelSessionEngine:
 
     async def _serve(self, order: SessionOrder, output: SessionOutput) -> None:
         engine = await self._engine_ready()
+        engine.counters.sessions += 1
+        try:
+            await self._generate(engine, order, output)
+        except Superseded:
+            raise
+        except Exception:
+            engine.counters.failed_sessions += 1
+            raise
+
+    async def _generate(self, engine: InferenceEngine, order: SessionOrder, output: SessionOutput) -> None:
         cp = order.checkpoint
         if cp.compat_id != engine.compat_id:
             raise SessionNotServable(f"session {cp.session} is for compat_id {cp.compat_id.hex()}, "
@@ -160,18 +191,36 @@ class ModelSessionEngine:
         if not cp.prompt_tail and not cp.generated:
             raise SessionNotServable("the context's last token must be known: prompt_tail is empty and nothing "
                                      "was generated (keep at least the last prompt token in prompt_tail)")
-        from ..model import EOS_ID
+        from ..model import EOS_ID, ModelError
 
-        context = self._context(engine, order)
+        # §6.5: the directives the PC sent with this order (request_ref = the session id) first.
+        await engine.wait_for_prefetch(str(cp.session))
+        serving = time.perf_counter()
+        try:
+            context = self._context(engine, order)
+        except ModelError as exc:
+            raise SessionNotServable(f"context: {exc}") from None
         sampler = self._sampler(cp.sampler)
-        cache, logits = await self._restore(engine, context)
+        blocks = len(context.keys)
+        cache, logits, restored = await self._restore(engine, context)
         limit = order.max_tokens if order.max_tokens is not None else engine.config.max_tokens
         B = engine.bundle.block_tokens
         model = engine.bundle.model
+        first = True
         while output.next_index < limit:
             token = await self._call(sampler.sample, logits)
+            if first:
+                ttft_ms = (time.perf_counter() - serving) * 1e3
+                self.counters.ttft_ms.append(ttft_ms)
+                engine.count_prefix(loaded=restored.loaded, matched=restored.matched, tokens=context.length,
+                                    blocks=blocks, prefilled=restored.prefilled, ttft_ms=round(ttft_ms, 3))
             await output.token(token)
             self.counters.output_tokens += 1
+            engine.counters.output_tokens += 1
+            if first:  # the blocks the recomputation completed, published off the first token's path
+                first = False
+                for index in restored.completed:
+                    await self._publish(engine, context, cache, index)
             if token == EOS_ID or output.next_index >= limit:
                 break
             logits = await self._call(model.decode, token, cache)
@@ -203,9 +252,9 @@ class ModelSessionEngine:
             for key in context.chain.extend([token]):
                 context.keys.append(RecordKey(context.compat_id, context.scope_id, key))
 
-    async def _restore(self, engine: InferenceEngine, context: _Context) -> tuple[KVCache, Any]:
-        """§6.8 steps 1-2: the KV cache of the context but its last token, and the logits
-        after the last token."""
+    async def _restore(self, engine: InferenceEngine, context: _Context) -> tuple[KVCache, Any, _Restored]:
+        """§6.8 steps 1-2: the KV cache of the context but its last token, the logits after
+        the last token, and what was loaded and computed."""
         B = engine.bundle.block_tokens
         model = engine.bundle.model
         usable = min(len(context.keys), (context.length - 1) // B)
@@ -224,15 +273,16 @@ class ModelSessionEngine:
             if plan.blocks:
                 layers_of = [[b.layer(l) for l in range(engine.bundle.layers)] for b in plan.blocks]
                 cache = await self._call(KVCache.from_blocks, model.config, layers_of, model.device)
-            self._count_loads(engine, plan)
+            loaded = self._count_loads(plan)
             await self._keep(engine, plan)
         finally:
             await plan.close()
-        loaded = len(plan.blocks) * B
+        restored = _Restored(loaded=loaded, matched=plan.matched, prefilled=context.length - len(plan.blocks) * B)
+        loaded_tokens = len(plan.blocks) * B
         # The prompt tokens after the loaded blocks: one prefill, as the first instance did.
         prompt_end = context.prompt_end
         logits = None
-        position = loaded
+        position = loaded_tokens
         if position < prompt_end:
             ids = [context.token(p) for p in range(position, prompt_end)]
             result = await self._call(model.prefill, ids, cache)
@@ -245,12 +295,11 @@ class ModelSessionEngine:
             logits = await self._call(model.decode, context.token(position), cache)
             position += 1
         assert logits is not None
-        self.counters.recomputed_tokens += context.length - loaded
-        engine.counters.prefill_tokens += context.length - loaded
-        # Blocks completed by the recomputation are published like any computed block.
-        for index in range(len(plan.blocks), min(len(context.keys), cache.length // B)):
-            await self._publish(engine, context, cache, index)
-        return cache, logits
+        self.counters.recomputed_tokens += restored.prefilled
+        # Blocks completed by the recomputation are published like any computed block (by
+        # ``_generate``, once the first token is out).
+        restored.completed = list(range(len(plan.blocks), min(len(context.keys), cache.length // B)))
+        return cache, logits, restored
 
     async def _load(self, engine: InferenceEngine, keys: Sequence[RecordKey], usable: int) -> PrefixPlan:
         """The prefix plan of ``keys`` (at most ``usable`` blocks), every block loaded. A load
@@ -282,12 +331,12 @@ class ModelSessionEngine:
                 raise
         return plan
 
-    def _count_loads(self, engine: InferenceEngine, plan: PrefixPlan) -> None:
-        c = engine.counters
+    def _count_loads(self, plan: PrefixPlan) -> list[tuple[str, int]]:
+        """(source, KV octets) of each loaded block (``engine.count_prefix`` counts them)."""
         for block in plan.blocks:
-            {LOCAL: c.local, MOQT: c.moqt, HTTP: c.http}[block.source].add(block.octets)
             self.counters.loaded_blocks += 1
             self.counters.loaded_octets += block.octets
+        return [(block.source, block.octets) for block in plan.blocks]
 
     async def _keep(self, engine: InferenceEngine, plan: PrefixPlan) -> None:
         """Blocks loaded from elsewhere are kept here and published (§6.5 behaviour)."""
@@ -328,4 +377,6 @@ class ModelSessionEngine:
                              deterministic=base.deterministic)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        """On the instance's one model thread (shared with ``generate``)."""
+        engine = await self._engine_ready()
+        return await engine.run(fn, *args)

@@ -166,7 +166,7 @@ class PlacementController:
         )
         #: §6.8 sessions, checkpoints and migration (``pc_sessions.py``).
         self.sessions = SessionManager(registry=self.registry, client=session_client, rank=self.rank,
-                                       max_sessions=self.config.max_sessions)
+                                       prefetch=self.prefetch_to, max_sessions=self.config.max_sessions)
         #: §6.9 Shard Maps and resharding (``pc_reshard.py``); deadlines on ``timer``.
         self.reshard = ReshardCoordinator(client=reshard_client, timer=timer, deadline_ms=self.config.reshard_deadline_ms)
         self._background: set[asyncio.Task[object]] = set()
@@ -379,6 +379,21 @@ class PlacementController:
             deadline_ms=self.config.prefetch_deadline_ms,
             lease_ms=self.config.prefetch_lease_ms,
         )
+
+    async def prefetch_to(self, request: PlacementRequest, instance: str) -> uuid.UUID | None:
+        """A §6.5 directive to ``instance`` for the matched blocks of ``request`` not resident
+        there (sessions: ``pc_sessions.py``, request_ref = the session id). The instance was
+        chosen already, so no cost comparison: a session's prompt blocks cannot be recomputed
+        (their tokens are not in its checkpoint). None when nothing was sent (nothing to load,
+        no prefetch asked). ``InstanceUnreachable``/``NotActive`` when the instance refused."""
+        if not request.prefetch or not request.block_keys:
+            return None
+        lookup = await self._lookup(request, [instance])
+        directive = self.directive_for(instance, request, lookup.blocks, self.registry.record(instance))
+        if directive is None:
+            return None
+        await self.send_prefetch(directive, instance)
+        return directive.directive
 
     async def send_prefetch(self, directive: PrefetchDirective, instance: str) -> str:
         """Send ``directive`` to ``instance``: only to an active one (§6.3 MUST NOT), else

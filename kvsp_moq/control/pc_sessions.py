@@ -20,6 +20,21 @@ current epoch (§6.8). The rules:
   than the next attempt's and are refused too. Sessions that no instance took stay pending
   and are retried by :meth:`SessionManager.retry_pending`.
 
+Placing a session (a start, a resume, a re-placement) goes like a request's placement: the
+instances are ranked by the §6.4 cost with the IS lookup of the session's ``prompt_blocks``,
+and, before the order, the chosen instance gets a §6.5 prefetch directive for the blocks that
+are not resident there (the ``prefetch`` hook, :meth:`~.pc.PlacementController.prefetch_to`)
+whose ``request_ref`` is the session id: the instance lets it finish before it loads the
+context, exactly as ``generate`` waits for its request's directive. (The PC knows the Block
+Keys of the prompt only; the generated blocks a resume needs are found by the instance.)
+
+An instance that cannot serve a session it was sent (another model, prompt blocks no replica
+delivers, an unknown sampler) reports it with ``POST sessions/{id}/failed``
+(:meth:`SessionManager.failed`, the epoch it ran): the PC raises the epoch and places the
+session on another instance, never again on one that refused it. When every instance the PC
+knows has refused it, the session is **failed**: it is no longer placed, and its view says
+why (``failed``). Otherwise, with no other instance active now, it stays pending.
+
 Expired instances are looked for (:meth:`SessionManager.check_failures`) whenever an active
 instance reports its status — the moment a migration target is known to be alive — and, with
 ``failure_check_ms`` configured, periodically.
@@ -44,9 +59,18 @@ from .auth import Principal, require_instance, require_scope
 from .control_records import PlacementRequest
 from .errors import InstanceUnreachable, NotActive, NotFound, StaleEpoch
 from .pc_registry import InstanceRegistry
-from .session_records import CheckpointAck, FailureReport, SessionDone, SessionList, SessionOpen, SessionOrder, SessionView
+from .session_records import (
+    CheckpointAck,
+    FailureReport,
+    SessionDone,
+    SessionFailed,
+    SessionList,
+    SessionOpen,
+    SessionOrder,
+    SessionView,
+)
 
-__all__ = ["Rank", "SessionEntry", "SessionInstanceClient", "SessionManager"]
+__all__ = ["DirectiveObserver", "Prefetch", "Rank", "SessionEntry", "SessionInstanceClient", "SessionManager"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +92,15 @@ class SessionInstanceClient(Protocol):
 #: ``exclude``. Provided by :class:`~.pc.PlacementController`.
 Rank = Callable[[PlacementRequest, Collection[str]], Awaitable[Sequence[str]]]
 
+#: Called for every §6.5 directive sent with a session's order: the session, the instance and
+#: the directive's id (embedding and demos observe placements with it; ``kvsp demo`` does).
+DirectiveObserver = Callable[[uuid.UUID, str, uuid.UUID], None]
+
+#: Send the chosen instance a §6.5 prefetch directive for the request's blocks not resident
+#: there (``request_ref`` is the session id); the directive's id, or None when none was sent.
+#: Provided by :class:`~.pc.PlacementController` (``prefetch_to``).
+Prefetch = Callable[[PlacementRequest, str], Awaitable["uuid.UUID | None"]]
+
 
 @dataclass
 class SessionEntry:
@@ -79,21 +112,27 @@ class SessionEntry:
     instance: str | None = None  # serving it; None while pending
     instance_epoch: int | None = None  # the instance's own epoch (§6.3) when it took the session
     fresh: bool = False  # no order was sent with ``epoch`` yet
+    resumed: bool = False  # the last order sent was a resume (else a start)
+    refused: set[str] = field(default_factory=set)  # instances that reported they cannot serve it
+    failed: str | None = None  # why the PC gave it up (every instance refused it)
+    directives: list[uuid.UUID] = field(default_factory=list)  # §6.5 directives sent with its orders
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def view(self) -> SessionView:
         return SessionView(session=self.open.session, instance=self.instance, epoch=self.epoch,
-                           output_offset=self.checkpoint.output_offset)
+                           output_offset=self.checkpoint.output_offset, failed=self.failed)
 
 
 class SessionManager:
     """Sessions, checkpoints and migration (§6.8)."""
 
     def __init__(self, *, registry: InstanceRegistry, client: SessionInstanceClient | None, rank: Rank,
-                 max_sessions: int = 65_536) -> None:
+                 prefetch: Prefetch | None = None, max_sessions: int = 65_536) -> None:
         self.registry = registry
         self.client = client
         self.rank = rank
+        self.prefetch = prefetch
+        self.directive_observers: list[DirectiveObserver] = []
         self.max_sessions = max_sessions
         self._sessions: dict[uuid.UUID, SessionEntry] = {}
 
@@ -117,7 +156,7 @@ class SessionManager:
         return bool(self._sessions)
 
     def pending(self) -> list[SessionEntry]:
-        return [e for e in self._sessions.values() if e.instance is None]
+        return [e for e in self._sessions.values() if e.instance is None and e.failed is None]
 
     # -- start (ours) ------------------------------------------------------------------------------
 
@@ -177,6 +216,36 @@ class SessionManager:
             raise StaleEpoch(f"epoch {body.epoch} is not the session's epoch {entry.epoch}")
         del self._sessions[session]
 
+    async def failed(self, principal: Principal, session: uuid.UUID, body: SessionFailed) -> SessionView:
+        """``POST sessions/{id}/failed``: the serving instance cannot serve the session (module
+        notes). ``StaleEpoch`` for an epoch other than the session's (the session moved on
+        already; a higher one was never assigned: 400). Answers the session's view after
+        re-placing it."""
+        entry = self.entry(session)
+        require_scope(principal, entry.open.scope_id)
+        if entry.instance is not None:
+            require_instance(principal, entry.instance)
+        if body.epoch > entry.epoch:
+            raise RecordError("epoch", f"the PC assigned epoch {entry.epoch} to this session, not {body.epoch}")
+        if body.epoch < entry.epoch:
+            raise StaleEpoch(f"epoch {body.epoch} is lower than the session's epoch {entry.epoch}")
+        async with entry.lock:
+            if entry.epoch != body.epoch or entry.instance is None:
+                return entry.view()  # moved meanwhile
+            refusing = entry.instance
+            log.warning("session %s: %s cannot serve epoch %d: %s", session, refusing, body.epoch, body.reason)
+            entry.refused.add(refusing)
+            entry.epoch += 1  # the refusing run's messages are stale from now on (§6.8)
+            entry.fresh = True
+            entry.instance = entry.instance_epoch = None
+            if await self._place(entry, exclude=entry.refused, resume=entry.resumed):
+                return entry.view()
+            others = [i for i in self.registry.instances() if i not in entry.refused and self.registry.state(i) != FAILED]
+            if not others:
+                entry.failed = f"every instance refused it; the last, {refusing}: {body.reason}"
+                log.warning("session %s failed: %s", session, entry.failed)
+            return entry.view()
+
     # -- failures and migration (§6.8) -------------------------------------------------------------
 
     async def report_failure(self, principal: Principal, report: FailureReport) -> SessionList:
@@ -207,7 +276,7 @@ class SessionManager:
             entry.epoch += 1  # from now on the failed instance's messages are stale (§6.8)
             entry.fresh = True
             entry.instance = entry.instance_epoch = None
-            exclude = (failed,) if self.registry.state(failed) == FAILED else ()
+            exclude = entry.refused | ({failed} if self.registry.state(failed) == FAILED else set())
             await self._place(entry, exclude=exclude, resume=True)
             return entry.view()
 
@@ -216,8 +285,8 @@ class SessionManager:
         out = []
         for entry in self.pending():
             async with entry.lock:
-                if entry.instance is None and self._sessions.get(entry.open.session) is entry:
-                    await self._place(entry, exclude=(), resume=True)
+                if entry.instance is None and entry.failed is None and self._sessions.get(entry.open.session) is entry:
+                    await self._place(entry, exclude=entry.refused, resume=True)
                     out.append(entry.view())
         return out
 
@@ -236,7 +305,7 @@ class SessionManager:
         body = entry.open
         return PlacementRequest(
             scope_id=body.scope_id, compat_id=body.compat_id, block_keys=body.prompt_blocks,
-            tokens=body.tokens + entry.checkpoint.output_offset, request_ref=str(body.session), prefetch=False,
+            tokens=body.tokens + entry.checkpoint.output_offset, request_ref=str(body.session), prefetch=True,
         )
 
     async def _place(self, entry: SessionEntry, *, exclude: Collection[str], resume: bool) -> bool:
@@ -244,12 +313,14 @@ class SessionManager:
         Called with ``entry.lock`` held."""
         if self.client is None:
             return False
-        for instance in await self.rank(self._request(entry), exclude):
+        request = self._request(entry)
+        for instance in await self.rank(request, exclude):
             if not entry.fresh:
                 entry.epoch += 1
             entry.fresh = False
             order = SessionOrder(epoch=entry.epoch, checkpoint=entry.checkpoint, front_end=entry.open.front_end,
                                  max_tokens=entry.open.max_tokens)
+            await self._prefetch(entry, request, instance)
             try:
                 if resume:
                     await self.client.resume_session(instance, order)
@@ -260,7 +331,22 @@ class SessionManager:
                 continue
             entry.instance = instance
             entry.instance_epoch = self.registry.highest_epoch(instance)
+            entry.resumed = resume
             return True
         log.warning("session %s: no instance took it; pending", entry.open.session)
         return False
 
+    async def _prefetch(self, entry: SessionEntry, request: PlacementRequest, instance: str) -> None:
+        """§6.5 before the order: the blocks not resident at ``instance`` (module notes). A
+        directive that could not be sent is no failure: the instance loads what it lacks."""
+        if self.prefetch is None or not request.block_keys:
+            return
+        try:
+            directive = await self.prefetch(request, instance)
+        except Exception as exc:  # advisory: the IS or the instance may be unreachable
+            log.warning("session %s: prefetch directive to %s failed: %s", entry.open.session, instance, exc)
+            return
+        if directive is not None:
+            entry.directives.append(directive)
+            for observe in self.directive_observers:
+                observe(entry.open.session, instance, directive)

@@ -18,6 +18,8 @@ from ..kvsp.records._record import Nested, member
 
 #: Upper bound on ``max_tokens`` (output tokens of one session); I-JSON safe.
 MAX_OUTPUT_TOKENS = 1 << 32
+#: Upper bound on the ``reason`` of a session failure (characters).
+MAX_REASON_CHARS = 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +119,8 @@ class SessionOpen(Record):
 @dataclass(frozen=True, kw_only=True)
 class SessionView(Record):
     """A session as the PC sees it: the instance serving it (absent while none could be
-    placed), the current session epoch, and the output its latest checkpoint covers."""
+    placed), the current session epoch, the output its latest checkpoint covers, and
+    ``failed`` (why) once the PC gave it up."""
 
     RECORD_NAME = "session view"
 
@@ -125,6 +128,8 @@ class SessionView(Record):
     instance: str | None = member(HTTP_URL, optional=True)
     epoch: int = member(Int(0))
     output_offset: int = member(Int(0))
+    #: Present once the PC gave the session up: why (every instance refused it).
+    failed: str | None = member(Str(max_len=MAX_REASON_CHARS), optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +160,19 @@ class SessionDone(Record):
 
     epoch: int = member(Int(1))
     output_offset: int = member(Int(0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionFailed(Record):
+    """Body of ``POST {pc}sessions/{id}/failed`` (ours): the instance serving the session at
+    ``epoch`` cannot serve it (another model, prompt blocks no replica delivers, an unknown
+    sampler, ...; ``reason`` says which). The PC places it on another instance or, when every
+    instance it knows refused it, marks it failed (docs/migration.md)."""
+
+    RECORD_NAME = "session failed"
+
+    epoch: int = member(Int(1))
+    reason: str = member(Str(max_len=MAX_REASON_CHARS))
 
 
 # ---------------------------------------------------------------------------------------------
