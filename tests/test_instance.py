@@ -3,6 +3,7 @@ holders, a real IS and a real PC, plus a slow holder double; state changes and d
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -83,7 +84,7 @@ async def test_deadline_reports_partial_with_loaded_keys_and_releases_lease() ->
         await w.put_block(0, 0)
         async with slow_holder({bkey(1): container(1)}) as slow:
             await w.publish(record_for(1, slow.url))
-            ii = await w.start_instance()
+            ii = await w.start_instance(prefetch_blocks_in_flight=1)  # block 0 loads before block 1 stalls
             body = directive([(0, [w.holders[0].url]), (1, [slow.url])], deadline_ms=50)
             await post(w, ii.url, body)
             await slow.entered.wait()  # block 1 is stalled at the slow holder
@@ -93,6 +94,23 @@ async def test_deadline_reports_partial_with_loaded_keys_and_releases_lease() ->
             done = await wait_done(w, ii, body["directive"])
             assert done["state"] == "partial" and done["loaded"] == [bkey(0).hex()]
             assert slow.events[-1] == "release lease0"
+
+
+async def test_directive_blocks_are_retrieved_concurrently() -> None:
+    # Both blocks of the directive are at a holder that answers no GET until released: both
+    # GETs arrive before either is answered, so the executor has them in flight together.
+    async with world() as w:
+        async with slow_holder({bkey(1): container(1), bkey(2): container(2)}, entered_after=2) as slow:
+            await w.publish(record_for(1, slow.url))
+            await w.publish(record_for(2, slow.url))
+            ii = await w.start_instance(prefetch_blocks_in_flight=2)
+            body = directive([(1, [slow.url]), (2, [slow.url])])
+            await post(w, ii.url, body)
+            await asyncio.wait_for(slow.entered.wait(), 10)  # one at a time would never get here
+            assert sorted(e for e in slow.events if e.startswith("get ")) == sorted([f"get {bkey(1).hex()[:8]}", f"get {bkey(2).hex()[:8]}"])
+            slow.release.set()
+            done = await wait_done(w, ii, body["directive"])
+            assert done["state"] == "complete" and done["loaded"] == [bkey(1).hex(), bkey(2).hex()]
 
 
 async def test_prefetch_never_blocks_admitted_requests() -> None:

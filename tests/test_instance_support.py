@@ -136,7 +136,10 @@ class SlowHolder:
 
 
 @asynccontextmanager
-async def slow_holder(blocks: dict[bytes, bytes], *, stalled: bool = True, tamper: bool = False) -> AsyncIterator[SlowHolder]:
+async def slow_holder(blocks: dict[bytes, bytes], *, stalled: bool = True, tamper: bool = False,
+                      entered_after: int = 1) -> AsyncIterator[SlowHolder]:
+    """A holder whose block GETs wait for ``release``; ``entered`` is set once
+    ``entered_after`` GETs are waiting at the same time or have passed."""
     release, entered = asyncio.Event(), asyncio.Event()
     if not stalled:
         release.set()
@@ -156,7 +159,8 @@ async def slow_holder(blocks: dict[bytes, bytes], *, stalled: bool = True, tampe
     async def get_block(request: web.Request) -> web.Response:
         key = bytes.fromhex(request.match_info["key"])
         events.append(f"get {key.hex()[:8]}")
-        entered.set()
+        if sum(e.startswith("get ") for e in events) >= entered_after:
+            entered.set()
         await release.wait()
         body = bytearray(blocks[key])
         if tamper:
