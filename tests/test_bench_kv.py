@@ -56,3 +56,26 @@ def test_bench_wan_measures_or_says_why_not_and_leaves_no_namespace() -> None:
         names = [json.loads(line)["name"] for line in lines]
         assert names == ["wan_moqt_first_layer", "wan_moqt_block", "wan_moqt_rate"]
     assert not {ns for ns in _netns() - before if ns.startswith("kvsp-wan-")}
+
+
+def test_bench_kv_parallel_figures_beside_tcp_and_n1_of_the_same_run() -> None:
+    """--parallel 2 (N = 1 added as the baseline), in-process connections and worker
+    processes: each N has a rate vs the TCP copy and vs N = 1 of the same kind."""
+    pytest.importorskip("torch")
+    proc = kvsp("bench", "kv", "--layers", "4", "--repeat", "1", "--no-relay", "--no-http",
+                "--parallel", "2", "--workers", "connections,processes")
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    for kind in ("connections", "processes"):
+        for n in (1, 2):
+            name = f"kv_aioquic_dgram16384_par{n}_{kind}"
+            rate, vs1 = figures[f"{name}_rate"], figures[f"{name}_vs_par1"]
+            assert rate["baseline_name"] == "tcp_copy" and rate["value"] > 0
+            assert vs1["baseline_name"] == f"kv_aioquic_dgram16384_par1_{kind}_rate"
+            assert vs1["baseline_value"] == figures[vs1["baseline_name"]]["value"]
+            assert rate["params"]["parallel"] == n and rate["params"]["workers"] == kind
+            assert figures[f"{name}_first_layer"]["baseline_name"] == "tcp_first_layer"
+
+
+def test_bench_kv_refuses_unknown_workers() -> None:
+    proc = kvsp("bench", "kv", "--parallel", "2", "--workers", "threads", check=False)
+    assert proc.returncode != 0 and "--workers 'threads'" in proc.stderr

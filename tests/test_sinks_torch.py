@@ -256,3 +256,47 @@ def test_cuda_failed_layer_never_copied() -> None:
     sink.layer_event(0).synchronize()
     assert kv_octets(sink, 0) == block.source_octets(0)
     assert sink._ring is not None and sink._ring._slots[0].tensor.is_pinned()
+
+
+# -- shared memory and deliveries verified in another process (bridge/parallel.py) --------------
+
+def test_shared_memory_storage_and_accept_verified() -> None:
+    """A sink in shared memory; a second sink over a slice of its storage (what a worker
+    process builds) receives and verifies layer 1; the first accepts it by digest."""
+    block = make_block("bf16", tokens=4, layers=3)
+    parent = TorchSink(block.geometry, block.tokens, block.layers, block.digests,
+                       shared_memory=True)
+    assert parent.is_shared and parent.storage.numel() == 3 * parent.payload_bytes
+    n = parent.payload_bytes
+    first = block.layers[0]
+    child = TorchSink(block.geometry, block.tokens, (first + 1, first + 1), block.digests,
+                      storage=parent.storage[n:2 * n])
+    assert deliver(child, first + 1, block.payloads[1])
+    assert parent.state(first + 1) is LayerState.EXPECTED  # nothing is exposed by octets alone
+    parent.accept_verified(first + 1, block.digests[first + 1])
+    assert parent.state(first + 1) is LayerState.READY
+    assert b"".join(kv_octets(parent, first + 1)) == block.payloads[1]
+    with pytest.raises(SinkError, match="ready"):
+        parent.accept_verified(first + 1, block.digests[first + 1])
+    # A reported digest other than the expected one fails the layer.
+    with pytest.raises(SinkError, match="digest mismatch"):
+        parent.accept_verified(first + 2, b"\x00" * 32)
+    assert parent.state(first + 2) is LayerState.FAILED
+    child.release_storage()
+    assert child.state(first + 1) is LayerState.READY and child.aborted is not None
+
+
+def test_share_memory_keeps_verified_layers_and_refuses_bad_storage() -> None:
+    block = make_block("fp16", tokens=4, layers=2)
+    sink = TorchSink(block.geometry, block.tokens, block.layers, block.digests)
+    assert not sink.is_shared
+    assert deliver(sink, block.layers[0], block.payloads[0])
+    sink.share_memory()
+    assert sink.is_shared and b"".join(kv_octets(sink, block.layers[0])) == block.payloads[0]
+    assert deliver(sink, block.layers[0] + 1, block.payloads[1])  # lands in the new memory
+    assert b"".join(kv_octets(sink, block.layers[0] + 1)) == block.payloads[1]
+    with pytest.raises(SinkError, match="flat contiguous uint8"):
+        TorchSink(block.geometry, block.tokens, block.layers, block.digests,
+                  storage=torch.empty(7, dtype=torch.uint8))
+    with pytest.raises(SinkError, match="CPU sinks only"):
+        staged(block, shared_memory=True)

@@ -4,7 +4,8 @@ Holder side: :class:`MoqtHolder` publishes a BlockStore's replicas (FETCH from t
 buffers, SUBSCRIBE for blocks still being computed) and issues ``moqt://`` Replica Records.
 Instance side: :func:`load_block` (FETCH a layer range into a layer sink, verify, fall back
 source by source, report what to recompute), :func:`subscribe_block` (prefill streaming),
-:func:`load_by_namespace` (verify against the Track Properties).
+:func:`load_by_namespace` (verify against the Track Properties), :func:`load_block_parallel`
+(N layer ranges at once over N connections, in-process or in worker processes).
 """
 
 from .binding import (
@@ -30,8 +31,16 @@ from .instance import (
     sink_for_record,
     subscribe_block,
 )
+from .parallel import (
+    ConnectionWorkers,
+    ParallelLoad,
+    ParallelLoadError,
+    load_block_parallel,
+    split_layers,
+)
 from .sessions import SessionPool
 from .track import BlockTrack
+from ._workers import ProcessWorkers
 
 __all__ = [
     "FIRST_LAYER",
@@ -44,15 +53,21 @@ __all__ = [
     "BindingError",
     "BlockLoad",
     "BlockTrack",
+    "ConnectionWorkers",
     "LoadResult",
     "MoqtHolder",
+    "ParallelLoad",
+    "ParallelLoadError",
+    "ProcessWorkers",
     "SessionPool",
     "Source",
     "TrackInfo",
     "block_info",
     "fetch_into",
     "load_block",
+    "load_block_parallel",
     "load_by_namespace",
     "sink_for_record",
+    "split_layers",
     "subscribe_block",
 ]

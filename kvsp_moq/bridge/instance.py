@@ -295,12 +295,10 @@ def _check_track(response: object, sink: Sink, first: int, last: int,
     return None
 
 
-async def load_block(records: ReplicaRecord | Source | Sequence[ReplicaRecord | Source],
-                     sink: Sink, *, layers: tuple[int, int] | None = None,
-                     pool: SessionPool | None = None, config: TransportConfig | None = None,
-                     timeout: float = 30.0, connect_timeout: float = 5.0) -> LoadResult:
-    """Load ``layers`` (default: the sink's range) from the replicas in ``records`` (tried
-    in order; records not served over MOQT are skipped) into ``sink``. See :class:`BlockLoad`."""
+def sources_of(records: ReplicaRecord | Source | Sequence[ReplicaRecord | Source],
+               sink: Sink) -> tuple[list[Source], list[Attempt]]:
+    """The MOQT sources of ``records`` in order, and an Attempt for each record skipped (not
+    served over MOQT)."""
     items = [records] if isinstance(records, ReplicaRecord | Source) else list(records)
     sources: list[Source] = []
     skipped: list[Attempt] = []
@@ -312,6 +310,28 @@ async def load_block(records: ReplicaRecord | Source | Sequence[ReplicaRecord | 
             sources.append(Source.from_record(item))
         except BindingError as exc:
             skipped.append(Attempt(item.holder, (sink.first_layer, sink.last_layer), (), str(exc)))
+    return sources, skipped
+
+
+async def load_block(records: ReplicaRecord | Source | Sequence[ReplicaRecord | Source],
+                     sink: Sink, *, layers: tuple[int, int] | None = None,
+                     pool: SessionPool | None = None, config: TransportConfig | None = None,
+                     timeout: float = 30.0, connect_timeout: float = 5.0,
+                     parallel: int = 1, workers: Any = None) -> LoadResult:
+    """Load ``layers`` (default: the sink's range) from the replicas in ``records`` (tried
+    in order; records not served over MOQT are skipped) into ``sink``. See :class:`BlockLoad`.
+
+    ``parallel`` > 1 or ``workers`` (``"connections"``, ``"processes"`` or a started set of
+    workers): the layers are split into ``parallel`` contiguous ranges loaded at once, each
+    over its own connection (:func:`.parallel.load_block_parallel`; ``pool`` is not used)."""
+    if parallel > 1 or workers is not None:
+        from .parallel import load_block_parallel
+
+        return await load_block_parallel(
+            records, sink, parallel=parallel if parallel > 1 or isinstance(workers, str)
+            else None, workers=workers or "connections", layers=layers, config=config,
+            timeout=timeout, connect_timeout=connect_timeout)
+    sources, skipped = sources_of(records, sink)
     load = BlockLoad(sink, sources, layers=layers, pool=pool, config=config, timeout=timeout,
                      connect_timeout=connect_timeout)
     result = await load.run()

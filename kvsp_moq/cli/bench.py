@@ -49,7 +49,8 @@ def _kv(args: argparse.Namespace) -> int:
 
     report.emit(bench_kv.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
                              datagram_sizes=args.datagram_size, backends=args.backend,
-                             repeat=args.repeat, http=not args.no_http, relay=not args.no_relay))
+                             repeat=args.repeat, http=not args.no_http, relay=not args.no_relay,
+                             parallel=args.parallel, workers=args.workers))
     return 0
 
 
@@ -128,6 +129,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
     q.add_argument("--no-http", action="store_true", help="skip the HTTP GET figure")
     q.add_argument("--no-relay", action="store_true", help="skip the relay figures")
+    q.add_argument("--parallel", type=_csv(int), default=(), metavar="N[,N...]",
+                   help="also load the block in N layer ranges at once, one QUIC connection "
+                        "each (N = 1 is added as the baseline)")
+    q.add_argument("--workers", type=_csv(str), default=("connections",), metavar="KIND[,KIND]",
+                   help="with --parallel: connections (in-process) and/or processes "
+                        "(N worker processes into shared memory)")
     q.set_defaults(handler=_kv)
     q = bsub.add_parser("wan", help="MOQT vs HTTP block load across two network namespaces "
                                     "joined by a netem-shaped veth pair (root + iproute2)")

@@ -11,7 +11,12 @@ copy of the same bytes over loopback, ``bench.moqt._tcp_copy``):
 * HTTP GET of the same block from the same holder process (``kv_http_*``: the KVB1 container,
   §6.7, plain HTTP/1.1 client on asyncio streams into one buffer, SHA-256 of the body);
 * through the relay (in-process, first backend, largest datagram size), cold (the relay
-  FETCHes upstream, store-and-forward) and warm (served from its cache).
+  FETCHes upstream, store-and-forward) and warm (served from its cache);
+* with ``parallel`` (issue 9, ``bench_kv_parallel``): the block split into N layer ranges,
+  each over its own QUIC connection, in-process (``connections``) or in N worker processes
+  (``processes``) writing into a shared-memory torch buffer, from the same holder process:
+  ``kv_{path}_par{N}_{kind}_rate`` (MB/s vs the TCP copy) and ``..._vs_par1`` (MB/s vs N = 1
+  of the same kind, same run).
 
 This module lives in ``kvsp_moq.cli`` (not ``kvsp_moq.bench``) because it starts the relay
 and the HTTP holder: ``kvsp_moq.bench`` may not import ``kvsp_moq.control`` or ``relay``
@@ -35,6 +40,7 @@ from ..transport.config import BACKENDS
 from ..transport.tls import make_self_signed
 from .bench_kv_holder import KEY, HolderInfo, freeze_heap, geometry, store_block
 from .bench_kv_loader import Timing, measure, timed_load
+from .bench_kv_parallel import KINDS, ParallelTiming, measure_parallel
 from .core import UsageError
 
 __all__ = ["check_backends", "run", "start_holder"]
@@ -109,8 +115,17 @@ async def _relay_figures(layers: int, layer_bytes: int, datagram_size: int, back
 
 def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int, ...] = (16384,),
         backends: tuple[str, ...] = ("aioquic",), repeat: int = 3, http: bool = True,
-        relay: bool = True) -> list[Figure]:
+        relay: bool = True, parallel: tuple[int, ...] = (),
+        workers: tuple[str, ...] = ("connections",)) -> list[Figure]:
     check_backends(backends)
+    for kind in workers:
+        if kind not in KINDS:
+            raise UsageError(f"--workers {kind!r}: one of {', '.join(KINDS)}")
+    if any(n < 1 for n in parallel):
+        raise UsageError("--parallel: every N must be >= 1")
+    if parallel and 1 not in parallel:
+        parallel = (1, *parallel)  # N = 1 is the baseline of every N
+    parallel = tuple(sorted(set(parallel)))
     if layer_bytes % (1 << 20):
         raise UsageError("the layer size must be a whole number of MiB")
     block = layers * layer_bytes
@@ -122,6 +137,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
     import_torch()
     freeze_heap()
     got: dict[str, tuple[Timing, dict[str, Any]]] = {}
+    par: dict[str, dict[tuple[int, str], ParallelTiming]] = {}
     loop = new_event_loop(use_uvloop=True)
     try:
         for backend in backends:
@@ -134,6 +150,12 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                     config = TransportConfig(backend=backend, insecure=True, max_datagram_size=size)
                     want_http = http and "http" not in got
                     res = loop.run_until_complete(measure(info, config, repeat, want_http))
+                    if parallel:
+                        from ..kvsp.records import ReplicaRecord
+
+                        par[f"{backend}_dgram{size}"] = loop.run_until_complete(measure_parallel(
+                            ReplicaRecord.from_json(info.record), geometry(), info.tokens,
+                            config, parallel, workers, repeat))  # type: ignore[arg-type]
                 finally:
                     stop_holder(proc)
                 got[f"{backend}_dgram{size}"] = (res["moqt"], params)
@@ -158,4 +180,19 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
         # The same as a rate: ratio = the fraction of the TCP copy's speed (the issue's "x TCP").
         figures.append(Figure(f"kv_{path}_rate", "MB/s", block / whole / 1e6,
                               "tcp_copy", block / tcp[0] / 1e6, params=params))
+    for path, timings in par.items():
+        params = dict(got[path][1])
+        for (n, kind), (first, whole, median) in timings.items():
+            name = f"kv_{path}_par{n}_{kind}"
+            p = {**params, "parallel": n, "workers": kind, "median_block_ms": median * 1e3,
+                 "sink": "torch-cpu-shared" if kind == "processes" else "torch-cpu"}
+            base = timings[(1, kind)]
+            figures.append(Figure(f"{name}_first_layer", "ms", first * 1e3,
+                                  "tcp_first_layer", tcp[1] * 1e3, params=p))
+            figures.append(Figure(f"{name}_rate", "MB/s", block / whole / 1e6,
+                                  "tcp_copy", block / tcp[0] / 1e6, params=p))
+            # Same kind, same run, N = 1: the speed-up from splitting (ratio > 1 helps).
+            figures.append(Figure(f"{name}_vs_par1", "MB/s", block / whole / 1e6,
+                                  f"kv_{path}_par1_{kind}_rate", block / base[1] / 1e6,
+                                  params={**p, "baseline_median_block_ms": base[2] * 1e3}))
     return figures

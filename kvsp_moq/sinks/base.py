@@ -278,6 +278,33 @@ class LayerSink(ABC, Generic[KV]):
             return False  # aborted (or failed) while the digest was being computed
         return self.end_layer(layer)
 
+    def accept_verified(self, layer: int, digest: bytes) -> None:
+        """A delivery of ``layer`` was written into this sink's memory by another process and
+        verified there (a worker of a parallel load, ``kvsp_moq.bridge.parallel``: it received
+        the payload into a view of this sink's shared storage and computed its SHA-256 as the
+        octets landed, DESIGN.md §6). ``digest`` is the digest that process computed; it must
+        equal the expected one (kvsp-draft §4.3), else the layer fails and SinkError is
+        raised. The layer becomes usable at once (waiters resume); the writer has already
+        published it in place, so :meth:`_publish` is not called again (CPU memory only).
+
+        SinkError also for a layer being received here, already verified, without an
+        expected digest, or after :meth:`abort_all`."""
+        if self._aborted is not None:
+            raise SinkError(f"layer {layer}: the sink was aborted ({self._aborted})")
+        slot = self._slot(layer)
+        if slot.state is LayerState.READY or slot.state is LayerState.RECEIVING:
+            raise SinkError(f"layer {layer} is {slot.state.value}: it cannot be accepted")
+        if slot.digest is None:
+            raise SinkError(f"layer {layer}: no expected digest announced (set_expected_digest)")
+        if _check_digest(layer, digest) != slot.digest:
+            reason = (f"digest mismatch: the worker computed {bytes(digest).hex()}, "
+                      f"expected {slot.digest.hex()}")
+            self._fail(slot, reason)
+            raise SinkError(f"layer {layer}: {reason}")
+        slot.state = LayerState.READY
+        slot.reason = None
+        self._wake(slot, None)
+
     def abort(self, layer: int, reason: str) -> None:
         """The delivery of ``layer`` will not complete (or will not happen): fail it, so that
         waiters learn it and :meth:`missing_layers` lists it. No-op on a verified layer and on

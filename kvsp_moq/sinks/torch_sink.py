@@ -28,7 +28,7 @@ from ..kvsp.layout import Geometry
 from ._reception import HashFactory
 from ._staging import CopyEngine, CopyEvent, StagingRing, StagingSlot
 from ._torch import HOST_IS_LITTLE_ENDIAN, byte_view, byteswap_elements, import_torch, torch_dtype
-from .base import DEFAULT_HASH_OFFLOAD_BYTES, Digests, LayerSink
+from .base import DEFAULT_HASH_OFFLOAD_BYTES, Digests, LayerSink, LayerState
 from .errors import SinkError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +61,15 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
         copy_engine: CopyEngine | None = None,
         hash_factory: HashFactory = sha256,
         hash_offload_bytes: int | None = DEFAULT_HASH_OFFLOAD_BYTES,
+        shared_memory: bool = False,
+        storage: Tensor | None = None,
     ) -> None:
+        """``shared_memory`` (CPU only): allocate the layers in shared memory
+        (``Tensor.share_memory_``), so that worker processes of a parallel load
+        (``kvsp_moq.bridge.parallel``) write payloads straight into them.
+        ``storage`` (CPU only): receive into this flat contiguous ``uint8`` CPU tensor of
+        exactly ``layer_count x payload`` octets instead of allocating (a worker's view of
+        the parent's shared buffer)."""
         super().__init__(geometry, tokens, layers, digests, hash_factory=hash_factory,
                          hash_offload_bytes=hash_offload_bytes)
         torch = import_torch()
@@ -75,9 +83,23 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
             self.device = torch.device("cpu")
         n = self.payload_bytes
         count = self.layer_count
-        if self._engine is None:
-            self._storage = torch.empty(n * count, dtype=torch.uint8)
+        if (shared_memory or storage is not None) and self._engine is not None:
+            raise SinkError("shared or external storage is for CPU sinks only "
+                            f"(this sink stages into {self.device})")
+        if storage is not None:
+            if (storage.dtype != torch.uint8 or storage.device.type != "cpu"
+                    or storage.dim() != 1 or not storage.is_contiguous()
+                    or storage.numel() != n * count):
+                raise SinkError(f"storage must be a flat contiguous uint8 CPU tensor of "
+                                f"{n * count} octets, got {tuple(storage.shape)} "
+                                f"{storage.dtype} on {storage.device}")
+            self._storage = storage
             self._ring: StagingRing | None = None
+        elif self._engine is None:
+            self._storage = torch.empty(n * count, dtype=torch.uint8)
+            if shared_memory:
+                self._storage.share_memory_()
+            self._ring = None
         else:
             if not 1 <= staging_slots <= max_staging_slots:
                 raise SinkError(f"staging slots: need 1 <= staging_slots ({staging_slots}) "
@@ -104,6 +126,38 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
     def staging_slots(self) -> int:
         """Pinned staging buffers allocated (0 on the CPU path)."""
         return self._ring.slots if self._ring is not None else 0
+
+    @property
+    def storage(self) -> Tensor:
+        """The flat ``uint8`` tensor holding every layer's payload, layer ``first`` first
+        (on the device for the CUDA path). Unverified regions hold arbitrary octets: read
+        layers through :meth:`layer`."""
+        return self._storage
+
+    @property
+    def is_shared(self) -> bool:
+        """Whether the layers live in shared memory (CPU path, see :meth:`share_memory`)."""
+        return self._engine is None and bool(self._storage.is_shared())
+
+    def share_memory(self) -> None:
+        """Move the layers to shared memory in place (``Tensor.share_memory_``: one copy of
+        the buffer; verified layers keep their octets; a no-op when already shared), so that
+        worker processes can receive into them. SinkError on the CUDA path and while a layer
+        is being received (its destination view would point at the old memory)."""
+        if self._engine is not None:
+            raise SinkError(f"only a CPU sink can be shared with worker processes "
+                            f"(this one stages into {self.device})")
+        if self._in_state(LayerState.RECEIVING):
+            raise SinkError("cannot move the sink to shared memory while layers are received")
+        self._storage.share_memory_()  # views (_octets, _blocks) share the moved storage
+
+    def release_storage(self) -> None:
+        """Drop this sink's references to its memory (a worker's view of a shared buffer:
+        the mapping goes as soon as nothing else holds it). The sink is unusable afterwards:
+        every unverified layer fails."""
+        self.abort_all("the sink's storage was released")
+        self._octets, self._blocks = [], []
+        self._storage = self._storage.new_empty(0)
 
     # -- consumer side ----------------------------------------------------------------------
 
