@@ -59,15 +59,20 @@ def test_the_report_adds_up(demo: tuple[dict[str, Any], str]) -> None:
     cold, warm, *more = report["requests"]
     prompt_blocks, system_blocks = cold["prompt_blocks"], report["system_blocks"]
     assert system_blocks >= 3 and prompt_blocks > system_blocks  # the question's block is not shared
-    # request 1: an empty cache (nothing named by key), everything recomputed; request 2 (the
-    # same prompt, its blocks now named by key) elsewhere, prefetched over MOQT before it ran
+    # request 1: an empty cache (nothing named by key), everything recomputed; then the system
+    # prompt is prefetched ahead of traffic to the other instance; request 2 (the same prompt,
+    # its blocks now named by key) runs there, the question's block prefetched in its path
     assert cold["blocks_named"] == 0 and cold["directive"] is None and cold["prefetched"] == {"moqt": 0, "http": 0}
     assert cold["blocks"] == {"local": 0, "moqt": 0, "http": 0, "recomputed": prompt_blocks}
+    ahead = report["prefetch_ahead"]
+    assert ahead == {**ahead, "instance": warm["instance"], "state": "complete", "loaded": system_blocks,
+                     "blocks": system_blocks} and ahead["ms"] > 0
     assert warm["instance"] != cold["instance"] and warm["blocks_named"] == prompt_blocks
-    assert warm["directive"]["state"] == "complete" and len(warm["directive"]["loaded"]) == prompt_blocks
-    assert warm["prefetched"] == {"moqt": prompt_blocks, "http": 0}
+    in_path = prompt_blocks - system_blocks
+    assert warm["directive"]["state"] == "complete" and len(warm["directive"]["loaded"]) == in_path
+    assert warm["prefetched"] == {"moqt": in_path, "http": 0}
     assert warm["blocks"] == {"local": prompt_blocks, "moqt": 0, "http": 0, "recomputed": 0}
-    assert report["prefetch"] == {**report["prefetch"], "state": "complete", "loaded": prompt_blocks,
+    assert report["prefetch"] == {**report["prefetch"], "state": "complete", "loaded": in_path,
                                   "directive": warm["directive"]["directive"]}
     # requests 3 and 4 name the system blocks (resident at the second instance: no directive)
     assert all(r["instance"] == warm["instance"] and r["blocks_named"] == system_blocks and r["directive"] is None

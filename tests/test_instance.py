@@ -108,8 +108,13 @@ async def test_directive_blocks_are_retrieved_concurrently() -> None:
             await post(w, ii.url, body)
             await asyncio.wait_for(slow.entered.wait(), 10)  # one at a time would never get here
             assert sorted(e for e in slow.events if e.startswith("get ")) == sorted([f"get {bkey(1).hex()[:8]}", f"get {bkey(2).hex()[:8]}"])
+            status_url = f"{ii.url}prefetch/{body['directive']}"
+            # a long poll on a stalled directive answers at its bound, still pending
+            assert (await call(w.session, "GET", f"{status_url}?wait_ms=20")).json["state"] == "pending"
+            assert (await call(w.session, "GET", f"{status_url}?wait_ms=60001")).status == 400
+            poll = asyncio.ensure_future(call(w.session, "GET", f"{status_url}?wait_ms=60000"))
             slow.release.set()
-            done = await wait_done(w, ii, body["directive"])
+            done = (await poll).json
             assert done["state"] == "complete" and done["loaded"] == [bkey(1).hex(), bkey(2).hex()]
 
 

@@ -13,14 +13,18 @@ the front end's stream (``GET {fe}sessions/{id}/tokens``), every index once:
    through the relay (kvsp-draft §6.1; binding v1);
 2. that instance is put to sleep through the PC (``PUT {pc}instance-state``, §6.3), as an
    operator would before maintenance;
-3. the same request again: its prompt blocks are now listed at the IS, so the session names
-   them by Block Key; the PC places it on the other instance (§6.4) and sends that instance a
-   prefetch directive (§6.5, ``request_ref`` = the session id) whose first source is the relay:
-   the blocks are FETCHed layer by layer over MOQT, verified against their layer digests,
-   stored and published. The instance waits for the directive, then serves the session from
-   the prefetched blocks (time to first token *with* the cache); its greedy output must equal
+3. ahead of traffic, the shared system prompt is prefetched to the other instance: ``POST
+   {pc}placements`` with the system prompt's Block Keys; the PC chooses that instance (§6.4) and
+   sends it a prefetch directive (§6.5) whose first source is the relay: the blocks are
+   FETCHed layer by layer over MOQT, verified against their layer digests, stored and
+   published (the demo waits with a long poll on the directive's status);
+4. the same request as 1 again: its prompt blocks are now listed at the IS, so the session
+   names them by Block Key; the PC places it on the other instance and, in the request path,
+   sends a directive for the one block (the question's) it does not hold yet (``request_ref``
+   = the session id). The instance waits for the directive, then serves the session from the
+   prefetched blocks (time to first token *with* the cache); its greedy output must equal
    request 1's, which recomputed everything;
-4. more requests sharing the system prompt reuse its blocks from the second instance's store.
+5. more requests sharing the system prompt reuse its blocks from the second instance's store.
 
 Per request, what the serving instance did is the difference of its engine counters
 (``GET {ii}engine``) before and after. The report (stdout; ``--json``: one object) gives
@@ -194,19 +198,26 @@ async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, An
         raise RuntimeError(f"PUT instance-state: {reply.status} {reply.body[:300]!r}")
     _progress(f"{_name(cluster, first)} put to {reply.json()['state']} through the PC")
 
-    # 3. the same request: placed on the other instance with a prefetch directive over MOQT
+    # 3. ahead of traffic: the PC prefetches the system prompt to the other instance over MOQT
+    ahead = await prefetch_ahead(cluster, client, SYSTEM_PROMPT)
+    if ahead["instance"] != second:
+        raise RuntimeError(f"expected the system prompt to be prefetched to {second}, the PC chose {ahead['instance']}")
+    _progress(f"system prompt prefetched ahead of traffic -> {_name(cluster, second)}: directive {ahead['state']}, "
+              f"{ahead['loaded']} blocks in {ahead['ms']:.1f} ms")
+
+    # 4. the same request: placed on the other instance; the rest of its prefix comes in the request path
     warm = await run.request(QUESTIONS[0])
-    if warm.streamed.instance != second or warm.directive is None:
-        raise RuntimeError(f"expected a placement on {second} with a prefetch directive, got "
-                           f"{warm.streamed.instance} and {warm.directive}")
+    if warm.streamed.instance != second:
+        raise RuntimeError(f"expected a placement on {second}, got {warm.streamed.instance}")
+    in_path = warm.directive or {}
     _progress(f"request 1 again -> front end -> {_name(cluster, second)}: {warm.streamed.prompt_blocks} blocks named by "
-              f"key, prefetch {warm.directive['state']} ({len(warm.directive.get('loaded', []))} blocks, MOQT "
+              f"key, prefetch in the request path {in_path.get('state')} ({len(in_path.get('loaded', []))} blocks, MOQT "
               f"{warm.delta('prefetch_blocks', 'moqt', 'blocks')}); TTFT {warm.ttft_ms:.1f} ms at the instance, "
               f"{warm.streamed.client_ttft_ms:.1f} ms at the client; blocks {warm.blocks}")
     outputs_match = warm.streamed.tokens == cold.streamed.tokens
     _progress(f"greedy output with reused KV {'==' if outputs_match else '!='} output recomputing everything")
 
-    # 4. more requests sharing the system prompt
+    # 5. more requests sharing the system prompt
     more = []
     for n, question in enumerate(QUESTIONS[1:], start=3):
         served = await run.request(question)
@@ -214,7 +225,7 @@ async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, An
         _progress(f"request {n} -> front end -> {_name(cluster, served.streamed.instance)}: blocks {served.blocks}, "
                   f"TTFT {served.ttft_ms:.1f} ms")
 
-    # 5. what the components counted
+    # 6. what the components counted
     engines = {i.name: await _get_json(f"{i.url}engine", run.token) for i in cluster.instances}
     relay = {k.removeprefix("relay_"): int(v) for k, v in (await cluster.relay.stats()).items()
              if k.startswith("relay_") and not k.endswith("ratio")}
@@ -232,7 +243,27 @@ async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, An
         "epochs": sorted({e for t in tallies if t is not None for e in t.accepted}),
     }
     return build_report(cluster, descriptor, cid.hex(), sid.hex(), system_tokens, len(system_keys), requests, engines,
-                        relay, after, outputs_match, front_end, started)
+                        relay, after, outputs_match, front_end, ahead, started)
+
+
+async def prefetch_ahead(cluster: Cluster, client: SessionClient, prompt: str) -> dict[str, Any]:
+    """Ask the PC to place ``prompt``'s blocks ahead of any request (``POST {pc}placements``,
+    §6.4) and wait for the prefetch directive it sends (§6.5) with a long poll on its status."""
+    ids, keys = client.keys(prompt)
+    token = cluster.tokens["client"]
+    body = {"scope_id": client.scope_id.hex(), "compat_id": client.compat_id.hex(), "block_keys": [k.hex() for k in keys],
+            "tokens": len(ids), "request_ref": "demo: system prompt ahead of traffic", "prefetch": True}
+    started = time.perf_counter()
+    reply = await http_request(f"{cluster.pc.url}placements", "POST", token=token, body=json.dumps(body).encode())
+    if reply.status != 200:
+        raise RuntimeError(f"POST placements: {reply.status} {reply.body[:300]!r}")
+    placed = reply.json()
+    if placed.get("directive_status") is None:
+        raise RuntimeError(f"the PC sent no prefetch directive for the system prompt: {placed}")
+    status = await _get_json(f"{placed['directive_status']}?wait_ms=60000", token)
+    return {"instance": placed["instance"], "directive": status["directive"], "state": status["state"],
+            "loaded": len(status.get("loaded", [])), "blocks": len(keys),
+            "ms": round((time.perf_counter() - started) * 1e3, 3)}
 
 
 def _request_line(n: int, cluster: Cluster, r: Served) -> dict[str, Any]:
@@ -264,7 +295,7 @@ def _decode(tokens: list[int]) -> str:
 
 def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: str, system_tokens: int, system_blocks: int,
                  requests: list[Served], engines: dict[str, dict[str, Any]], relay: dict[str, int], after: Any,
-                 outputs_match: bool, front_end: dict[str, Any], started: float) -> dict[str, Any]:
+                 outputs_match: bool, front_end: dict[str, Any], ahead: dict[str, Any], started: float) -> dict[str, Any]:
     counters = {name: e["counters"] for name, e in engines.items()}
 
     def total(path: tuple[str, ...], field: str) -> int:
@@ -295,6 +326,7 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
         "system_blocks": system_blocks,
         "block_octets": block_octets,
         "requests": [_request_line(n, cluster, r) for n, r in enumerate(requests, start=1)],
+        "prefetch_ahead": {**ahead, "instance": _name(cluster, ahead["instance"])},
         "prefetch": {"instance": _name(cluster, warm.streamed.instance), "directive": directive.get("directive"),
                      "state": directive.get("state"), "loaded": len(directive.get("loaded", []))},
         "transports": {
@@ -323,10 +355,10 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
     report["ok"] = bool(
         outputs_match
         and warm.streamed.instance != cold.streamed.instance
+        and ahead["state"] == "complete" and ahead["loaded"] == system_blocks
         and directive.get("state") == "complete"
-        and len(directive.get("loaded", [])) == prompt_blocks
         and report["transports"]["moqt"]["blocks"] >= prompt_blocks
-        and warm.blocks["local"] >= system_blocks
+        and warm.blocks["local"] == prompt_blocks and warm.blocks["recomputed"] == 0
         and cold.blocks["recomputed"] == prompt_blocks
         and after.matched == system_blocks
         and front_end["tokens_delivered"] == front_end["tokens_streamed"]
@@ -355,8 +387,9 @@ def _print_report(report: dict[str, Any]) -> None:
         print(f"  request {r['request']}          {r['instance']}: {r['prompt_tokens']} tokens ({r['blocks_named']} blocks "
               f"named by key); blocks local {b['local']}, moqt {b['moqt']}, http {b['http']}, recomputed "
               f"{b['recomputed']}; TTFT {r['ttft_ms']:.1f} ms; {r['output_tokens']} tokens streamed")
-    p = report["prefetch"]
-    print(f"  prefetch           {p['instance']}: directive {p['state']}, {p['loaded']} blocks")
+    a, p = report["prefetch_ahead"], report["prefetch"]
+    print(f"  prefetch ahead     {a['instance']}: system prompt, directive {a['state']}, {a['loaded']} blocks in {a['ms']:.1f} ms")
+    print(f"  prefetch in path   {p['instance']}: request 2, directive {p['state']}, {p['loaded']} blocks")
     print(f"  MOQT via relay     {t['moqt']['blocks']} blocks, {t['moqt']['bytes']} bytes")
     print(f"  HTTP               {t['http']['blocks']} blocks, {t['http']['bytes']} bytes")
     print(f"  local store        {t['local']['blocks']} blocks")
@@ -365,7 +398,7 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"  TTFT               {ttft['without_cache']:.1f} ms without the cache, {ttft['with_cache']:.1f} ms with the "
           f"prefetched cache (x{ttft['speedup']})")
     print(f"  TTFT at the client {ttft['client_without_cache']:.1f} ms without, {ttft['client_with_cache']:.1f} ms with "
-          f"(POST {{fe}}sessions to the first token streamed: placement and the prefetch wait included)")
+          f"(POST {{fe}}sessions to the first token streamed: placement and the in-path prefetch wait included)")
     fe = report["front_end"]
     print(f"  front end          {fe['sessions']} sessions, {fe['tokens_delivered']} tokens delivered, "
           f"{fe['duplicates_dropped']} duplicates dropped, {fe['stale_batches']} stale batches; "

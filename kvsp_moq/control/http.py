@@ -547,14 +547,18 @@ class InstanceRoutes:
         principal = authenticate(request)
         directive = await read_record(request, PrefetchDirective, self.max_body)
         directive_id = self.service.accept_directive(principal, directive)
-        status = self.service.directive_status(principal, directive_id)
+        status = await self.service.directive_status(principal, directive_id)
         return record_response(status, status=202, headers={"Location": self.directive_location(directive_id)})
 
     async def get_prefetch(self, request: web.Request) -> web.Response:
-        """§6.5: the directive's state (pending, partial, complete, failed) and loaded keys."""
+        """§6.5: the directive's state (pending, partial, complete, failed) and loaded keys;
+        ``?wait_ms=N`` (at most 60000) answers once the directive has ended or after N ms."""
         principal = authenticate(request)
         directive = uuid.UUID(request.match_info["directive"])
-        return record_response(self.service.directive_status(principal, directive))
+        wait = request.query.get("wait_ms", "0")
+        if not wait.isdigit() or int(wait) > 60_000:
+            raise RecordError("wait_ms", "query parameter must be an integer from 0 to 60000")
+        return record_response(await self.service.directive_status(principal, directive, wait_s=int(wait) / 1000))
 
     async def put_state(self, request: web.Request) -> web.Response:
         """§6.3 ``PUT state`` from the PC: 200 ``{"state": entered}``."""

@@ -18,6 +18,8 @@ whatever a directive is doing (the prefetch runs in its own task).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from typing import TYPE_CHECKING
 
@@ -99,11 +101,16 @@ class InstanceService:
             raise NotActive(f"the instance is {self.state}: it takes no prefetch directives")
         return self.prefetch.start(directive).directive.directive
 
-    def directive_status(self, principal: Principal, directive: uuid.UUID) -> PrefetchStatus:
+    async def directive_status(self, principal: Principal, directive: uuid.UUID, *, wait_s: float = 0.0) -> PrefetchStatus:
+        """The directive's status; with ``wait_s``, once it has ended or after ``wait_s``
+        (a long poll: a caller learns of completion without polling)."""
         run = self.prefetch.get(directive)
         if run is None:
             raise NotFound(f"no directive {directive}")
         require_scope(principal, run.directive.scope_id)
+        if wait_s > 0 and not run.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.done.wait(), wait_s)
         return run.status()
 
     # -- §6.3 state ------------------------------------------------------------------------------
