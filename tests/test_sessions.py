@@ -1,17 +1,22 @@
 """Session checkpoints and migration (kvsp-draft §6.8) over real HTTP on 127.0.0.1: a PC, a
 front end and instances running a small real engine. Checkpoint ordering and stale epochs,
 resume on another instance after a reported failure, after missed heartbeats, and after a
-restart, old-epoch messages refused everywhere, and non-deterministic output held until
-acknowledged."""
+restart, old-epoch messages refused everywhere, non-deterministic output held until
+acknowledged, and a session every instance refused ending the client's stream with the
+failure."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvsp_moq.control.config import PcConfig
-from kvsp_moq.control.http import PC_SERVICE
+from kvsp_moq.control.frontend import StreamFailed
+from kvsp_moq.control.http import PC_SERVICE, HttpFrontEndClient
+from kvsp_moq.control.instance_sessions import SessionOutput, SessionRefused
+from kvsp_moq.control.session_records import OutputToken, SessionOrder
 from kvsp_moq.control.pc import PlacementController
 from kvsp_moq.kvsp.records import SessionCheckpoint
 from test_instance_support import COMPAT, SCOPE_A, TOKENS, call, instance_service
@@ -244,3 +249,79 @@ async def test_instance_refuses_non_increasing_epochs_and_hostile_orders() -> No
         # start: the same rules
         start = await call(sw.session, "POST", f"{url}sessions/{uuid.uuid4()}/start", body=order)
         assert start.json["member"] == "checkpoint.session"
+
+
+@dataclass
+class RefusingEngine:
+    """A real engine that emits the deterministic tokens below ``refuse_at``, then cannot go
+    on (``SessionRefused``: the instance reports ``POST {pc}sessions/{id}/failed``)."""
+
+    refuse_at: int
+    orders: list[SessionOrder] = field(default_factory=list)
+
+    async def start(self, order: SessionOrder, output: SessionOutput) -> None:
+        await self._run(order, output)
+
+    async def resume(self, order: SessionOrder, output: SessionOutput) -> None:
+        await self._run(order, output)
+
+    async def _run(self, order: SessionOrder, output: SessionOutput) -> None:
+        self.orders.append(order)
+        while output.next_index < self.refuse_at:
+            await output.token(token_at(order.checkpoint.sampler.seed, output.next_index))
+        raise SessionRefused(f"cannot go beyond index {self.refuse_at}")
+
+
+async def test_a_session_every_instance_refused_ends_the_client_stream_with_the_failure() -> None:
+    a, b = RefusingEngine(refuse_at=3), RefusingEngine(refuse_at=5)
+    async with session_world({"a": a, "b": b}, checkpoint_every=4) as sw:  # type: ignore[dict-item]
+        await sw.report("a", prefill=50_000)  # the session starts at A
+        await sw.report("b", prefill=10_000)
+        started = await start_session(sw, max_tokens=10)
+        sid = session_id(started)
+        assert started["instance"] == sw.instances["a"].url
+        # the client's stream, open before anything failed: tokens 0..4 (A gave 0..2 at epoch 1,
+        # B 3..4 at epoch 2 after replaying the duplicates), then the failure — not a hang
+        lines = await guarded(read_stream(sw.session, started["tokens_url"]))
+        assert [(line["index"], line["token"]) for line in lines[:-1]] == [(i, token_at(7, i)) for i in range(5)]
+        last = lines[-1]
+        assert set(last) == {"failed", "next"} and last["next"] == 5
+        assert "every instance refused it" in last["failed"] and "cannot go beyond index 5" in last["failed"]
+        view = await call(sw.session, "GET", f"{sw.w.pc.url}sessions/{sid}", who="client-a")
+        assert view.status == 200 and view.json["failed"] == last["failed"] and view.json["epoch"] == 3
+        assert [o.epoch for o in a.orders] == [1] and [o.epoch for o in b.orders] == [2]
+
+        # delivered tokens stay delivered; a reopened stream shows them, then the failure again
+        assert sw.fe_service.delivered(sid) == [token_at(7, i) for i in range(5)]
+        again = await guarded(read_stream(sw.session, f"{started['tokens_url']}?from=3"))
+        assert [line.get("index") for line in again] == [3, 4, None] and again[-1] == last
+        client = HttpFrontEndClient(TOKENS["client-a"])
+        try:
+            items = [item async for item in client.tokens(sw.fe.url, sid, 4)]
+        finally:
+            await client.close()
+        assert items == [OutputToken(index=4, token=token_at(7, 4)), StreamFailed(reason=last["failed"], next=5)]
+
+        # nothing is added to a failed session's output, whatever its epoch (§6.8 fencing)
+        for epoch in (2, 3, 9):
+            late = await call(sw.session, "POST", f"{sw.fe.url}sessions/{sid}/tokens", who="inst",
+                              body={"session": str(sid), "epoch": epoch, "tokens": [{"index": 5, "token": 1}]})
+            assert late.status == 409 and late.problem == "kvsp-stale-epoch", late.body
+        assert len(sw.fe_service.delivered(sid)) == 5
+        # a repeated notice changes nothing
+        notice = await call(sw.session, "POST", f"{sw.fe.url}sessions/{sid}/failed", who="pc",
+                            body={"epoch": 3, "reason": "again"})
+        assert notice.status == 204 and sw.fe_service.failure(sid) == last["failed"]
+
+
+async def test_a_failure_notice_after_the_output_completed_changes_nothing() -> None:
+    a = CountingEngine("a")
+    async with session_world({"a": a}) as sw:
+        await sw.report("a")
+        started = await start_session(sw, max_tokens=4)
+        sid = session_id(started)
+        expect_output(await guarded(read_stream(sw.session, started["tokens_url"])), 4)
+        notice = await call(sw.session, "POST", f"{sw.fe.url}sessions/{sid}/failed", who="pc",
+                            body={"epoch": 1, "reason": "too late"})
+        assert notice.status == 204 and sw.fe_service.failure(sid) is None
+        expect_output(await guarded(read_stream(sw.session, started["tokens_url"])), 4)

@@ -115,3 +115,7 @@ async def test_a_session_refused_is_placed_elsewhere_or_failed(tmp_path: Path, m
         view = await c.call("GET", f"{c.pc.url}sessions/{sid}")
         assert view.status == 200 and view.json["failed"] == last.failed and "instance" not in view.json
         assert await c.pc_service.sessions.retry_pending() == []  # a failed session is not placed again
+        # the PC told the front end: the client's stream ends with the failure, not a hang
+        assert c.fe_service.failure(sid) == last.failed
+        lines = await guarded(c.stream(started["tokens_url"]))
+        assert lines == [{"failed": last.failed, "next": 0}]

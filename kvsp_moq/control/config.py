@@ -200,6 +200,9 @@ class PcConfig:
     index_token: str | None = None
     #: Bearer token the PC presents to instances (``PUT state``, ``POST prefetch``).
     instance_token: str | None = None
+    #: Bearer token the PC presents to front ends (``POST {fe}sessions/{id}/failed``, §6.8);
+    #: its principal there needs the sessions' scopes. None: ``instance_token``.
+    front_end_token: str | None = None
     max_status_ttl_ms: int = 60_000
     max_body_octets: int = 1 * MiB
     #: §6.4 ``wait_us = queued * mean service time``: the mean service time, in µs.
@@ -225,7 +228,7 @@ class PcConfig:
     def __post_init__(self) -> None:
         _check_base_path("pc", self.base_path)
         _check_url("pc", "index_url", self.index_url)
-        for name in ("index_token", "instance_token"):
+        for name in ("index_token", "instance_token", "front_end_token"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(f"pc.{name}", "must be a string")
         _check_ints("pc", self, (

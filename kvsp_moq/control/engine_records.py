@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..kvsp.errors import RecordError
 from ..kvsp.records import Record, Sampler
-from ..kvsp.records._members import HEX16, HTTP_URL, TOKEN, UUID, Bool, Enum, Int, ListOf, Num, Str
+from ..kvsp.records._members import HEX16, HTTP_URL, TOKEN, UUID, Bool, Enum, Int, ListOf, Num, Str, child
 from ..kvsp.records._record import Nested, member
 from .session_records import OutputToken
 
@@ -47,9 +47,9 @@ class GenerateRequest(Record):
         if (self.prompt is None) == (self.prompt_ids is None):
             raise RecordError(path, "exactly one of prompt and prompt_ids is required")
         if self.prompt_ids is not None and not 0 < len(self.prompt_ids) <= MAX_PROMPT_TOKENS:
-            raise RecordError(f"{path}.prompt_ids", f"must hold 1..{MAX_PROMPT_TOKENS} tokens")
+            raise RecordError(child(path, "prompt_ids"), f"must hold 1..{MAX_PROMPT_TOKENS} tokens")
         if self.sampler is not None and self.sampler.step != 0:
-            raise RecordError(f"{path}.sampler.step", "a new request starts at step 0")
+            raise RecordError(child(child(path, "sampler"), "step"), "a new request starts at step 0")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,13 @@ seen and the output delivered so far, in index order:
 Clients start a session with ``POST {fe}sessions`` (the front end names it and asks the PC to
 place and start it, §6.4) and read it with ``GET {fe}sessions/{id}/tokens`` (NDJSON), i.e.
 :meth:`FrontEnd.stream`.
+
+A session the PC gave up (every instance refused it, §6.8 has no instance left to resume it
+on) is reported here with ``POST {fe}sessions/{id}/failed`` (:meth:`FrontEnd.fail`, ours): the
+tokens already delivered stay delivered, every later delivery is refused with
+``kvsp-stale-epoch`` (no instance may add to a failed session's output), and each client
+stream ends after the delivered tokens with :class:`StreamFailed` instead of
+:class:`StreamEnd` (docs/http-api.md "Front end").
 """
 
 from __future__ import annotations
@@ -38,11 +45,13 @@ from .session_records import (
     DeliveryAnswer,
     OutputToken,
     OutputTokens,
+    SessionFailed,
     SessionOpen,
     SessionView,
 )
 
-__all__ = ["DeliveryObserver", "DeliveryTally", "FrontEnd", "SessionOpenFailed", "SessionOpener", "StreamEnd"]
+__all__ = ["DeliveryObserver", "DeliveryTally", "FrontEnd", "SessionOpenFailed", "SessionOpener", "StreamEnd",
+           "StreamFailed"]
 
 
 class SessionOpenFailed(Exception):
@@ -62,6 +71,15 @@ class StreamEnd:
     """The last item of a stream: the output has ``end`` tokens."""
 
     end: int
+
+
+@dataclass(frozen=True)
+class StreamFailed:
+    """The last item of the stream of a session the PC gave up: ``reason`` says why, and
+    ``next`` is the first index that was never delivered (the stream carried ``0..next-1``)."""
+
+    reason: str
+    next: int
 
 
 @dataclass
@@ -88,6 +106,7 @@ class _Output:
     delivered: list[int] = field(default_factory=list)  # tokens of indices 0..next-1, in order
     pending: dict[int, int] = field(default_factory=dict)  # index -> token, beyond next
     end: int | None = None
+    failed: str | None = None  # why the PC gave the session up (no more output will come)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     tally: DeliveryTally = field(default_factory=lambda: DeliveryTally())
 
@@ -173,6 +192,11 @@ class FrontEnd:
         if batch.session != session:
             raise RecordError("session", f"must be the session of the path ({session})")
         out = self._output(principal, session)
+        if out.failed is not None:
+            out.tally.stale_batches += 1
+            for observe in self.observers:
+                observe(session, batch, None)
+            raise StaleEpoch(f"the session failed, its output is closed: {out.failed}")
         if batch.epoch < out.epoch:
             out.tally.stale_batches += 1
             for observe in self.observers:
@@ -212,21 +236,44 @@ class FrontEnd:
             observe(session, batch, answer)
         return answer
 
+    def fail(self, principal: Principal, session: uuid.UUID, notice: SessionFailed) -> None:
+        """``POST {fe}sessions/{id}/failed`` (ours): the PC gave the session up (see the module
+        notes). ``StaleEpoch`` when ``notice.epoch`` is lower than an epoch already seen here
+        (the notice is about a session state this front end has moved past). A session whose
+        output is complete is left as it is; a repeated notice changes nothing."""
+        out = self._output(principal, session)
+        if out.end is not None and len(out.delivered) >= out.end:
+            return  # complete: every client stream ends normally
+        if out.failed is not None:
+            return
+        if notice.epoch < out.epoch:
+            raise StaleEpoch(f"epoch {notice.epoch} is lower than epoch {out.epoch}, already seen for the session")
+        out.epoch = notice.epoch
+        out.failed = notice.reason
+        out.pending.clear()  # tokens beyond a gap that will never be filled
+        out.notify()
+
     # -- the client's stream -------------------------------------------------------------------------
 
-    def stream(self, principal: Principal, session: uuid.UUID, start: int = 0) -> AsyncIterator[OutputToken | StreamEnd]:
+    def stream(self, principal: Principal, session: uuid.UUID,
+               start: int = 0) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
         """The session's output from index ``start``, in order, each index once, then
-        :class:`StreamEnd` when the output is complete; waits for tokens as they are delivered.
+        :class:`StreamEnd` when the output is complete, or :class:`StreamFailed` when the PC
+        gave the session up; waits for tokens as they are delivered.
         ``NotFound``/``Forbidden`` are raised here, before anything is streamed."""
         return self._iterate(session, self._output(principal, session), start)
 
-    async def _iterate(self, session: uuid.UUID, out: _Output, index: int) -> AsyncIterator[OutputToken | StreamEnd]:
+    async def _iterate(self, session: uuid.UUID, out: _Output,
+                       index: int) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
         while True:
             while index < len(out.delivered):
                 yield OutputToken(index=index, token=out.delivered[index])
                 index += 1
             if out.end is not None and index >= out.end:
                 yield StreamEnd(end=out.end)
+                return
+            if out.failed is not None:
+                yield StreamFailed(reason=out.failed, next=len(out.delivered))
                 return
             if self.closed or self._outputs.get(session) is not out:
                 return  # shut down, or forgotten
@@ -245,3 +292,8 @@ class FrontEnd:
     def epoch(self, session: uuid.UUID) -> int | None:
         output = self._outputs.get(session)
         return output.epoch if output else None
+
+    def failure(self, session: uuid.UUID) -> str | None:
+        """Why the PC gave ``session`` up, once it told this front end (tests, embedding)."""
+        output = self._outputs.get(session)
+        return output.failed if output else None

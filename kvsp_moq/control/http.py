@@ -73,7 +73,7 @@ from .engine_counters import CountingFetcher, CountingRetriever, EngineCounters
 from .engine_records import GenerateRequest
 from .engine_setup import start_engine
 from .errors import ServiceError, StaleEpoch
-from .frontend import FrontEnd, SessionOpenFailed, StreamEnd
+from .frontend import FrontEnd, SessionOpenFailed, StreamEnd, StreamFailed
 from .holder import BLOCK_MEDIA_TYPE, HolderService, build_store, repr_digest
 from .index import IndexService
 from .index_store import BlockRef, IndexStore, ReplicaId
@@ -83,11 +83,12 @@ from .instance_reshard import ShardFetchFailed
 from .instance_sessions import PeerUnreachable, SessionEngine, Superseded
 from .leases import LeaseLimits, LeaseManager
 from .pc import InstanceClient, InstanceUnreachable, PcIndex, PlacementController, SleepPolicy, StartInstance
-from .pc_sessions import SessionInstanceClient
+from .pc_sessions import FrontEndUnreachable, SessionInstanceClient
 from .prefetch import LeaseRefused, MoqtRetriever, PrefetchExecutor
 from .retrieval import BlockFetcher, parse_repr_digest
 from .publisher import IndexClient, IndexRefused, IndexUnreachable, ReplicaPublisher
 from .session_records import (
+    MAX_OUTPUT_TOKENS,
     CheckpointAck,
     ClientSession,
     ClientSessionRequest,
@@ -348,8 +349,9 @@ def parse_layers(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
     first, sep, last = value.partition("-")
-    if not (sep and first.isascii() and last.isascii() and first.isdigit() and last.isdigit()):
-        raise RecordError("layers", f"must be a-b, two decimal layer indices, got {value!r}")
+    if not (sep and first.isascii() and last.isascii() and first.isdigit() and last.isdigit()
+            and len(first) <= 10 and len(last) <= 10):  # int() refuses > 4300 digits: a 500 before
+        raise RecordError("layers", f"must be a-b, two decimal layer indices, got {value[:40]!r}")
     a, b = int(first), int(last)
     if a > b or b > _MAX_LAYER:
         raise RecordError("layers", f"must be an inclusive range a-b with a <= b <= {_MAX_LAYER}, got {value!r}")
@@ -360,8 +362,8 @@ def parse_codec(value: str | None) -> int | None:
     """``codec=n`` (§6.7), a decimal KVSP codec value (0..65535); ``RecordError`` otherwise."""
     if value is None:
         return None
-    if not (value.isascii() and value.isdigit()) or int(value) > 0xFFFF:
-        raise RecordError("codec", f"must be a decimal codec value 0..65535, got {value!r}")
+    if not (value.isascii() and value.isdigit() and len(value) <= 5) or int(value) > 0xFFFF:
+        raise RecordError("codec", f"must be a decimal codec value 0..65535, got {value[:40]!r}")
     return int(value)
 
 
@@ -556,7 +558,9 @@ class InstanceRoutes:
         principal = authenticate(request)
         directive = uuid.UUID(request.match_info["directive"])
         wait = request.query.get("wait_ms", "0")
-        if not wait.isdigit() or int(wait) > 60_000:
+        # ASCII digits only, and few of them: str.isdigit() takes "²" and "١", and int()
+        # refuses more than 4300 digits (both were 500s)
+        if not (wait.isascii() and wait.isdigit() and len(wait) <= 5) or int(wait) > 60_000:
             raise RecordError("wait_ms", "query parameter must be an integer from 0 to 60000")
         return record_response(await self.service.directive_status(principal, directive, wait_s=int(wait) / 1000))
 
@@ -625,7 +629,7 @@ def parse_token_range(value: str | None, name: str = "tokens") -> TokenRange:
     first, sep, last = (value or "").partition("-")
     if not (sep and first.isascii() and last.isascii() and first.isdigit() and last.isdigit()
             and len(first) <= 16 and len(last) <= 16):
-        raise RecordError(name, f"must be a-b, the half-open token range [a, b), got {value!r}")
+        raise RecordError(name, f"must be a-b, the half-open token range [a, b), got {(value or '')[:40]!r}")
     a, b = int(first), int(last)
     if a >= b:
         raise RecordError(name, f"must have a < b, got {value!r}")
@@ -699,7 +703,7 @@ class PcSessionRoutes:
         deadline_ms = None
         if deadline is not None:
             if not (deadline.isascii() and deadline.isdigit() and 0 < len(deadline) <= 9 and int(deadline) > 0):
-                raise RecordError("deadline_ms", f"must be a positive integer, got {deadline!r}")
+                raise RecordError("deadline_ms", f"must be a positive integer, got {deadline[:40]!r}")
             deadline_ms = int(deadline)
         return record_response(await self.service.reshard.put(principal, body, deadline_ms))
 
@@ -787,6 +791,7 @@ class FrontEndRoutes:
             web.post(f"{base}sessions", self.post_session),
             web.post(f"{session}/tokens", self.post_tokens),
             web.get(f"{session}/tokens", self.get_tokens, allow_head=False),
+            web.post(f"{session}/failed", self.post_failed),
         ]
 
     async def post_session(self, request: web.Request) -> web.Response:
@@ -802,19 +807,34 @@ class FrontEndRoutes:
         batch = await read_record(request, OutputTokens, self.max_body)
         return record_response(self.service.deliver(principal, path_session(request), batch))
 
+    async def post_failed(self, request: web.Request) -> web.Response:
+        """Ours (§6.8): the PC gave the session up; its client streams end with the reason.
+        204; 409 ``kvsp-stale-epoch`` for an epoch lower than one seen here."""
+        principal = authenticate(request)
+        notice = await read_record(request, SessionFailed, self.max_body)
+        self.service.fail(principal, path_session(request), notice)
+        return web.Response(status=204)
+
     async def get_tokens(self, request: web.Request) -> web.StreamResponse:
         """The client's stream: NDJSON lines ``{"index", "token"}`` in index order, each index
-        once, then ``{"end": n}``; ``?from=i`` starts at index i."""
+        once, then ``{"end": n}``, or ``{"failed": reason, "next": n}`` when the PC gave the
+        session up; ``?from=i`` starts at index i."""
         principal = authenticate(request)
         start = request.query.get("from", "0")
         if not (start.isascii() and start.isdigit() and len(start) <= 16):
-            raise RecordError("from", f"must be a token index, got {start!r}")
+            raise RecordError("from", f"must be a token index, got {start[:40]!r}")
         items = self.service.stream(principal, path_session(request), int(start))
         response = web.StreamResponse(status=200, headers={"Cache-Control": "no-store"})
         response.content_type = NDJSON
         await response.prepare(request)
         async for item in items:
-            line = {"end": item.end} if isinstance(item, StreamEnd) else item.to_json()
+            line: dict[str, object]
+            if isinstance(item, StreamEnd):
+                line = {"end": item.end}
+            elif isinstance(item, StreamFailed):
+                line = {"failed": item.reason, "next": item.next}
+            else:
+                line = item.to_json()
             await response.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
         await response.write_eof()
         return response
@@ -1438,6 +1458,17 @@ class HttpFrontEndClient(_Client):
         if status != 200:
             raise PeerUnreachable(f"POST {url}: status {status} {name or ''}: {detail}")
 
+    async def session_failed(self, front_end: str, session: uuid.UUID, notice: SessionFailed) -> None:
+        """``POST {fe}sessions/{id}/failed`` (ours; ``pc_sessions.FrontEndNotifier``): the PC
+        gave the session up. ``FrontEndUnreachable`` on anything but 204."""
+        url = f"{_base(front_end)}sessions/{session}/failed"
+        try:
+            status, _, name, detail = await self._call("POST", url, notice)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise FrontEndUnreachable(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        if status != 204:
+            raise FrontEndUnreachable(f"POST {url}: status {status} {name or ''}: {detail}")
+
     async def start(self, front_end: str, request: ClientSessionRequest) -> ClientSession:
         """``POST {fe}sessions``: a new session, placed and started; ``PeerUnreachable`` otherwise."""
         status, data, name, detail = await self._call("POST", f"{_base(front_end)}sessions", request)
@@ -1445,8 +1476,10 @@ class HttpFrontEndClient(_Client):
             raise PeerUnreachable(f"status {status} {name or ''}: {detail}")
         return parse_json(data, ClientSession)
 
-    async def tokens(self, front_end: str, session: uuid.UUID, start: int = 0) -> AsyncIterator[OutputToken | StreamEnd]:
-        """``GET {fe}sessions/{id}/tokens``: the output, in index order, then its end."""
+    async def tokens(self, front_end: str, session: uuid.UUID,
+                     start: int = 0) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
+        """``GET {fe}sessions/{id}/tokens``: the output, in index order, then its end (or the
+        session's failure); ``PeerUnreachable`` for a line that is none of these."""
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         url = f"{_base(front_end)}sessions/{session}/tokens"
         async with self._client().get(url, params={"from": str(start)}, headers=headers,
@@ -1455,11 +1488,29 @@ class HttpFrontEndClient(_Client):
                 name, detail = await _problem_of(resp)
                 raise PeerUnreachable(f"status {resp.status} {name or ''}: {detail}")
             async for line in resp.content:
-                item = json.loads(line)
-                if "end" in item:
-                    yield StreamEnd(end=int(item["end"]))
-                    return
-                yield OutputToken.from_json(item)
+                try:
+                    item = decode_json(line)
+                    if "failed" in item:
+                        reason = item["failed"]
+                        if not isinstance(reason, str):
+                            raise RecordError("failed", "must be a string")
+                        yield StreamFailed(reason=reason, next=_stream_count(item, "next"))
+                        return
+                    if "end" in item:
+                        yield StreamEnd(end=_stream_count(item, "end"))
+                        return
+                    token = OutputToken.from_json(item)
+                except RecordError as exc:
+                    raise PeerUnreachable(f"{url}: bad stream line: {exc}") from None
+                yield token
+
+
+def _stream_count(line: Mapping[str, object], name: str) -> int:
+    """``end`` or ``next`` of a token stream's last line: a number of output tokens."""
+    value = line.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OUTPUT_TOKENS:
+        raise RecordError(name, f"must be a number of output tokens, got {value!r:.40}")
+    return value
 
 
 class HttpShardFetcher(_Client):
@@ -1534,10 +1585,12 @@ async def serve_pc(
     clock = clock if clock is not None else MonotonicClock()
     timer = cast(Timer, clock) if hasattr(clock, "sleep_ms") else MonotonicClock()
     http_instances = instances if isinstance(instances, HttpInstanceClient) else None
+    front_ends = HttpFrontEndClient(pcc.front_end_token if pcc.front_end_token is not None else pcc.instance_token)
+    owned.append(front_ends)
     service = PlacementController(
         clock=clock, index=index, instances=instances, config=pcc, policy=policy, start_instance=start_instance,
         session_client=session_client if session_client is not None else http_instances,
-        reshard_client=http_instances, timer=timer,
+        reshard_client=http_instances, timer=timer, front_ends=front_ends,
     )
     app = build_app(auth=config.auth, pc=service)
 

@@ -37,6 +37,9 @@ __all__ = ["ReshardParticipant", "ShardFetchFailed", "ShardFetcher"]
 
 log = logging.getLogger(__name__)
 
+#: Aborts remembered for plans not seen yet (§6.9: an abort can overtake its plan).
+MAX_ABORTED = 1024
+
 
 class ShardFetchFailed(Exception):
     """A peer did not serve a token range (error answer, bad container, unreachable)."""
@@ -64,7 +67,8 @@ class ReshardParticipant:
         self.fetcher = fetcher
         self.versions: dict[str, int] = {}  # the authoritative version held per map
         self._pending: dict[str, _Pending] = {}
-        self._aborted: set[tuple[str, int]] = set()
+        # aborts that found no plan, oldest first; bounded, since any abort message adds one
+        self._aborted: dict[tuple[str, int], None] = {}
         self.fetched_octets = 0
         self.served_octets = 0
 
@@ -115,7 +119,7 @@ class ReshardParticipant:
     async def plan(self, plan: ReshardPlan) -> ReshardAck:
         key = (plan.map, plan.to_version)
         if key in self._aborted:  # its abort overtook it: refuse it once (a retry then works)
-            self._aborted.discard(key)
+            del self._aborted[key]
             raise StaleEpoch(f"the reshard of {plan.map!r} to version {plan.to_version} was aborted")
         pending = self._pending.get(plan.map)
         if pending is not None:
@@ -178,7 +182,9 @@ class ReshardParticipant:
             pending.task.cancel()
             pending.task.add_done_callback(lambda _: self.store.discard(message.map, message.abort))
         else:
-            self._aborted.add((message.map, message.abort))
+            self._aborted[(message.map, message.abort)] = None
+            if len(self._aborted) > MAX_ABORTED:  # forget the oldest: its plan is long overdue
+                del self._aborted[next(iter(self._aborted))]
         self.store.discard(message.map, message.abort)
 
     def staged_maps(self) -> list[str]:

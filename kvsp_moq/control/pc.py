@@ -50,7 +50,7 @@ from .errors import InstanceUnreachable, NotActive, NotFound
 from .index import IndexService
 from .pc_registry import InstanceRegistry
 from .pc_reshard import ReshardClient, ReshardCoordinator
-from .pc_sessions import SessionInstanceClient, SessionManager
+from .pc_sessions import FrontEndNotifier, SessionInstanceClient, SessionManager
 
 __all__ = [
     "InstanceClient",
@@ -149,6 +149,7 @@ class PlacementController:
         session_client: SessionInstanceClient | None = None,
         reshard_client: ReshardClient | None = None,
         timer: Timer | None = None,
+        front_ends: FrontEndNotifier | None = None,
     ) -> None:
         self.config = config if config is not None else PcConfig()
         self.clock = clock
@@ -166,7 +167,8 @@ class PlacementController:
         )
         #: §6.8 sessions, checkpoints and migration (``pc_sessions.py``).
         self.sessions = SessionManager(registry=self.registry, client=session_client, rank=self.rank,
-                                       prefetch=self.prefetch_to, max_sessions=self.config.max_sessions)
+                                       prefetch=self.prefetch_to, max_sessions=self.config.max_sessions,
+                                       front_ends=front_ends)
         #: §6.9 Shard Maps and resharding (``pc_reshard.py``); deadlines on ``timer``.
         self.reshard = ReshardCoordinator(client=reshard_client, timer=timer, deadline_ms=self.config.reshard_deadline_ms)
         self._background: set[asyncio.Task[object]] = set()

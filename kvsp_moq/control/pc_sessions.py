@@ -32,8 +32,11 @@ An instance that cannot serve a session it was sent (another model, prompt block
 delivers, an unknown sampler) reports it with ``POST sessions/{id}/failed``
 (:meth:`SessionManager.failed`, the epoch it ran): the PC raises the epoch and places the
 session on another instance, never again on one that refused it. When every instance the PC
-knows has refused it, the session is **failed**: it is no longer placed, and its view says
-why (``failed``). Otherwise, with no other instance active now, it stays pending.
+knows has refused it, the session is **failed**: it is no longer placed, its view says why
+(``failed``), and the PC tells the session's front end (``POST {fe}sessions/{id}/failed``,
+:class:`FrontEndNotifier`), which ends the client's token stream with the reason (without it
+the client would wait for an ``end`` that never comes). Otherwise, with no other instance
+active now, it stays pending.
 
 Expired instances are looked for (:meth:`SessionManager.check_failures`) whenever an active
 instance reports its status — the moment a migration target is known to be alive — and, with
@@ -60,6 +63,7 @@ from .control_records import PlacementRequest
 from .errors import InstanceUnreachable, NotActive, NotFound, StaleEpoch
 from .pc_registry import InstanceRegistry
 from .session_records import (
+    MAX_REASON_CHARS,
     CheckpointAck,
     FailureReport,
     SessionDone,
@@ -70,9 +74,23 @@ from .session_records import (
     SessionView,
 )
 
-__all__ = ["DirectiveObserver", "Prefetch", "Rank", "SessionEntry", "SessionInstanceClient", "SessionManager"]
+__all__ = ["DirectiveObserver", "FrontEndNotifier", "FrontEndUnreachable", "Prefetch", "Rank", "SessionEntry",
+           "SessionInstanceClient", "SessionManager"]
 
 log = logging.getLogger(__name__)
+
+
+class FrontEndNotifier(Protocol):
+    """The PC's call to a session's front end (``http.HttpFrontEndClient``)."""
+
+    async def session_failed(self, front_end: str, session: uuid.UUID, notice: SessionFailed) -> None:
+        """``POST {fe}sessions/{id}/failed`` (ours); raises :class:`FrontEndUnreachable` when
+        the front end refuses or cannot be reached."""
+        ...
+
+
+class FrontEndUnreachable(Exception):
+    """A front end refused or did not answer a failure notice."""
 
 
 class SessionInstanceClient(Protocol):
@@ -127,8 +145,10 @@ class SessionManager:
     """Sessions, checkpoints and migration (§6.8)."""
 
     def __init__(self, *, registry: InstanceRegistry, client: SessionInstanceClient | None, rank: Rank,
-                 prefetch: Prefetch | None = None, max_sessions: int = 65_536) -> None:
+                 prefetch: Prefetch | None = None, max_sessions: int = 65_536,
+                 front_ends: FrontEndNotifier | None = None) -> None:
         self.registry = registry
+        self.front_ends = front_ends
         self.client = client
         self.rank = rank
         self.prefetch = prefetch
@@ -241,10 +261,25 @@ class SessionManager:
             if await self._place(entry, exclude=entry.refused, resume=entry.resumed):
                 return entry.view()
             others = [i for i in self.registry.instances() if i not in entry.refused and self.registry.state(i) != FAILED]
-            if not others:
-                entry.failed = f"every instance refused it; the last, {refusing}: {body.reason}"
-                log.warning("session %s failed: %s", session, entry.failed)
-            return entry.view()
+            if others:
+                return entry.view()
+            entry.failed = f"every instance refused it; the last, {refusing}: {body.reason}"[:MAX_REASON_CHARS]
+            log.warning("session %s failed: %s", session, entry.failed)
+            view = entry.view()
+        await self._tell_front_end(entry)  # outside the lock: the front end may be slow
+        return view
+
+    async def _tell_front_end(self, entry: SessionEntry) -> None:
+        """A failed session's front end ends its client's stream (module notes). A notice that
+        does not get through is logged; the failure stays visible in ``GET sessions/{id}``."""
+        if self.front_ends is None or entry.failed is None:
+            return
+        notice = SessionFailed(epoch=entry.epoch, reason=entry.failed)
+        try:
+            await self.front_ends.session_failed(entry.open.front_end, entry.open.session, notice)
+        except FrontEndUnreachable as exc:
+            log.warning("session %s: telling its front end %s of the failure failed: %s",
+                        entry.open.session, entry.open.front_end, exc)
 
     # -- failures and migration (§6.8) -------------------------------------------------------------
 
