@@ -32,6 +32,8 @@ from kvsp_moq.transport import (
 )
 from kvsp_moq.transport.tls import SelfSignedCert, make_self_signed
 
+from tests._transport_backends import client_backend, pairing, server_backend  # noqa: F401
+
 MiB = 1 << 20
 GUARD = 30.0  # seconds: a safety net against hangs, never a way to wait for something
 
@@ -136,6 +138,7 @@ def cert() -> SelfSignedCert:
 
 
 def server_config(cert: SelfSignedCert, **kw) -> TransportConfig:
+    kw.setdefault("backend", server_backend())
     return TransportConfig(certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem, **kw)
 
 
@@ -198,7 +201,10 @@ async def test_no_common_alpn_fails_cleanly(cert):
         with pytest.raises(ConnectError) as info:
             await dial(server, cert, alpn_protocols=["moqt-18"])
         assert "ALPN" in str(info.value) and "moqt-18" in str(info.value)
-        assert info.value.error_code == 0x100 + 120  # CRYPTO_ERROR + no_application_protocol
+        # CRYPTO_ERROR + no_application_protocol (RFC 9001 §8.1); a qh3 server (2.1) sends
+        # handshake_failure (40) instead, with the reason "No common ALPN protocols".
+        alert = 40 if server_backend() == "qh3" else 120
+        assert info.value.error_code == 0x100 + alert
         assert factory.made == []
         # The server is unharmed: a client with a common ALPN gets in.
         conn, _ = await dial(server, cert, alpn_protocols=["moqt-21", "moqt-22"])
@@ -286,6 +292,10 @@ async def test_64_mib_with_small_window_is_backpressured(cert):
         low, high, chunk = 256 * 1024, 1 * MiB, 128 * 1024
         conn, _ = await dial(server, cert, send_buffer_high_water=high,
                              send_buffer_low_water=low)
+        # qh3 has no per-stream acknowledgement count: its buffered figure adds the packets in
+        # flight, headers included, so packets sent between the waiter's wake-up and this
+        # task's turn may add their header bytes (under 1/16 of what they carry).
+        slack = 0 if client_backend() == "aioquic" else low // 16
         block = os.urandom(MiB)
         want = hashlib.sha256(block * 64).hexdigest()
         view = memoryview(block)
@@ -294,14 +304,14 @@ async def test_64_mib_with_small_window_is_backpressured(cert):
         start_t = loop.time()
         for offset in range(0, total, chunk):
             await within(conn.wait_writable(sid))
-            assert conn.stream_send_buffered(sid) <= low
+            assert conn.stream_send_buffered(sid) <= low + slack
             pos = offset % MiB
             conn.send(sid, view[pos:pos + chunk], end_stream=offset + chunk == total)
             peak = max(peak, conn.stream_send_buffered(sid))
         assert await within(done, 60) == total
         elapsed = loop.time() - start_t
         assert sink_hash.hexdigest() == want
-        assert low < peak <= low + chunk  # bounded, and the bound was actually reached
+        assert low < peak <= low + chunk + slack  # bounded, and the bound was reached
         print(f"64 MiB over one stream: {total / elapsed / 1e6:.1f} MB/s, "
               f"peak send buffer {peak} bytes")
         await within(conn.wait_writable(sid, threshold=0))  # everything acknowledged
@@ -402,12 +412,13 @@ async def test_datagrams_both_ways(cert, echo_server):
     assert got_client == [b"echo:dg%d" % i for i in range(5)]
 
     # The largest datagram the API admits fits a packet and arrives; one byte more is refused.
-    biggest = conn.max_datagram_payload
+    # (Each end's bound depends on its library's packet-number length: 2 or 4 bytes.)
+    biggest = peer.conn.max_datagram_payload
     assert 1100 < biggest < 1200
     peer.conn.send_datagram(os.urandom(biggest))
     assert len(await within(handler.datagrams.get())) == biggest
     with pytest.raises(ValueError, match="max_datagram_payload"):
-        conn.send_datagram(bytes(biggest + 1))
+        conn.send_datagram(bytes(conn.max_datagram_payload + 1))
     await shut(conn)
 
 
@@ -534,7 +545,8 @@ async def test_large_max_datagram_size(cert, size):
     server = await start(cert, factory, max_datagram_size=size)
     try:
         conn, handler = await dial(server, cert, max_datagram_size=size)
-        payload = conn.max_datagram_payload
+        peer = await factory.next_handler()
+        payload = min(conn.max_datagram_payload, peer.conn.max_datagram_payload)  # echoed
         assert size - 64 < payload < size
         # A datagram only fits when the packets really are this large.
         big = os.urandom(payload - len(b"echo:"))
@@ -565,7 +577,8 @@ async def test_trusted_self_signed_cert_verifies(cert, echo_server, host):
 async def test_cert_files(tmp_path):
     files = make_self_signed().write_to_dir(tmp_path)
     assert (files[1].stat().st_mode & 0o777) == 0o600
-    config = TransportConfig(certificate_file=files[0], private_key_file=files[1])
+    config = TransportConfig(certificate_file=files[0], private_key_file=files[1],
+                             backend=server_backend())
     server = await serve("127.0.0.1", 0, Recorder, config)
     try:
         conn = await within(connect(f"moqt://localhost:{server.port}/", Recorder,
@@ -623,15 +636,20 @@ def test_bad_congestion_control_name_is_rejected():
 # uvloop
 
 
+def _cubic(backend: str) -> str | None:
+    return "cubic" if backend == "aioquic" else None  # qh3's controller is not selectable
+
+
 def test_echo_on_uvloop_via_run(cert):
     uvloop = pytest.importorskip("uvloop")
 
     async def main() -> tuple[bytes, bool]:
         is_uv = isinstance(asyncio.get_running_loop(), uvloop.Loop)
         factory = Factory(Echo)
-        server = await start(cert, factory, congestion_control_algorithm="cubic")
+        server = await start(cert, factory, congestion_control_algorithm=_cubic(server_backend()))
         try:
-            conn, handler = await dial(server, cert, congestion_control_algorithm="cubic")
+            conn, handler = await dial(server, cert,
+                                       congestion_control_algorithm=_cubic(client_backend()))
             sid = conn.open_bidi()
             await conn.write(sid, b"over uvloop" * 1000, end_stream=True)
             body = await handler.stream_done(sid)

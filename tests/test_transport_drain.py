@@ -7,6 +7,7 @@ import os
 
 from kvsp_moq.transport import BaseConnectionHandler, TransportConfig, connect, serve
 from kvsp_moq.transport.tls import make_self_signed
+from tests._transport_backends import pairing, server_backend  # noqa: F401
 
 
 class Sink(BaseConnectionHandler):
@@ -25,8 +26,8 @@ async def test_drain_waits_for_acknowledgement_of_every_stream() -> None:
         sinks.append(Sink())
         return sinks[-1]
 
-    server = await serve("127.0.0.1", 0, factory, TransportConfig(certificate_pem=cert.cert_pem,
-                                                                   private_key_pem=cert.key_pem))
+    server = await serve("127.0.0.1", 0, factory, TransportConfig(
+        certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem, backend=server_backend()))
     try:
         conn = await connect(f"moqt://127.0.0.1:{server.port}/", BaseConnectionHandler,
                              TransportConfig(insecure=True))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from cryptography import x509
@@ -12,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from kvsp_moq.moqt.version import SUPPORTED_ALPNS
 from kvsp_moq.transport import (
+    BACKENDS,
     DEFAULT_ALPNS,
     BaseConnectionHandler,
     ConnectionHandler,
@@ -22,9 +26,13 @@ from kvsp_moq.transport import (
     is_unidirectional,
     new_event_loop,
     parse_moqt_url,
+    available_backends,
+    load_backend,
     uvloop_available,
 )
+from kvsp_moq.transport.config import BACKEND_ENV
 from kvsp_moq.transport.tls import make_self_signed
+from kvsp_moq.transport.udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, _gso_runs
 
 # ------------------------------------------------------------------------------------------
 # URLs
@@ -80,8 +88,50 @@ def test_default_alpns_match_moqt_versions():
     config = TransportConfig()
     assert config.alpn_protocols == DEFAULT_ALPNS
     assert config.max_datagram_size == 1200 and config.datagrams
-    assert config.backend == "aioquic"
     assert config.low_water == config.send_buffer_high_water // 2
+
+
+def test_backend_defaults_to_env_then_aioquic(monkeypatch):
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert TransportConfig().backend == "aioquic"
+    monkeypatch.setenv(BACKEND_ENV, "")
+    assert TransportConfig().backend == "aioquic"
+    monkeypatch.setenv(BACKEND_ENV, "qh3")
+    assert TransportConfig().backend == "qh3"
+    assert TransportConfig(backend="aioquic").backend == "aioquic"  # the field wins
+    monkeypatch.setenv(BACKEND_ENV, "nope")
+    with pytest.raises(ValueError, match="backend"):
+        TransportConfig()
+
+
+def test_known_backends():
+    assert BACKENDS == ("aioquic", "qh3")
+    assert "aioquic" in available_backends()
+    with pytest.raises(ValueError, match="unknown transport backend"):
+        load_backend("quiche")
+
+
+def test_missing_backend_package_is_named():
+    """With qh3 made unimportable (sys.modules entry None, as Python does for a package that
+    is not there), choosing it fails with an ImportError naming the package and the extra."""
+    code = textwrap.dedent("""
+        import asyncio, sys
+        sys.modules["qh3"] = None
+        from kvsp_moq.transport import (BackendUnavailableError, TransportConfig,
+                                        available_backends, connect)
+        assert available_backends() == ("aioquic",)
+        try:
+            asyncio.run(connect("moqt://127.0.0.1:1", object, TransportConfig(backend="qh3")))
+        except BackendUnavailableError as exc:
+            assert isinstance(exc, ImportError) and exc.package == "qh3"
+            print(exc)
+        else:
+            raise SystemExit("no error")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "'qh3'" in out.stdout and "kvsp-moq[qh3]" in out.stdout
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -114,13 +164,22 @@ def test_config_replace_validates():
 
 def test_self_signed_cert_contents():
     pair = make_self_signed()
-    cert = x509.load_pem_x509_certificate(pair.cert_pem)
-    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
-    assert cert.public_key().curve.name == "secp256r1"
-    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    leaf, ca = x509.load_pem_x509_certificates(pair.cert_pem)
+    assert pair.certificate == leaf and pair.ca_certificate == ca
+    assert isinstance(leaf.public_key(), ec.EllipticCurvePublicKey)
+    assert leaf.public_key().curve.name == "secp256r1"
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "localhost" in san.get_values_for_type(x509.DNSName)
     assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)
-    assert cert.issuer == cert.subject
+    # A leaf for TLS servers signed by a CA without a TLS usage: the shape strict verifiers
+    # (webpki, qh3) want.
+    assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert leaf.issuer == ca.subject and ca.issuer == ca.subject
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    with pytest.raises(x509.ExtensionNotFound):
+        ca.extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+    leaf.verify_directly_issued_by(ca)
     assert b"PRIVATE KEY" in pair.key_pem
 
 
@@ -157,7 +216,8 @@ def test_api_module_imports_no_quic_library():
 
     import kvsp_moq.transport as pkg
     root = Path(pkg.__file__).parent
-    for name in ("api.py", "config.py", "url.py", "tls.py", "loop.py", "__init__.py"):
+    for name in ("api.py", "config.py", "url.py", "tls.py", "loop.py", "__init__.py",
+                 "library.py", "engine.py", "endpoints.py", "udp.py"):
         tree = ast.parse((root / name).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -182,3 +242,31 @@ def test_new_event_loop_respects_choice():
         loop.close()
     # Nothing was installed globally.
     assert not type(asyncio.get_event_loop_policy()).__module__.startswith("uvloop")
+
+
+# ------------------------------------------------------------------------------------------
+# GSO batching (udp.py)
+
+
+def _runs(packets):
+    return [([len(d) for d in run], addr, size) for run, addr, size in _gso_runs(packets)]
+
+
+def test_gso_runs_group_same_address_and_size():
+    a, b = ("127.0.0.1", 1), ("127.0.0.1", 2)
+    packets = [(bytes(1200), a)] * 3 + [(bytes(500), a), (bytes(1200), a), (bytes(1200), b)]
+    # udp(7): every segment has the run's size except a shorter last one, which ends the run.
+    assert _runs(packets) == [([1200, 1200, 1200, 500], a, 1200), ([1200], a, 1200),
+                              ([1200], b, 1200)]
+    # A longer packet never joins a run of shorter ones.
+    assert _runs([(bytes(100), a), (bytes(1200), a)]) == [([100], a, 100), ([1200], a, 1200)]
+
+
+def test_gso_runs_respect_kernel_limits():
+    a = ("::1", 1, 0, 0)
+    runs = _runs([(bytes(1000), a)] * 200)
+    assert all(len(sizes) <= GSO_MAX_SEGMENTS and sum(sizes) <= GSO_MAX_BYTES
+               for sizes, _, _ in runs)
+    assert sum(len(sizes) for sizes, _, _ in runs) == 200
+    assert _runs([(bytes(16384), a)] * 5) == [([16384] * 3, a, 16384), ([16384] * 2, a, 16384)]
+    assert _runs([]) == []

@@ -9,15 +9,23 @@ for a protocol object above it (the sans-IO MOQT session) and knows nothing of w
 * :mod:`.url` — ``moqt://`` URLs.
 * :mod:`.tls` — self-signed development certificates.
 * :mod:`.loop` — ``run`` / ``new_event_loop`` with uvloop where available.
-* :mod:`.aioquic_backend` — the implementation on aioquic (imported on first use).
+* :mod:`.engine` — the one implementation of the interface on a sans-IO QUIC connection
+  with aioquic's API, parametrized by a :class:`~.engine.QuicLibrary`.
+* :mod:`.udp` — batched UDP I/O under it (GSO on send, GRO and bursts on receive).
+* :mod:`.aioquic_backend`, :mod:`.qh3_backend` — the two libraries (imported on first use).
 
-``connect`` and ``serve`` pick the backend named by ``config.backend``. See docs/transport.md.
+``connect`` and ``serve`` pick the backend named by ``config.backend`` (default
+``$KVSP_QUIC_BACKEND`` or ``"aioquic"``). See docs/transport.md.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from .api import (
     Address,
+    Backend,
+    BackendUnavailableError,
     BaseConnectionHandler,
     CloseInfo,
     ConnectError,
@@ -33,13 +41,16 @@ from .api import (
     is_locally_initiated,
     is_unidirectional,
 )
-from .config import DEFAULT_ALPNS, TransportConfig
+from .config import BACKENDS, DEFAULT_ALPNS, TransportConfig
 from .loop import new_event_loop, run, uvloop_available
 from .url import MoqtUrl, parse_moqt_url
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT_ALPNS",
     "Address",
+    "Backend",
+    "BackendUnavailableError",
     "BaseConnectionHandler",
     "CloseInfo",
     "ConnectError",
@@ -57,6 +68,8 @@ __all__ = [
     "is_client_initiated",
     "is_locally_initiated",
     "is_unidirectional",
+    "available_backends",
+    "load_backend",
     "new_event_loop",
     "parse_moqt_url",
     "run",
@@ -65,17 +78,45 @@ __all__ = [
 ]
 
 
+#: backend name -> (our module, the package it needs)
+_MODULES = {"aioquic": ("aioquic_backend", "aioquic"), "qh3": ("qh3_backend", "qh3")}
+
+
+def load_backend(name: str) -> Backend:
+    """The backend module named ``name``. Raises :class:`BackendUnavailableError` (an
+    ImportError) naming the package when its QUIC library is not installed, ValueError for an
+    unknown name."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown transport backend {name!r}; known: {BACKENDS}")
+    module, package = _MODULES[name]
+    try:
+        return importlib.import_module(f"{__name__}.{module}")  # type: ignore[return-value]
+    except ImportError as exc:
+        if exc.name is not None and exc.name.split(".")[0] != package:
+            raise  # a bug of ours, not a missing package
+        raise BackendUnavailableError(name, package, exc) from exc
+
+
+def available_backends() -> tuple[str, ...]:
+    """The backends whose QUIC library can be imported here, in :data:`BACKENDS` order."""
+    names = []
+    for name in BACKENDS:
+        try:
+            load_backend(name)
+        except BackendUnavailableError:
+            continue
+        names.append(name)
+    return tuple(names)
+
+
 async def connect(url: str | MoqtUrl, handler_factory: HandlerFactory,
                   config: TransportConfig | None = None) -> Connection:
     """Open a QUIC connection to a ``moqt://host[:port]/path`` URL with the backend named by
     ``config.backend``; return it once the handshake succeeded and
-    ``handler.connection_made`` ran. Raises :class:`ConnectError` on a failed handshake."""
+    ``handler.connection_made`` ran. Raises :class:`ConnectError` on a failed handshake,
+    :class:`BackendUnavailableError` when the backend's package is missing."""
     config = config or TransportConfig()
-    if config.backend == "aioquic":
-        from . import aioquic_backend
-
-        return await aioquic_backend.connect(url, handler_factory, config)
-    raise ValueError(f"unknown transport backend {config.backend!r}")  # pragma: no cover
+    return await load_backend(config.backend).connect(url, handler_factory, config)
 
 
 async def serve(host: str, port: int, handler_factory: HandlerFactory,
@@ -83,8 +124,4 @@ async def serve(host: str, port: int, handler_factory: HandlerFactory,
     """Listen on ``host:port`` (0 picks a free port: see ``Server.port``) with the backend
     named by ``config.backend``; every accepted connection gets ``handler_factory()``."""
     config = config or TransportConfig()
-    if config.backend == "aioquic":
-        from . import aioquic_backend
-
-        return await aioquic_backend.serve(host, port, handler_factory, config)
-    raise ValueError(f"unknown transport backend {config.backend!r}")  # pragma: no cover
+    return await load_backend(config.backend).serve(host, port, handler_factory, config)

@@ -2,7 +2,7 @@
 
 This module names what a sans-IO protocol object (the MOQT session) is driven through. It
 imports no QUIC library, so ``pubsub/``, the relay and tests can be typed against it while the
-backend (aioquic today; qh3 or aiopquic later) is chosen by ``TransportConfig.backend``.
+backend (``"aioquic"`` or ``"qh3"``) is chosen by ``TransportConfig.backend``.
 
 The transport moves bytes, and knows nothing of what they mean:
 
@@ -29,13 +29,15 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .url import MoqtUrl
 
 __all__ = [
     "Address",
+    "Backend",
+    "BackendUnavailableError",
     "BaseConnectionHandler",
     "CloseInfo",
     "ConnectError",
@@ -86,6 +88,19 @@ def is_locally_initiated(stream_id: int, is_client: bool) -> bool:
 
 class TransportError(Exception):
     """Base class of the errors the transport raises."""
+
+
+class BackendUnavailableError(TransportError, ImportError):
+    """The backend named by ``TransportConfig.backend`` cannot be imported: its package is
+    not installed. ``package`` is the distribution to install."""
+
+    def __init__(self, backend: str, package: str, cause: BaseException) -> None:
+        super().__init__(
+            f"QUIC backend {backend!r} needs the Python package {package!r}, which cannot be "
+            f"imported ({cause}); install it (pip install 'kvsp-moq[{package}]') or choose "
+            f"another backend (TransportConfig.backend / $KVSP_QUIC_BACKEND)")
+        self.backend = backend
+        self.package = package
 
 
 class ConnectError(TransportError):
@@ -360,6 +375,19 @@ class Connection(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class Backend(Protocol):
+    """What a backend module (``aioquic_backend``, ``qh3_backend``) provides; the package's
+    ``connect``/``serve`` pick one by ``TransportConfig.backend``."""
+
+    async def connect(self, url: str | MoqtUrl, handler_factory: HandlerFactory,
+                      config: Any) -> Connection:
+        """Open a client connection (handshake done, ``connection_made`` run)."""
+
+    async def serve(self, host: str, port: int, handler_factory: HandlerFactory,
+                    config: Any) -> Server:
+        """Listen on ``host:port``."""
 
 
 class Server(abc.ABC):

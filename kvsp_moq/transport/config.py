@@ -3,8 +3,8 @@
 Every knob DESIGN.md §6 asks for is a field: QUIC packet size (jumbo frames inside a
 datacenter, 1200 on the internet), flow-control windows, congestion control, plus the
 backpressure marks of the send path and the TLS material. A backend maps the fields onto its
-library (see ``aioquic_backend._quic_configuration``) and rejects what it cannot honour with a
-``ValueError`` when a connection or server is created.
+library (see ``library.QuicLibrary.configuration`` and each backend's ``configure``) and
+rejects what it cannot honour with a ``ValueError`` when a connection or server is created.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_ENV",
     "DEFAULT_ALPNS",
     "MAX_UDP_PAYLOAD",
     "MIN_QUIC_DATAGRAM_SIZE",
@@ -29,8 +30,12 @@ DEFAULT_ALPNS: tuple[str, ...] = ("moqt-22", "moqt-21", "moqt-20", "moqt-18")
 MIN_QUIC_DATAGRAM_SIZE = 1200
 #: The largest UDP payload over IPv4/IPv6 without jumbograms (RFC 9000 max_udp_payload_size).
 MAX_UDP_PAYLOAD = 65527
-#: Backends that ``connect``/``serve`` know.
-BACKENDS: tuple[str, ...] = ("aioquic",)
+#: Backends that ``connect``/``serve`` know. ``aioquic`` is a dependency; ``qh3`` is the
+#: optional extra ``kvsp-moq[qh3]`` (aioquic's API over a Rust QUIC core).
+BACKENDS: tuple[str, ...] = ("aioquic", "qh3")
+#: Environment variable naming the default backend when ``TransportConfig.backend`` is not
+#: given (unset or empty: ``"aioquic"``).
+BACKEND_ENV = "KVSP_QUIC_BACKEND"
 
 _MiB = 1 << 20
 
@@ -41,8 +46,11 @@ PathLike = str | os.PathLike[str]
 class TransportConfig:
     """How to set up QUIC connections. One instance may serve many connections."""
 
-    #: QUIC library behind the interface. Only ``"aioquic"`` exists today.
-    backend: str = "aioquic"
+    #: QUIC library behind the interface: ``"aioquic"`` or ``"qh3"`` (see :data:`BACKENDS`).
+    #: Default: ``$KVSP_QUIC_BACKEND`` if set, else ``"aioquic"``. The single switch: the
+    #: CLI and benchmarks set this field. A backend whose package is missing fails in
+    #: ``connect``/``serve`` with :class:`~kvsp_moq.transport.api.BackendUnavailableError`.
+    backend: str = field(default_factory=lambda: os.environ.get(BACKEND_ENV) or "aioquic")
 
     # -- negotiation ----------------------------------------------------------------------
     #: ALPN tokens in preference order. A client offers them all; a server picks, by *its*
@@ -88,8 +96,9 @@ class TransportConfig:
     #: Initial per-stream receive window (MAX_STREAM_DATA) we grant the peer. aioquic doubles
     #: both windows as they fill (receive-side auto-tuning), so they are starting points.
     max_stream_data: int = 4 * _MiB
-    #: ``"reno"`` or ``"cubic"`` (aioquic's names).
-    congestion_control_algorithm: str = "reno"
+    #: aioquic: ``"reno"`` (None means reno) or ``"cubic"``. qh3's Rust core has one built-in
+    #: controller that cannot be chosen: leave None (a name is rejected).
+    congestion_control_algorithm: str | None = None
     #: Initial RTT estimate, seconds (RFC 9002 uses 0.333; aioquic 0.1).
     initial_rtt: float = 0.1
     #: Close the connection after this many seconds without traffic.
@@ -99,6 +108,15 @@ class TransportConfig:
     #: SO_RCVBUF / SO_SNDBUF asked for the UDP socket (bulk transfers drop packets with the
     #: kernel's ~200 KiB default). None: leave the kernel default.
     udp_buffer_size: int | None = 4 * _MiB
+    #: Send the packets of one transmission that go to one address with one size in a
+    #: single ``sendmsg`` with UDP_SEGMENT (Linux UDP GSO), where the kernel has it (probed
+    #: once per address family; a send the kernel rejects turns it off for the socket).
+    #: False: one ``sendto`` per packet. Either way the bytes on the wire are the same.
+    udp_gso: bool = True
+    #: Let the kernel coalesce received packets (Linux UDP_GRO) and split them by the
+    #: segment size it reports. Receiving is batched either way (up to 64 packets per
+    #: readiness callback, one transmission after them).
+    udp_gro: bool = True
 
     # -- send-side backpressure -----------------------------------------------------------
     #: ``Connection.write`` keeps at most this many bytes of one stream buffered in the QUIC
@@ -122,7 +140,8 @@ class TransportConfig:
     use_uvloop: bool = True
 
     extra: dict[str, object] = field(default_factory=dict)
-    """Backend-specific options, passed through untouched (ignored by aioquic)."""
+    """Backend-specific options, passed through untouched. aioquic reads none; qh3 reads
+    ``probe_datagram_size`` (bool, default False: its path-MTU discovery, client only)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

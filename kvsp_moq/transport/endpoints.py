@@ -1,0 +1,214 @@
+"""Where connections come from: :func:`connect` (a client socket per connection) and
+:class:`EngineServer` (one listening socket; the library's ``QuicServer`` demultiplexes packets
+to connections by connection ID), on :mod:`.udp` endpoints. This module imports no QUIC
+library: the library is a :class:`~.library.QuicLibrary` argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+from .api import Address, ConnectError, Connection, HandlerFactory, Server
+from .config import TransportConfig
+from .engine import EngineConnection, EngineProtocol, _plain_address
+from .udp import UdpEndpoint, open_endpoint
+from .url import MoqtUrl, parse_moqt_url
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .library import QuicLibrary
+
+__all__ = ["EngineConnection", "EngineServer", "connect", "serve"]
+
+logger = logging.getLogger(__name__)
+
+_NO_ERROR = 0x0
+_SERVER_CLOSE_GRACE = 5.0  # seconds Server.wait_closed waits for closing periods to end
+
+
+def _set_udp_buffers(sock: socket.socket, size: int | None) -> None:
+    if not size:
+        return
+    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
+                         (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
+        for opt in (force, plain):  # FORCE passes rmem_max/wmem_max when privileged
+            if opt is None:
+                continue
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, size)
+                break
+            except OSError:
+                continue
+
+
+def _bound_socket(family: int, addr: Any, config: TransportConfig) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        _set_udp_buffers(sock, config.udp_buffer_size)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+# ------------------------------------------------------------------------------------------
+# client
+
+
+async def connect(library: QuicLibrary, url: str | MoqtUrl, handler_factory: HandlerFactory,
+                  config: TransportConfig) -> EngineConnection:
+    """Connect to ``moqt://host:port/path`` and complete the QUIC handshake; see
+    :func:`kvsp_moq.transport.connect`."""
+    target = parse_moqt_url(url) if isinstance(url, str) else url
+    qconf = library.configuration(config, is_client=True,
+                                  server_name=config.server_name or target.host)
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM)
+    family, _, _, _, addr = infos[0]
+    sock = _bound_socket(family, ("::", 0, 0, 0) if family == socket.AF_INET6
+                         else ("0.0.0.0", 0), config)
+    quic = library.QuicConnection(configuration=qconf)
+    endpoint: UdpEndpoint | None = None
+
+    def closed(_: EngineConnection) -> None:
+        if endpoint is not None:
+            endpoint.close()
+
+    conn = EngineConnection(library=library, quic=quic, config=config,
+                            handler_factory=handler_factory, url=target, on_terminated=closed)
+    protocol = EngineProtocol(quic, conn)
+    try:
+        endpoint = await open_endpoint(sock, protocol, gso=config.udp_gso, gro=config.udp_gro)
+    except BaseException:
+        sock.close()
+        raise
+    conn._peer = addr
+    protocol.connect(addr)
+    assert conn._established is not None
+    try:
+        await asyncio.wait_for(asyncio.shield(conn._established), config.handshake_timeout)
+    except asyncio.TimeoutError:
+        conn.close(_NO_ERROR, "handshake timeout")
+        endpoint.close()
+        raise ConnectError(f"QUIC handshake with {target.host}:{target.port} timed out after "
+                           f"{config.handshake_timeout} s") from None
+    except ConnectError:
+        # The connection is dead: drop the socket now rather than after the closing period.
+        endpoint.close()
+        raise
+    except BaseException:
+        conn.close(_NO_ERROR, "cancelled")
+        endpoint.close()
+        raise
+    return conn
+
+
+# ------------------------------------------------------------------------------------------
+# server
+
+
+class EngineServer(Server):
+    """A listening UDP socket accepting QUIC connections; the library's ``QuicServer``
+    demultiplexes packets to connections by connection ID."""
+
+    def __init__(self, library: QuicLibrary, config: TransportConfig,
+                 handler_factory: HandlerFactory) -> None:
+        self._library = library
+        self._config = config
+        self._factory = handler_factory
+        self._qconf = library.configuration(config, is_client=False)
+        self._endpoint: UdpEndpoint | None = None
+        self._address: Address = ("", 0)
+        self._all: set[EngineConnection] = set()
+        self._closing: tuple[int, str] | None = None
+        self._drained = asyncio.Event()
+        self._socket_gone = asyncio.Event()
+
+    async def _start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM,
+                                       flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        sock = _bound_socket(family, addr, self._config)
+        owner = self
+
+        class _Demux(self._library.QuicServer):  # type: ignore[name-defined,misc]
+            def connection_lost(self, exc: Exception | None) -> None:
+                owner._socket_gone.set()
+
+            def error_received(self, exc: Exception) -> None:
+                logger.debug("UDP error on server %s: %s", owner._address, exc)
+
+        demux = _Demux(configuration=self._qconf, create_protocol=self._new_protocol)
+        try:
+            self._endpoint = await open_endpoint(sock, demux, gso=self._config.udp_gso,
+                                                 gro=self._config.udp_gro)
+        except BaseException:
+            sock.close()
+            raise
+        self._address = _plain_address(sock.getsockname())
+
+    def _new_protocol(self, quic: Any, stream_handler: Any = None) -> EngineProtocol:
+        conn = EngineConnection(library=self._library, quic=quic, config=self._config,
+                                handler_factory=self._factory, url=None,
+                                on_terminated=self._conn_terminated)
+        protocol = EngineProtocol(quic, conn)
+        self._all.add(conn)
+        if self._closing is not None:  # refuse newcomers politely while shutting down
+            conn._reject(*self._closing)
+        return protocol
+
+    def _conn_terminated(self, conn: EngineConnection) -> None:
+        self._all.discard(conn)
+        if self._closing is not None and not self._all:
+            self._drained.set()
+
+    @property
+    def address(self) -> Address:
+        return self._address
+
+    @property
+    def udp(self) -> UdpEndpoint | None:
+        """The listening UDP endpoint."""
+        return self._endpoint
+
+    @property
+    def connections(self) -> frozenset[Connection]:
+        return frozenset(c for c in self._all if c._handler is not None and not c.is_closed)
+
+    def close(self, error_code: int = 0, reason: str = "") -> None:
+        if self._closing is not None:
+            return
+        self._closing = (error_code, reason)
+        for conn in list(self._all):
+            if conn._close_info is None:
+                if conn._handler is not None:
+                    conn.close(error_code, reason)
+                else:
+                    conn._reject(error_code, reason)
+        if not self._all:
+            self._drained.set()
+
+    async def wait_closed(self) -> None:
+        if self._closing is None:
+            raise RuntimeError("call close() first")
+        try:
+            await asyncio.wait_for(self._drained.wait(), _SERVER_CLOSE_GRACE)
+        except asyncio.TimeoutError:
+            logger.warning("%d connections still closing; closing the socket anyway",
+                           len(self._all))
+        if self._endpoint is not None:
+            self._endpoint.close()
+            await self._socket_gone.wait()
+
+
+async def serve(library: QuicLibrary, host: str, port: int, handler_factory: HandlerFactory,
+                config: TransportConfig) -> EngineServer:
+    """Listen on ``host:port``; see :func:`kvsp_moq.transport.serve`."""
+    server = EngineServer(library, config, handler_factory)
+    await server._start(host, port)
+    return server
