@@ -99,9 +99,10 @@ async def test_chained_publish_forward0_asks_the_publisher_when_d_gets_a_subscri
     rid = await within(pub.publish(track, forward=False))
     assert (await within(at_d)).forwarding is False
     out = track.outgoing(pub, rid)
-    assert out is not None and out.forward is False
+    assert out is not None and out.forward is False and not track.forwarding.is_set()
     await within(track.write_object(0, 0, b"before anyone asked"))  # sent nowhere
     s = await within((await net.client(d)).subscribe(NS, "paused"))
+    await within(track.forwarding.wait())  # the publisher learns it is wanted
     upd = await within(updates.get())  # D → A → publisher
     assert upd.request_id == rid and upd.message.parameters.forward is True
     assert out.forward is True  # pubsub applied it (and answered REQUEST_OK)

@@ -112,6 +112,11 @@ class TrackPublisher:
         self.subscribed = asyncio.Event()
         #: Set whenever a subscriber goes away (cancelled, stopped, session closed).
         self.unsubscribed = asyncio.Event()
+        #: Set whenever a subscriber with Forward State 1 is added, or an update sets a
+        #: subscriber's Forward State to 1 (§"FORWARD"): objects written before that reach
+        #: no paused subscriber (e.g. a relay that answered our PUBLISH with FORWARD=0 until
+        #: a subscriber of its own forwards).
+        self.forwarding = asyncio.Event()
         #: Track Properties sent in SUBSCRIBE_OK / FETCH_OK / TRACK_STATUS (see
         #: :meth:`response_properties`); types non-decreasing, even types int, odd bytes.
         self.track_properties: tuple[tuple[int, int | bytes], ...] = ()
@@ -128,6 +133,8 @@ class TrackPublisher:
     def _add(self, out: _Outgoing) -> None:
         self._subs.append(out)
         self.subscribed.set()
+        if out.forward:
+            self.forwarding.set()
 
     def outgoing(self, session: Session, request_id: int) -> _Outgoing | None:
         """The live subscription ``request_id`` of ``session`` (None if gone)."""
