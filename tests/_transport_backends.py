@@ -21,6 +21,15 @@ PAIRS = [(b, b) for b in INSTALLED] + [
 
 _current: dict[str, str] = {"client": "aioquic", "server": "aioquic"}
 
+#: An aioquic client against a qh3 server: about one handshake in five completes only after
+#: ~1.4 s and about one in 500-700 stalls until the handshake timeout (the qh3 server's core
+#: fails "packet builder capacity exhausted"; docs/transport.md "Known gaps"). Only these
+#: tests run on that pairing, so the suite stays reliable while the pairing stays covered.
+STALLING_PAIR = ("aioquic", "qh3")
+STALLING_PAIR_TESTS = frozenset({
+    "test_handshake_with_each_alpn", "test_bidi_echo", "test_datagrams_both_ways",
+})
+
 
 def _pair_id(pair: tuple[str, str]) -> str:
     client, server = pair
@@ -31,6 +40,9 @@ def _pair_id(pair: tuple[str, str]) -> str:
 def pairing(request: pytest.FixtureRequest,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
     client, server = request.param
+    if (client, server) == STALLING_PAIR and request.node.originalname not in STALLING_PAIR_TESTS:
+        pytest.skip("aioquic client -> qh3 server handshakes can stall (docs/transport.md, Known gaps); "
+                    "covered by the handshake, echo and datagram tests only")
     monkeypatch.setenv(BACKEND_ENV, client)
     _current.update(client=client, server=server)
     yield client, server
