@@ -79,3 +79,14 @@ def test_bench_kv_parallel_figures_beside_tcp_and_n1_of_the_same_run() -> None:
 def test_bench_kv_refuses_unknown_workers() -> None:
     proc = kvsp("bench", "kv", "--parallel", "2", "--workers", "threads", check=False)
     assert proc.returncode != 0 and "--workers 'threads'" in proc.stderr
+
+
+def test_bench_relay_reports_fanout_against_one_subscriber_on_the_chosen_backend() -> None:
+    pytest.importorskip("qh3")
+    proc = kvsp("bench", "relay", "--backend", "qh3", "--run-mib", "1", "--object-kib", "64", "--repeat", "1")
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    one, eight, scaling = (figures[n] for n in ("relay_fanout_1_delivered", "relay_fanout_8_delivered", "relay_fanout_8_vs_1"))
+    assert {f["params"]["backend"] for f in (one, eight, scaling)} == {"qh3"}
+    assert (scaling["value"], scaling["baseline_name"], scaling["baseline_value"]) == \
+        (eight["value"], "relay_fanout_1_delivered", one["value"])
+    assert figures["relay_fetch_warm_cache"]["baseline_name"] == "relay_fetch_cold_cache"

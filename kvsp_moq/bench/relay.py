@@ -161,13 +161,22 @@ def run(run_bytes: int = 8 << 20, object_size: int = 256 << 10, datagram_size: i
                                                           False)) for _ in range(repeat))
         direct_mbps = run_bytes / direct / 1e6
         params = {"run_bytes": run_bytes, "object_size": object_size,
-                  "max_datagram_size": datagram_size}
+                  "max_datagram_size": datagram_size, "backend": TransportConfig().backend}
+        delivered: dict[int, float] = {}
         for n in fanout:
             t = min(loop.run_until_complete(_fanout_once(data, object_size, n, datagram_size,
                                                          True)) for _ in range(repeat))
-            figures.append(Figure(f"relay_fanout_{n}_delivered", "MB/s", n * run_bytes / t / 1e6,
+            delivered[n] = n * run_bytes / t / 1e6
+            figures.append(Figure(f"relay_fanout_{n}_delivered", "MB/s", delivered[n],
                                   "direct_1_subscriber", direct_mbps,
                                   params={**params, "subscribers": n}))
+        most = max(delivered)
+        if 1 in delivered and most > 1:
+            # How fan-out scales through the relay: N subscribers' delivered bytes/s against
+            # one subscriber's through the same relay (issue #9 target: >= 4x at N = 8).
+            figures.append(Figure(f"relay_fanout_{most}_vs_1", "MB/s", delivered[most],
+                                  "relay_fanout_1_delivered", delivered[1],
+                                  params={**params, "subscribers": most}))
         cold, warm = loop.run_until_complete(
             _fetch_latency(data, object_size, datagram_size, max(repeat, 2)))
         figures.append(Figure("relay_fetch_warm_cache", "ms", warm * 1e3,

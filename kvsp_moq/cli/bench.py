@@ -38,7 +38,11 @@ def _moqt(args: argparse.Namespace) -> int:
 
 def _relay(args: argparse.Namespace) -> int:
     from ..bench import relay
+    from ..transport.config import BACKEND_ENV
 
+    # The publisher, the relay and the subscribers all take the backend from the environment
+    # (TransportConfig's default), the relay too when it runs in its own process.
+    os.environ[BACKEND_ENV] = args.backend
     report.emit(relay.run(run_bytes=args.run_mib << 20, object_size=args.object_kib << 10,
                           datagram_size=args.datagram_size, repeat=args.repeat))
     return 0
@@ -115,6 +119,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--run-mib", type=int, default=8)
     q.add_argument("--object-kib", type=int, default=256)
     q.add_argument("--datagram-size", type=int, default=16384)
+    q.add_argument("--backend", default=_default_backend(),
+                   help="QUIC backend of every endpoint (aioquic, qh3; default $KVSP_QUIC_BACKEND or aioquic)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
     q.set_defaults(handler=_relay)
     q = bsub.add_parser("kv", help="one KV block into a layer sink: MOQT direct, relay cold/warm, "
