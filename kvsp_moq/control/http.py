@@ -32,7 +32,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Generic, Protocol, TypeVar, cast
 from urllib.parse import quote, urljoin
 
 import aiohttp
@@ -121,6 +121,31 @@ INSTANCE_SERVICE = web.AppKey("kvsp_instance_service", InstanceService)
 FRONTEND_SERVICE = web.AppKey("kvsp_frontend_service", FrontEnd)
 
 R = TypeVar("R", bound=Record)
+
+
+class _RoutesConfig(Protocol):
+    @property
+    def base_path(self) -> str: ...
+    @property
+    def max_body_octets(self) -> int: ...
+
+
+class _Configured(Protocol):
+    @property
+    def config(self) -> _RoutesConfig: ...
+
+
+S = TypeVar("S", bound=_Configured)
+
+
+class ServiceRoutes(Generic[S]):
+    """Routes of one service under its ``config.base_path``, reading bodies of at most its
+    ``config.max_body_octets`` (what every Routes class below shares)."""
+
+    def __init__(self, service: S) -> None:
+        self.service = service
+        self.base = service.config.base_path
+        self.max_body = service.config.max_body_octets
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Path segments of §6.7: {compat} hex32, {scope} hex16, {block_key} hex32. A malformed segment
@@ -254,13 +279,8 @@ def block_ref(request: web.Request) -> BlockRef:
 # The Index Service (§6.1, §6.2)
 
 
-class IndexRoutes:
+class IndexRoutes(ServiceRoutes[IndexService]):
     """Routes of the Index Service under ``service.config.base_path`` (docs/http-api.md)."""
-
-    def __init__(self, service: IndexService) -> None:
-        self.service = service
-        self.base = service.config.base_path
-        self.max_body = service.config.max_body_octets
 
     def routes(self) -> list[web.RouteDef]:
         base = self.base
@@ -477,13 +497,8 @@ class HolderRoutes:
 # The Placement Controller (§6.3, §6.4)
 
 
-class PcRoutes:
+class PcRoutes(ServiceRoutes[PlacementController]):
     """Routes of the PC under ``service.config.base_path`` (docs/http-api.md "Placement Controller")."""
-
-    def __init__(self, service: PlacementController) -> None:
-        self.service = service
-        self.base = service.config.base_path
-        self.max_body = service.config.max_body_octets
 
     def routes(self) -> list[web.RouteDef]:
         base = self.base
@@ -523,13 +538,8 @@ class PcRoutes:
 UUID_SEGMENT = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
-class InstanceRoutes:
+class InstanceRoutes(ServiceRoutes[InstanceService]):
     """Routes of an instance under ``service.config.base_path`` (docs/http-api.md "Inference Instance")."""
-
-    def __init__(self, service: InstanceService) -> None:
-        self.service = service
-        self.base = service.config.base_path
-        self.max_body = service.config.max_body_octets
 
     def routes(self) -> list[web.RouteDef]:
         base = self.base
@@ -636,13 +646,8 @@ def parse_token_range(value: str | None, name: str = "tokens") -> TokenRange:
     return a, b
 
 
-class PcSessionRoutes:
+class PcSessionRoutes(ServiceRoutes[PlacementController]):
     """The PC's §6.8 and §6.9 routes (docs/http-api.md "Sessions" and "Resharding")."""
-
-    def __init__(self, service: PlacementController) -> None:
-        self.service = service
-        self.base = service.config.base_path
-        self.max_body = service.config.max_body_octets
 
     def routes(self) -> list[web.RouteDef]:
         base = self.base
@@ -711,23 +716,19 @@ class PcSessionRoutes:
         return record_response(self.service.reshard.get(authenticate(request), request.match_info["map"]))
 
 
-class InstanceSessionRoutes:
+class InstanceSessionRoutes(ServiceRoutes[InstanceService]):
     """An instance's §6.8 and §6.9 routes (docs/http-api.md "Sessions" and "Resharding")."""
-
-    def __init__(self, service: InstanceService) -> None:
-        self.service = service
-        self.base = service.config.base_path
-        self.max_body = service.config.max_body_octets
 
     def routes(self) -> list[web.RouteDef]:
         base = self.base
         session = f"{base}sessions/{{session:{UUID_SEGMENT}}}"
+        shard = f"{base}shards/{{map:{MAP_SEGMENT}}}/{{version:[0-9]{{1,16}}}}"
         return [
             web.post(f"{session}/start", self.post_start),
             web.post(f"{session}/resume", self.post_resume),
             web.post(f"{base}reshard", self.post_reshard),
-            web.get(f"{base}shards/{{map:{MAP_SEGMENT}}}/{{version:[0-9]{{1,16}}}}", self.get_shard_tokens),
-            web.put(f"{base}shards/{{map:{MAP_SEGMENT}}}/{{version:[0-9]{{1,16}}}}", self.put_shard_tokens),
+            web.get(shard, self.get_shard_tokens),
+            web.put(shard, self.put_shard_tokens),
         ]
 
     async def _order(self, request: web.Request, *, resume: bool) -> web.Response:
@@ -761,7 +762,6 @@ class InstanceSessionRoutes:
         return web.Response(body=body, content_type=BLOCK_MEDIA_TYPE,
                             headers={"Repr-Digest": repr_digest(hashlib.sha256(body).digest()), "Cache-Control": "no-store"})
 
-
     async def put_shard_tokens(self, request: web.Request) -> web.Response:
         """Ours (§6.9): install the KV of tokens [a, b) a producer computed (a KVB1 container,
         ``application/kvsp-block``, the inverse of the GET); 201 ``{"map", "version", "tokens", "held"}``. Auth: ``instances``
@@ -776,13 +776,8 @@ class InstanceSessionRoutes:
                                  status=201, content_type=KVSP_JSON)
 
 
-class FrontEndRoutes:
+class FrontEndRoutes(ServiceRoutes[FrontEnd]):
     """The front end's routes under ``service.config.base_path`` (docs/http-api.md "Front end")."""
-
-    def __init__(self, service: FrontEnd) -> None:
-        self.service = service
-        self.base = service.config.base_path
-        self.max_body = service.config.max_body_octets
 
     def routes(self) -> list[web.RouteDef]:
         base = self.base
