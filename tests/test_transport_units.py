@@ -270,3 +270,18 @@ def test_gso_runs_respect_kernel_limits():
     assert sum(len(sizes) for sizes, _, _ in runs) == 200
     assert _runs([(bytes(16384), a)] * 5) == [([16384] * 3, a, 16384), ([16384] * 2, a, 16384)]
     assert _runs([]) == []
+
+
+def test_aioquic_refuses_packets_its_frame_lengths_cannot_describe():
+    """aioquic 1.7.2 writes STREAM/CRYPTO frame lengths in two octets (RFC 9000 §16: at most
+    16383): larger packets would corrupt frames, so the configuration is refused up front."""
+    from kvsp_moq.transport.aioquic_backend import LIBRARY, MAX_DATAGRAM_SIZE
+
+    ok = LIBRARY.configuration(TransportConfig(backend="aioquic",
+                                               max_datagram_size=MAX_DATAGRAM_SIZE),
+                               is_client=True)
+    assert ok.max_datagram_size == MAX_DATAGRAM_SIZE
+    with pytest.raises(ValueError, match="over what aioquic sends correctly"):
+        LIBRARY.configuration(TransportConfig(backend="aioquic",
+                                              max_datagram_size=MAX_DATAGRAM_SIZE + 1),
+                              is_client=True)

@@ -13,6 +13,12 @@ is checked in one place):
 * ``aioquic.quic.congestion.base._factories`` — the congestion-control names it knows.
 
 aioquic resets the send side itself when STOP_SENDING arrives (RFC 9000 §3.5).
+
+aioquic 1.7.2 writes the Length field of every STREAM and CRYPTO frame as a two-octet
+variable-length integer (``push_uint16(len | 0x4000)``; RFC 9000 §16 caps that form at
+16383), so with packets larger than :data:`MAX_DATAGRAM_SIZE` a frame can carry more data
+than its Length says and the peer fails the packet (FRAME_ENCODING_ERROR / "Unknown frame
+type"). :meth:`AioquicLibrary.configure` refuses such a ``max_datagram_size``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,11 @@ from aioquic.tls import load_pem_private_key, load_pem_x509_certificates
 from .config import TransportConfig
 from .library import QuicLibrary
 
-__all__ = ["LIBRARY", "AioquicLibrary", "connect", "serve"]
+__all__ = ["LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicLibrary", "connect", "serve"]
+
+#: The largest ``max_datagram_size`` aioquic sends correctly: a short-header packet of 16384
+#: octets leaves under 16384 - 1 - 8 - 16 octets for a frame's data, within two-octet Length.
+MAX_DATAGRAM_SIZE = 16384
 
 
 class AioquicLibrary(QuicLibrary):
@@ -44,6 +54,11 @@ class AioquicLibrary(QuicLibrary):
     packet_number_size = PACKET_NUMBER_SEND_SIZE
 
     def configure(self, qc: Any, config: TransportConfig) -> None:
+        if config.max_datagram_size > MAX_DATAGRAM_SIZE:
+            raise ValueError(
+                f"max_datagram_size {config.max_datagram_size} is over what aioquic sends "
+                f"correctly ({MAX_DATAGRAM_SIZE}: it writes STREAM frame lengths in two "
+                f"octets); use {MAX_DATAGRAM_SIZE} or less, or the qh3 backend")
         algorithm = config.congestion_control_algorithm or "reno"
         if algorithm not in _congestion._factories:
             raise ValueError(f"unknown congestion control algorithm {algorithm!r}; aioquic has"
