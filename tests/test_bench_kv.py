@@ -35,6 +35,28 @@ def test_bench_kv_refuses_a_backend_the_transport_lacks() -> None:
     assert "transport backend 'no-such-quic' is not available" in proc.stderr
 
 
+def test_bench_kv_loads_into_the_chosen_device_or_says_why_not() -> None:
+    """``--device cuda``: with a GPU, the direct MOQT figures come from a sink on the GPU (the
+    load timed to its last device copy); without one, a usage error naming the cause."""
+    torch = pytest.importorskip("torch")
+    args = ("bench", "kv", "--layers", "2", "--repeat", "1", "--no-relay", "--no-http",
+            "--device", "cuda")
+    if not torch.cuda.is_available():
+        proc = kvsp(*args, check=False)
+        assert proc.returncode == 2 and "this torch has no CUDA device" in proc.stderr
+        return
+    proc = kvsp(*args)
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    block = figures["kv_aioquic_dgram16384_block"]
+    assert block["params"]["sink"] == "torch-cuda (pinned staging)"
+    assert block["value"] > 0 and block["baseline_name"] == "tcp_copy"
+
+
+def test_bench_kv_refuses_an_unknown_device() -> None:
+    proc = kvsp("bench", "kv", "--device", "tpu", check=False)
+    assert proc.returncode == 2 and "--device 'tpu'" in proc.stderr
+
+
 def _netns() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
@@ -90,3 +112,15 @@ def test_bench_relay_reports_fanout_against_one_subscriber_on_the_chosen_backend
     assert (scaling["value"], scaling["baseline_name"], scaling["baseline_value"]) == \
         (eight["value"], "relay_fanout_1_delivered", one["value"])
     assert figures["relay_fetch_warm_cache"]["baseline_name"] == "relay_fetch_cold_cache"
+
+
+def test_bench_relay_with_each_subscriber_in_its_own_process() -> None:
+    """``--subscriber-processes``: the N subscribers are N processes (each checks the bytes it
+    got by SHA-256; a mismatch fails the bench), and the figures say so."""
+    proc = kvsp("bench", "relay", "--run-mib", "1", "--object-kib", "64", "--repeat", "1",
+                "--subscriber-processes")
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    for n in (1, 4, 8):
+        fig = figures[f"relay_fanout_{n}_delivered"]
+        assert fig["params"]["subscribers_in"] == "own processes" and fig["value"] > 0
+    assert figures["relay_fanout_8_vs_1"]["baseline_name"] == "relay_fanout_1_delivered"

@@ -14,14 +14,18 @@ relay package, tests/test_layering.py), as it would be deployed. Default workloa
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
-from ..pubsub import Catalog, TrackPublisher, connect, serve
+from ..moqt.objects import ObjectBegin
+from ..pubsub import Catalog, Subscription, TrackPublisher, connect, serve
 from ..transport import TransportConfig, new_event_loop
 from ..transport.tls import make_self_signed
+from .relay_subscriber import SubscriberProcesses
 from .report import Figure
 
 FANOUT = (1, 4, 8)
@@ -57,12 +61,17 @@ class _RelayProcess:
                 await self.proc.wait()
 
 
+def _into(view: memoryview, object_size: int) -> Callable[[ObjectBegin], memoryview]:
+    """``on_object_begin``: object ``i`` lands in ``view[i * object_size:(i + 1) * object_size]``."""
+    return lambda info: view[info.object_id * object_size:(info.object_id + 1) * object_size]
+
+
 async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size: int,
-                       via_relay: bool) -> float:
-    """Seconds from the first object written to the last one received by every subscriber."""
+                       via_relay: bool, processes: bool = False) -> float:
+    """Seconds from the first object written to the last one received by every subscriber
+    (``processes``: each subscriber in its own process, ``relay_subscriber``)."""
     cert = make_self_signed()
-    common = {"max_datagram_size": datagram_size, "use_uvloop": True}
-    client_cfg = TransportConfig(insecure=True, **common)
+    client_cfg = TransportConfig(insecure=True, max_datagram_size=datagram_size, use_uvloop=True)
     count = len(data) // object_size
     catalog = Catalog()
     track = catalog.add(TrackPublisher(_NS, "block", keep=False))
@@ -78,23 +87,25 @@ async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size
             url = relay.url
         else:
             server = await serve("127.0.0.1", 0, TransportConfig(
-                certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem, **common),
+                certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem,
+                max_datagram_size=datagram_size, use_uvloop=True),
                 catalog=catalog)
             url = f"moqt://127.0.0.1:{server.port}/bench"
+        if processes:
+            return await _fanout_processes(data, object_size, n_subs, datagram_size, url, track)
         bufs = [bytearray(len(data)) for _ in range(n_subs)]
         subs = []
         for buf in bufs:
             s = await connect(url, client_cfg)
             sessions.append(s)
             view = memoryview(buf)
-            subs.append(await s.subscribe(_NS, "block", on_object_begin=(
-                lambda info, v=view: v[info.object_id * object_size:
-                                       (info.object_id + 1) * object_size])))
+            subs.append(await s.subscribe(_NS, "block",
+                                          on_object_begin=_into(view, object_size)))
         await track.subscribed.wait()
 
-        async def drain(sub: object) -> None:
+        async def drain(sub: Subscription) -> None:
             got = 0
-            async for _obj in sub:  # type: ignore[attr-defined]
+            async for _obj in sub:
                 got += 1
                 if got == count:
                     return
@@ -119,14 +130,35 @@ async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size
             await relay.__aexit__()
 
 
+async def _fanout_processes(data: bytes, object_size: int, n_subs: int, datagram_size: int,
+                            url: str, track: TrackPublisher) -> float:
+    """:func:`_fanout_once` with the subscribers in their own processes: from the first object
+    written to the latest ``last`` they report (one CLOCK_MONOTONIC for the host)."""
+    count = len(data) // object_size
+    procs = SubscriberProcesses(n_subs, url, object_size, count, datagram_size)
+    try:
+        await procs.start()
+        await track.subscribed.wait()
+        start = time.monotonic()
+        for i in range(count):
+            await track.write_object(0, i, memoryview(data)[i * object_size:(i + 1) * object_size])
+        results = await procs.results()
+    finally:
+        await procs.close()
+    digest = hashlib.sha256(data).hexdigest()
+    if any(r["sha256"] != digest for r in results):
+        raise AssertionError("relay fan-out corrupted the data")
+    return max(float(r["last"]) for r in results) - start  # type: ignore[arg-type]
+
+
 async def _fetch_latency(data: bytes, object_size: int, datagram_size: int,
                          repeat: int) -> tuple[float, float]:
     """(cold, warm) seconds for FETCH of the whole range through the relay: cold = the
     first FETCH of a new track (relay → publisher), warm = the same range again (cache)."""
-    common = {"max_datagram_size": datagram_size, "use_uvloop": True}
-    client_cfg = TransportConfig(insecure=True, **common)
+    client_cfg = TransportConfig(insecure=True, max_datagram_size=datagram_size, use_uvloop=True)
     count = len(data) // object_size
-    colds, warms = [], []
+    colds: list[float] = []
+    warms: list[float] = []
     async with _RelayProcess(datagram_size, 256) as relay:
         catalog = Catalog()
         pub = await connect(relay.url, client_cfg, catalog=catalog)
@@ -152,20 +184,23 @@ async def _fetch_latency(data: bytes, object_size: int, datagram_size: int,
 
 
 def run(run_bytes: int = 8 << 20, object_size: int = 256 << 10, datagram_size: int = 16384,
-        fanout: tuple[int, ...] = FANOUT, repeat: int = 1) -> list[Figure]:
+        fanout: tuple[int, ...] = FANOUT, repeat: int = 1,
+        subscriber_processes: bool = False) -> list[Figure]:
     data = os.urandom(run_bytes)
     loop = new_event_loop(use_uvloop=True)
     figures: list[Figure] = []
     try:
+        procs = subscriber_processes
         direct = min(loop.run_until_complete(_fanout_once(data, object_size, 1, datagram_size,
-                                                          False)) for _ in range(repeat))
+                                                          False, procs)) for _ in range(repeat))
         direct_mbps = run_bytes / direct / 1e6
         params = {"run_bytes": run_bytes, "object_size": object_size,
-                  "max_datagram_size": datagram_size, "backend": TransportConfig().backend}
+                  "max_datagram_size": datagram_size, "backend": TransportConfig().backend,
+                  "subscribers_in": "own processes" if procs else "the bench process"}
         delivered: dict[int, float] = {}
         for n in fanout:
             t = min(loop.run_until_complete(_fanout_once(data, object_size, n, datagram_size,
-                                                         True)) for _ in range(repeat))
+                                                         True, procs)) for _ in range(repeat))
             delivered[n] = n * run_bytes / t / 1e6
             figures.append(Figure(f"relay_fanout_{n}_delivered", "MB/s", delivered[n],
                                   "direct_1_subscriber", direct_mbps,

@@ -44,7 +44,8 @@ def _relay(args: argparse.Namespace) -> int:
     # (TransportConfig's default), the relay too when it runs in its own process.
     os.environ[BACKEND_ENV] = args.backend
     report.emit(relay.run(run_bytes=args.run_mib << 20, object_size=args.object_kib << 10,
-                          datagram_size=args.datagram_size, repeat=args.repeat))
+                          datagram_size=args.datagram_size, repeat=args.repeat,
+                          subscriber_processes=args.subscriber_processes))
     return 0
 
 
@@ -54,7 +55,8 @@ def _kv(args: argparse.Namespace) -> int:
     report.emit(bench_kv.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
                              datagram_sizes=args.datagram_size, backends=args.backend,
                              repeat=args.repeat, http=not args.no_http, relay=not args.no_relay,
-                             parallel=args.parallel, workers=args.workers))
+                             parallel=args.parallel, workers=args.workers,
+                             device=args.device))
     return 0
 
 
@@ -122,6 +124,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--backend", default=_default_backend(),
                    help="QUIC backend of every endpoint (aioquic, qh3; default $KVSP_QUIC_BACKEND or aioquic)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    q.add_argument("--subscriber-processes", action="store_true",
+                   help="each subscriber in its own process (as instances are deployed); "
+                        "default: all in the bench process")
     q.set_defaults(handler=_relay)
     q = bsub.add_parser("kv", help="one KV block into a layer sink: MOQT direct, relay cold/warm, "
                                    "HTTP GET; first layer and whole block vs TCP")
@@ -141,6 +146,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--workers", type=_csv(str), default=("connections",), metavar="KIND[,KIND]",
                    help="with --parallel: connections (in-process) and/or processes "
                         "(N worker processes into shared memory)")
+    q.add_argument("--device", default="cpu",
+                   help="torch device of the direct MOQT loads' sink: cpu (default) or "
+                        "cuda[:i] (pinned staging, then a copy to the GPU, timed to its end)")
     q.set_defaults(handler=_kv)
     q = bsub.add_parser("wan", help="MOQT vs HTTP block load across two network namespaces "
                                     "joined by a netem-shaped veth pair (root + iproute2)")

@@ -6,7 +6,8 @@ copy of the same bytes over loopback, ``bench.moqt._tcp_copy``):
 * MOQT direct, per transport backend and QUIC max datagram size
   (``kv_{backend}_dgram{size}_first_layer`` / ``_block``): the holder runs in its own process
   (``bench_kv_holder``, as a real holder would), the loader here does ``load_block`` into a
-  torch sink (CPU), every layer verified against the record's digest (binding v1): time to the
+  torch sink (CPU, or ``device`` "cuda[:i]": pinned staging then a device copy, timed to
+  the copy's completion), every layer verified against the record's digest (binding v1): time to the
   first verified layer and to the whole verified block;
 * HTTP GET of the same block from the same holder process (``kv_http_*``: the KVB1 container,
   §6.7, plain HTTP/1.1 client on asyncio streams into one buffer, SHA-256 of the body);
@@ -43,7 +44,7 @@ from .bench_kv_loader import Timing, measure, timed_load
 from .bench_kv_parallel import KINDS, ParallelTiming, measure_parallel
 from .core import UsageError
 
-__all__ = ["check_backends", "run", "start_holder"]
+__all__ = ["check_backends", "check_device", "run", "start_holder"]
 
 
 def check_backends(backends: tuple[str, ...]) -> None:
@@ -52,6 +53,25 @@ def check_backends(backends: tuple[str, ...]) -> None:
         if backend not in BACKENDS:
             raise UsageError(f"transport backend {backend!r} is not available in this build "
                              f"(kvsp_moq.transport knows {', '.join(BACKENDS)})")
+
+
+def check_device(device: str) -> str:
+    """The sink's name in the figures' params for the torch ``device`` ("cpu", "cuda[:i]");
+    UsageError for another device or for CUDA where torch has none."""
+    from ..sinks._torch import import_torch
+
+    torch = import_torch()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {device!r}: {exc}") from None
+    if dev.type == "cpu":
+        return "torch-cpu"
+    if dev.type != "cuda":
+        raise UsageError(f"--device {device!r}: cpu or cuda[:i]")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device!r}: this torch has no CUDA device")
+    return f"torch-{device} (pinned staging)"
 
 
 def start_holder(layers: int, layer_bytes: int, datagram_size: int, backend: str,
@@ -116,8 +136,9 @@ async def _relay_figures(layers: int, layer_bytes: int, datagram_size: int, back
 def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int, ...] = (16384,),
         backends: tuple[str, ...] = ("aioquic",), repeat: int = 3, http: bool = True,
         relay: bool = True, parallel: tuple[int, ...] = (),
-        workers: tuple[str, ...] = ("connections",)) -> list[Figure]:
+        workers: tuple[str, ...] = ("connections",), device: str = "cpu") -> list[Figure]:
     check_backends(backends)
+    sink = check_device(device)
     for kind in workers:
         if kind not in KINDS:
             raise UsageError(f"--workers {kind!r}: one of {', '.join(KINDS)}")
@@ -144,12 +165,13 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
             for size in datagram_sizes:
                 params: dict[str, Any] = {"layers": layers, "layer_bytes": layer_bytes,
                                           "backend": backend, "max_datagram_size": size,
-                                          "sink": "torch-cpu", "holder": "own process"}
+                                          "sink": sink, "holder": "own process"}
                 proc, info = start_holder(layers, layer_bytes, size, backend)
                 try:
                     config = TransportConfig(backend=backend, insecure=True, max_datagram_size=size)
                     want_http = http and "http" not in got
-                    res = loop.run_until_complete(measure(info, config, repeat, want_http))
+                    res = loop.run_until_complete(measure(info, config, repeat, want_http,
+                                                          device=device))
                     if parallel:
                         from ..kvsp.records import ReplicaRecord
 

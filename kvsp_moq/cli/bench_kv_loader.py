@@ -33,18 +33,28 @@ Timing = tuple[float, float]  # (seconds to the first layer, seconds to the whol
 
 
 async def timed_load(record: ReplicaRecord, geo: Geometry, tokens: int, pool: SessionPool,
-                     sink_backend: str = "torch") -> Timing:
-    """Load the block of ``record`` over MOQT into a new sink, every layer verified."""
-    sink = sink_for_record(record, geo, tokens, backend=sink_backend)
+                     sink_backend: str = "torch", device: str | None = None) -> Timing:
+    """Load the block of ``record`` over MOQT into a new sink on ``device`` (torch: None or
+    "cpu" in place, "cuda[:i]" through pinned staging), every layer verified. On CUDA a
+    layer counts as loaded when its device copy has completed (its copy event)."""
+    sink = sink_for_record(record, geo, tokens, backend=sink_backend, device=device)
     start = time.perf_counter()
     first: list[float] = []
 
+    async def copied(layer: int) -> None:
+        event = getattr(sink, "layer_event", lambda _layer: None)(layer)
+        if event is not None:  # the H2D copy of a verified layer (sinks/cuda.py)
+            await asyncio.to_thread(event.synchronize)
+
     async def first_layer() -> None:
         await sink.wait_for_layer(sink.first_layer)
+        await copied(sink.first_layer)
         first.append(time.perf_counter())
 
     waiter = asyncio.ensure_future(first_layer())
     result = await load_block(record, sink, pool=pool, timeout=600.0)  # a slow WAN path too
+    if result.complete:
+        await copied(sink.last_layer)  # one side stream: the last copy ends after the others
     end = time.perf_counter()
     await waiter
     if not result.complete:
@@ -89,7 +99,7 @@ def _best(runs: list[Timing]) -> Timing:
 
 
 async def measure(info: HolderInfo, config: TransportConfig, repeat: int, http: bool = True,
-                  http_host: str | None = None) -> dict[str, Timing]:
+                  http_host: str | None = None, device: str | None = None) -> dict[str, Timing]:
     """Best of ``repeat`` MOQT loads (after one warm-up load on a connected session) and, with
     ``http``, best of ``repeat`` HTTP GETs of the same block from the same holder."""
     record = ReplicaRecord.from_json(info.record)
@@ -98,7 +108,8 @@ async def measure(info: HolderInfo, config: TransportConfig, repeat: int, http: 
     pool = SessionPool(config, connect_timeout=30.0)
     try:
         await pool.get(record.holder)  # we time the block, not the handshake
-        runs = [await timed_load(record, geo, info.tokens, pool) for _ in range(repeat + 1)]
+        runs = [await timed_load(record, geo, info.tokens, pool, device=device)
+                for _ in range(repeat + 1)]
         out["moqt"] = _best(runs[1:])
     finally:
         await pool.close()
