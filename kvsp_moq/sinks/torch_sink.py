@@ -77,7 +77,7 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
         self._engine = copy_engine if copy_engine is not None else _default_engine(torch, device)
         if self._engine is not None:
             self.device = torch.device(self._engine.device)
-            if device is not None and torch.device(device) != self.device:
+            if device is not None and _resolved(torch, device) != self.device:
                 raise SinkError(f"device {device} differs from the copy engine's {self.device}")
         else:
             self.device = torch.device("cpu")
@@ -213,6 +213,15 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
     def _view(self, position: int) -> tuple[Tensor, Tensor]:
         block = self._blocks[position]
         return block[0], block[1]
+
+
+def _resolved(torch: Any, device: Any) -> Any:
+    """``device`` as a ``torch.device`` with its index: a bare "cuda" is the current CUDA
+    device (as ``CudaCopyEngine`` resolves it), so "cuda" and "cuda:0" compare equal there."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def _default_engine(torch: Any, device: Any) -> CopyEngine | None:
