@@ -98,6 +98,22 @@ def test_bench_kv_parallel_figures_beside_tcp_and_n1_of_the_same_run() -> None:
             assert figures[f"{name}_first_layer"]["baseline_name"] == "tcp_first_layer"
 
 
+def test_bench_kv_parallel_from_several_holder_processes() -> None:
+    """--holders 2: two holder processes serve replicas of the block, the figures carry
+    ``_h2`` and say how many holders served them; --holders without --parallel is refused."""
+    pytest.importorskip("torch")
+    proc = kvsp("bench", "kv", "--layers", "4", "--repeat", "1", "--no-relay", "--no-http",
+                "--parallel", "2", "--holders", "2")
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    for n in (1, 2):
+        rate = figures[f"kv_aioquic_dgram16384_par{n}_connections_h2_rate"]
+        assert rate["params"]["holders"] == 2 and rate["value"] > 0
+        assert figures[f"kv_aioquic_dgram16384_par{n}_connections_h2_vs_par1"][
+            "baseline_name"] == "kv_aioquic_dgram16384_par1_connections_h2_rate"
+    refused = kvsp("bench", "kv", "--holders", "2", check=False)
+    assert refused.returncode == 2 and "--holders" in refused.stderr
+
+
 def test_bench_kv_refuses_unknown_workers() -> None:
     proc = kvsp("bench", "kv", "--parallel", "2", "--workers", "threads", check=False)
     assert proc.returncode != 0 and "--workers 'threads'" in proc.stderr

@@ -56,7 +56,7 @@ def _kv(args: argparse.Namespace) -> int:
                              datagram_sizes=args.datagram_size, backends=args.backend,
                              repeat=args.repeat, http=not args.no_http, relay=not args.no_relay,
                              parallel=args.parallel, workers=args.workers,
-                             device=args.device))
+                             device=args.device, holders=args.holders))
     return 0
 
 
@@ -146,6 +146,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--workers", type=_csv(str), default=("connections",), metavar="KIND[,KIND]",
                    help="with --parallel: connections (in-process) and/or processes "
                         "(N worker processes into shared memory)")
+    q.add_argument("--holders", type=int, default=1, metavar="H",
+                   help="with --parallel: H holder processes serving replicas of the block; "
+                        "range i is read from replica i mod H (default 1)")
     q.add_argument("--device", default="cpu",
                    help="torch device of the direct MOQT loads' sink: cpu (default) or "
                         "cuda[:i] (pinned staging, then a copy to the GPU, timed to its end)")

@@ -136,12 +136,15 @@ async def _relay_figures(layers: int, layer_bytes: int, datagram_size: int, back
 def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int, ...] = (16384,),
         backends: tuple[str, ...] = ("aioquic",), repeat: int = 3, http: bool = True,
         relay: bool = True, parallel: tuple[int, ...] = (),
-        workers: tuple[str, ...] = ("connections",), device: str = "cpu") -> list[Figure]:
+        workers: tuple[str, ...] = ("connections",), device: str = "cpu",
+        holders: int = 1) -> list[Figure]:
     check_backends(backends)
     sink = check_device(device)
     for kind in workers:
         if kind not in KINDS:
             raise UsageError(f"--workers {kind!r}: one of {', '.join(KINDS)}")
+    if holders < 1 or (holders > 1 and not parallel):
+        raise UsageError("--holders: N >= 1, and more than one only with --parallel")
     if any(n < 1 for n in parallel):
         raise UsageError("--parallel: every N must be >= 1")
     if parallel and 1 not in parallel:
@@ -167,6 +170,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                                           "backend": backend, "max_datagram_size": size,
                                           "sink": sink, "holder": "own process"}
                 proc, info = start_holder(layers, layer_bytes, size, backend)
+                extra: list[subprocess.Popen[str]] = []
                 try:
                     config = TransportConfig(backend=backend, insecure=True, max_datagram_size=size)
                     want_http = http and "http" not in got
@@ -175,11 +179,19 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                     if parallel:
                         from ..kvsp.records import ReplicaRecord
 
+                        # More replicas of the same block, each in its own holder process.
+                        replicas = [start_holder(layers, layer_bytes, size, backend)
+                                    for _ in range(holders - 1)]
+                        extra.extend(p for p, _ in replicas)
+                        records = [ReplicaRecord.from_json(i.record)
+                                   for i in (info, *(i for _, i in replicas))]
                         par[f"{backend}_dgram{size}"] = loop.run_until_complete(measure_parallel(
-                            ReplicaRecord.from_json(info.record), geometry(), info.tokens,
+                            records, geometry(), info.tokens,
                             config, parallel, workers, repeat))  # type: ignore[arg-type]
                 finally:
-                    stop_holder(proc)
+                    for p in (proc, *extra):
+                        stop_holder(p)
+                    extra.clear()
                 got[f"{backend}_dgram{size}"] = (res["moqt"], params)
                 if want_http:
                     got["http"] = (res["http"], {"layers": layers, "layer_bytes": layer_bytes,
@@ -203,9 +215,11 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
         figures.append(Figure(f"kv_{path}_rate", "MB/s", block / whole / 1e6,
                               "tcp_copy", block / tcp[0] / 1e6, params=params))
     for path, timings in par.items():
-        params = dict(got[path][1])
+        params = {**got[path][1], "holders": holders,
+                  "holder": "own process" if holders == 1 else f"{holders} processes"}
+        suffix = "" if holders == 1 else f"_h{holders}"
         for (n, kind), (first, whole, median) in timings.items():
-            name = f"kv_{path}_par{n}_{kind}"
+            name = f"kv_{path}_par{n}_{kind}{suffix}"
             p = {**params, "parallel": n, "workers": kind, "median_block_ms": median * 1e3,
                  "sink": "torch-cpu-shared" if kind == "processes" else "torch-cpu"}
             base = timings[(1, kind)]
@@ -215,6 +229,6 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                                   "tcp_copy", block / tcp[0] / 1e6, params=p))
             # Same kind, same run, N = 1: the speed-up from splitting (ratio > 1 helps).
             figures.append(Figure(f"{name}_vs_par1", "MB/s", block / whole / 1e6,
-                                  f"kv_{path}_par1_{kind}_rate", block / base[1] / 1e6,
+                                  f"kv_{path}_par1_{kind}{suffix}_rate", block / base[1] / 1e6,
                                   params={**p, "baseline_median_block_ms": base[2] * 1e3}))
     return figures

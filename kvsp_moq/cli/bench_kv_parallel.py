@@ -7,6 +7,10 @@ One set of workers of each kind, as large as the largest N, is started and conne
 the clock (``warm``); a load with N uses the first N. The N values are measured round-robin
 (warm-up round first), so drift on a shared machine hits every N alike; per N the best and
 the median of ``repeat`` runs are kept.
+
+With several replicas (``--holders H``: H holder processes serving the same block, as a
+block replicated on H holders, or one holder host running H serving processes), range i is
+read from replica i mod H, so the sending side scales with cores as the receiving side does.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ KINDS: tuple[WorkerKind, ...] = ("connections", "processes")
 ParallelTiming = tuple[float, float, float]
 
 
-async def timed_parallel_load(record: ReplicaRecord, geo: Geometry, tokens: int,
+async def timed_parallel_load(records: Sequence[ReplicaRecord], geo: Geometry, tokens: int,
                               workers: LoadWorkers, parallel: int) -> tuple[float, float]:
-    """One verified load of ``record``'s block in ``parallel`` ranges; (first layer s, block s)."""
-    sink = sink_for_record(record, geo, tokens, backend="torch",
+    """One verified load of the block in ``parallel`` ranges from the replicas ``records``
+    (range i from replica i mod len first: ``bridge.parallel.rotated``); (first layer s,
+    block s)."""
+    sink = sink_for_record(records[0], geo, tokens, backend="torch",
                            shared_memory=workers.kind == "processes")
-    load = ParallelLoad(sink, [Source.from_record(record)], workers, parallel=parallel,
-                        timeout=600.0)
+    load = ParallelLoad(sink, [Source.from_record(r) for r in records], workers,
+                        parallel=parallel, timeout=600.0)
     start = time.perf_counter()
     first: list[float] = []
 
@@ -53,7 +59,7 @@ async def timed_parallel_load(record: ReplicaRecord, geo: Geometry, tokens: int,
     return first[0] - start, end - start
 
 
-async def measure_parallel(record: ReplicaRecord, geo: Geometry, tokens: int,
+async def measure_parallel(records: Sequence[ReplicaRecord], geo: Geometry, tokens: int,
                            config: TransportConfig, parallel: Sequence[int],
                            kinds: Sequence[WorkerKind], repeat: int
                            ) -> dict[tuple[int, WorkerKind], ParallelTiming]:
@@ -65,11 +71,11 @@ async def measure_parallel(record: ReplicaRecord, geo: Geometry, tokens: int,
                                 else ProcessWorkers(top, config, connect_timeout=30.0))
         try:
             await workers.start()
-            await workers.warm([record.holder])
+            await workers.warm([r.holder for r in records])
             runs: dict[int, list[tuple[float, float]]] = {n: [] for n in parallel}
             for round_ in range(repeat + 1):
                 for n in parallel:
-                    timing = await timed_parallel_load(record, geo, tokens, workers, n)
+                    timing = await timed_parallel_load(records, geo, tokens, workers, n)
                     if round_:  # round 0 warms every N up
                         runs[n].append(timing)
             for n, timings in runs.items():
