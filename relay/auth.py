@@ -171,7 +171,7 @@ def _prefixes(values: object, key: str) -> tuple[Namespace, ...]:
     out = []
     for i, v in enumerate(values):
         try:
-            out.append(parse_namespace(v))  # type: ignore[arg-type]
+            out.append(parse_namespace(v))
         except ValueError as exc:
             raise _err(f"{key}[{i}]", str(exc)) from None
     return tuple(out)

@@ -270,7 +270,7 @@ class Fanout:
             if t == DEFAULT_PUBLISHER_PRIORITY and isinstance(v, int):
                 self.default_priority = v
             elif t == DEFAULT_PUBLISHER_GROUP_ORDER and v in (1, 2):
-                self.default_group_order = v  # type: ignore[assignment]
+                self.default_group_order = v
 
     def add(self, sub: Subscriber) -> None:
         self.subscribers.append(sub)

@@ -45,8 +45,9 @@ EVENTS = logging.getLogger("relay.events")
 _STD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
-def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
-    """Log event ``name`` with ``fields`` (cheap when the level is disabled)."""
+def event(name: str, level: int = logging.INFO, /, **fields: Any) -> None:
+    """Log event ``name`` with ``fields`` (cheap when the level is disabled). ``name`` and
+    ``level`` are positional only, so a field may be called ``name`` or ``level``."""
     if EVENTS.isEnabledFor(level):
         EVENTS.log(level, name, extra={"event": name, "fields": fields})
 

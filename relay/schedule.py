@@ -87,10 +87,10 @@ class LazyHeap(Generic[T, K]):
             return
         seq = next(self._seq)
         self._live[item] = (key, seq)
-        heapq.heappush(self._heap, (key, seq, item))  # type: ignore[misc]
+        heapq.heappush(self._heap, (key, seq, item))
         if len(self._heap) > 2 * len(self._live) + 64:
             self._heap = [(k, s, i) for i, (k, s) in self._live.items()]
-            heapq.heapify(self._heap)  # type: ignore[misc]
+            heapq.heapify(self._heap)
 
     def _top(self) -> tuple[K, int, T] | None:
         heap, live = self._heap, self._live
@@ -99,7 +99,7 @@ class LazyHeap(Generic[T, K]):
             cur = live.get(item)
             if cur is not None and cur[1] == seq:
                 return heap[0]
-            heapq.heappop(heap)  # type: ignore[misc]
+            heapq.heappop(heap)
         return None
 
     def peek(self) -> T | None:
@@ -113,7 +113,7 @@ class LazyHeap(Generic[T, K]):
     def pop(self) -> T | None:
         item = self.peek()
         if item is not None:
-            heapq.heappop(self._heap)  # type: ignore[misc]
+            heapq.heappop(self._heap)
             del self._live[item]
         return item
 

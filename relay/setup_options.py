@@ -30,9 +30,11 @@ def amend_setup(actions: Sequence[Action], version: Version, *,
         if not isinstance(a, SendStream):
             continue
         decoded = decode_message(version, a.data)
-        if decoded is None or not isinstance(decoded[0], Setup):
+        if decoded is None:
             continue
         setup, used = decoded
+        if not isinstance(setup, Setup):
+            continue
         setup = replace(setup, authorization_tokens=tuple(setup.authorization_tokens) + tuple(tokens),
                         max_auth_token_cache_size=(max_auth_token_cache_size
                                                    if max_auth_token_cache_size is not None

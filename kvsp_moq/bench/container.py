@@ -56,7 +56,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, repeat: int = 5) -> list[F
     if whole() != incremental():
         raise AssertionError("whole and incremental decoding disagree")
     base = size / best_seconds(lambda: hashlib.sha256(data).digest(), repeat) / 1e9
-    params = {"layers": layers, "layer_bytes": layer_bytes, "container_bytes": size}
+    params: dict[str, object] = {"layers": layers, "layer_bytes": layer_bytes, "container_bytes": size}
     return [
         Figure("container_decode_digest", "GB/s", size / best_seconds(whole, repeat) / 1e9,
                "hashlib_sha256", base, params=params),

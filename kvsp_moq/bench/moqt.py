@@ -64,14 +64,15 @@ async def _moqt_once(data: bytes, object_size: int, datagram_size: int) -> tuple
     cert = make_self_signed()
     catalog = Catalog()
     track = catalog.add(TrackPublisher(_NS, "block", keep=False))
-    common = {"max_datagram_size": datagram_size, "use_uvloop": True}
     server = await serve("127.0.0.1", 0, TransportConfig(
-        certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem, **common), catalog=catalog)
+        certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem,
+        max_datagram_size=datagram_size, use_uvloop=True), catalog=catalog)
     buf = bytearray(len(data))
     view = memoryview(buf)
     try:
         client = await connect(f"moqt://127.0.0.1:{server.port}/bench",
-                               TransportConfig(insecure=True, **common))
+                               TransportConfig(insecure=True, max_datagram_size=datagram_size,
+                                               use_uvloop=True))
         sub = await client.subscribe(_NS, "block",
                                      on_object_begin=lambda info: view[info.object_id * object_size:
                                                                        (info.object_id + 1) * object_size])
@@ -113,7 +114,8 @@ def run(block_bytes: int = 32 << 20, object_size: int = 1 << 20,
         for size in datagram_sizes:
             runs = [loop.run_until_complete(_moqt_once(data, object_size, size)) for _ in range(repeat)]
             elapsed, first = min(runs, key=lambda r: r[0])
-            params = {"block_bytes": block_bytes, "object_size": object_size, "max_datagram_size": size}
+            params: dict[str, object] = {"block_bytes": block_bytes, "object_size": object_size,
+                                         "max_datagram_size": size}
             figures.append(Figure(f"moqt_block_dgram{size}", "MB/s", block_bytes / elapsed / 1e6,
                                   "tcp_copy", tcp_mbps, params=params))
             figures.append(Figure(f"moqt_first_object_dgram{size}", "ms", first * 1e3,

@@ -62,7 +62,7 @@ class _RelayProcess:
 
 
 def _into(view: memoryview, object_size: int) -> Callable[[ObjectBegin], memoryview]:
-    """``on_object_begin``: object ``i`` lands in ``view[i * object_size:(i + 1) * object_size]``."""
+    """An ``on_object_begin``: object ``i`` lands in ``view[i * object_size:][:object_size]``."""
     return lambda info: view[info.object_id * object_size:(info.object_id + 1) * object_size]
 
 

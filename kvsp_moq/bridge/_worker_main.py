@@ -109,11 +109,11 @@ class _Worker:
             job, spec = msg[1], msg[2]
             task = asyncio.ensure_future(self._run(job, spec))
             self.jobs[job] = task
-            task.add_done_callback(lambda _t, job=job: self.jobs.pop(job, None))
+            task.add_done_callback(lambda _t: self.jobs.pop(job, None))
         elif kind == "cancel":
-            task = self.jobs.get(msg[1])
-            if task is not None:
-                task.cancel()
+            running = self.jobs.get(msg[1])
+            if running is not None:
+                running.cancel()
         elif kind == "warm":
             other = asyncio.ensure_future(self._warm(msg[1], msg[2]))
             self.others.add(other)

@@ -220,15 +220,16 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
         suffix = "" if holders == 1 else f"_h{holders}"
         for (n, kind), (first, whole, median) in timings.items():
             name = f"kv_{path}_par{n}_{kind}{suffix}"
-            p = {**params, "parallel": n, "workers": kind, "median_block_ms": median * 1e3,
-                 "sink": "torch-cpu-shared" if kind == "processes" else "torch-cpu"}
+            run_params = {**params, "parallel": n, "workers": kind,
+                          "median_block_ms": median * 1e3,
+                          "sink": "torch-cpu-shared" if kind == "processes" else "torch-cpu"}
             base = timings[(1, kind)]
             figures.append(Figure(f"{name}_first_layer", "ms", first * 1e3,
-                                  "tcp_first_layer", tcp[1] * 1e3, params=p))
+                                  "tcp_first_layer", tcp[1] * 1e3, params=run_params))
             figures.append(Figure(f"{name}_rate", "MB/s", block / whole / 1e6,
-                                  "tcp_copy", block / tcp[0] / 1e6, params=p))
+                                  "tcp_copy", block / tcp[0] / 1e6, params=run_params))
             # Same kind, same run, N = 1: the speed-up from splitting (ratio > 1 helps).
             figures.append(Figure(f"{name}_vs_par1", "MB/s", block / whole / 1e6,
                                   f"kv_{path}_par1_{kind}{suffix}_rate", block / base[1] / 1e6,
-                                  params={**p, "baseline_median_block_ms": base[2] * 1e3}))
+                                  params={**run_params, "baseline_median_block_ms": base[2] * 1e3}))
     return figures

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import io
 import json
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -132,9 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     loop = new_event_loop(use_uvloop=True)
     stop: asyncio.Future[None] = loop.create_future()
     fd = sys.stdin.fileno()
+    # typeshed types TextIO.buffer as BinaryIO, which has no read1; stdin's is a BufferedReader.
+    stdin = cast(io.BufferedReader, sys.stdin.buffer)
 
     def stdin_readable() -> None:  # serve until the parent closes our stdin (or dies)
-        if not sys.stdin.buffer.read1(1 << 16):
+        if not stdin.read1(1 << 16):
             loop.remove_reader(fd)
             if not stop.done():
                 stop.set_result(None)

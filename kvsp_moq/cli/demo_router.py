@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..control.http import HttpFrontEndClient, HttpIndexClient
-from ..control.frontend import StreamEnd
+from ..control.frontend import StreamEnd, StreamFailed
 from ..control.session_records import ClientSessionRequest
 from ..kvsp.blockkeys import BlockKeyChain
 from ..kvsp.records import LookupRequest, Sampler
@@ -102,6 +102,9 @@ class SessionClient:
             if isinstance(item, StreamEnd):
                 end = item.end
                 break
+            if isinstance(item, StreamFailed):
+                raise SessionFailed(f"session {session.session}: the PC gave it up after "
+                                    f"{item.next} tokens: {item.reason}")
             if first_ms is None:
                 first_ms = (time.perf_counter() - started) * 1e3
             if item.index != len(tokens):

@@ -14,7 +14,7 @@ import hashlib
 import signal
 import sys
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 
 from ..moqt.version import Version
 from ..pubsub import Catalog, MoqtError, ReceivedObject, Session, TrackPublisher, connect, serve
@@ -161,7 +161,8 @@ async def _publish(args: argparse.Namespace) -> int:
         await session.close()
 
 
-def _runner(coro_fn):  # type: ignore[no-untyped-def]
+def _runner(coro_fn: Callable[[argparse.Namespace], Coroutine[object, object, int]]
+            ) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         try:
             return int(run(coro_fn(args)))

@@ -310,7 +310,7 @@ class InferenceEngine:
         for block in plan.blocks:  # loaded on demand: kept here like a prefetched block (§6.5)
             if block.source in (MOQT, HTTP):
                 layers = [tuple(t.detach().to("cpu").contiguous() for t in block.layer(l)) for l in range(self.bundle.layers)]
-                await self.publisher.keep(block.key, layers, self.bundle.block_tokens)  # type: ignore[arg-type]
+                await self.publisher.keep(block.key, layers, self.bundle.block_tokens)
         for offset, container in enumerate(containers):
             done.update(await self.publisher.publish(keys[first + offset], container))
         return done

@@ -288,7 +288,8 @@ class ModelSessionEngine:
             result = await self._call(model.prefill, ids, cache)
             cache, logits, position = result.cache, result.logits[-1], prompt_end
         if cache is None:
-            cache = await self._call(model.new_cache, context.length + 64)
+            fresh: KVCache = await self._call(model.new_cache, context.length + 64)  # the model is Any
+            cache = fresh
         # The generated tokens after that: one decode step each (bit for bit the failed
         # instance's computation), the last one giving the logits of the next token.
         while position < context.length:
@@ -344,7 +345,7 @@ class ModelSessionEngine:
             if block.source in (MOQT, HTTP):
                 layers = [tuple(t.detach().to("cpu").contiguous() for t in block.layer(l))
                           for l in range(engine.bundle.layers)]
-                await engine.publisher.keep(block.key, layers, engine.bundle.block_tokens)  # type: ignore[arg-type]
+                await engine.publisher.keep(block.key, layers, engine.bundle.block_tokens)
 
     async def _publish(self, engine: InferenceEngine, context: _Context, cache: KVCache, index: int) -> None:
         """Encode block ``index`` of the context (KVB1, raw) and publish it (store + IS, HTTP

@@ -88,7 +88,8 @@ class ModelConfig:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ModelConfig:
+    def from_json(cls, data: object) -> ModelConfig:
+        """From parsed JSON (any value: not an object is a :class:`ModelError`)."""
         if not isinstance(data, Mapping):
             raise ModelError("config must be a JSON object")
         known = {f.name for f in fields(cls)}

@@ -167,6 +167,11 @@ class _UniIn:
     pending_end: bool = False
 
 
+def _kvps(pairs: Sequence[tuple[int, int | bytes]]) -> tuple[KeyValuePair, ...]:
+    """Track Properties as the message fields hold them."""
+    return tuple(KeyValuePair(*kv) for kv in pairs)
+
+
 def _stream_id(index: int, is_client: bool, uni: bool) -> int:
     return (index << 2) | (0 if is_client else 1) | (2 if uni else 0)
 
@@ -741,7 +746,8 @@ class Session:
         self._by_stream[stream_id] = req
         if msg.TYPE in (FETCH_TYPE, SUBSCRIBE_TYPE):
             self._fetch_routes.add(rid)
-        order = getattr(msg.parameters, "group_order", None) if msg.TYPE == FETCH_TYPE else None
+        order = (msg.parameters.group_order
+                 if isinstance(msg, Fetch | StandaloneFetch | JoiningFetch) else None)
         if order is not None:
             self._fetch_orders[rid] = GroupOrder(order)
         self._send(stream_id, data)
@@ -751,8 +757,8 @@ class Session:
                   parameters: MessageParameters = MessageParameters()) -> int:
         return self._request(lambda rid: Subscribe(rid, tuple(namespace), name, parameters))
 
-    def fetch(self, namespace: Sequence[bytes], name: bytes, start: Location,
-              end: Location | None = None, *,
+    def fetch(self, namespace: Sequence[bytes], name: bytes, start: tuple[int, int],
+              end: tuple[int, int] | None = None, *,
               parameters: MessageParameters = MessageParameters()) -> int:
         """FETCH objects ``start`` .. ``end`` inclusive (``end`` None: to the largest
         object; ``end.object`` None-like whole group is not expressible here)."""
@@ -812,7 +818,7 @@ class Session:
                 parameters: MessageParameters = MessageParameters(),
                 track_properties: Sequence[tuple[int, int | bytes]] = ()) -> int:
         return self._request(lambda rid: Publish(rid, tuple(namespace), name, track_alias,
-                                                 parameters, tuple(track_properties)))
+                                                 parameters, _kvps(track_properties)))
 
     def request_update(self, request_id: int, parameters: MessageParameters) -> int:
         """REQUEST_UPDATE on the stream of ``request_id``; returns the update's own ID."""
@@ -866,18 +872,19 @@ class Session:
                          parameters: MessageParameters = MessageParameters(),
                          track_properties: Sequence[tuple[int, int | bytes]] = ()) -> None:
         self._req(request_id).track_alias = track_alias
-        self._respond(request_id, SubscribeOk(track_alias, parameters, tuple(track_properties)))
+        self._respond(request_id, SubscribeOk(track_alias, parameters, _kvps(track_properties)))
 
-    def accept_fetch(self, request_id: int, end_location: Location, *, end_of_track: bool = False,
+    def accept_fetch(self, request_id: int, end_location: tuple[int, int], *,
+                     end_of_track: bool = False,
                      track_properties: Sequence[tuple[int, int | bytes]] = ()) -> None:
         self._respond(request_id, FetchOk(end_of_track, Location(*end_location),
-                                          MessageParameters(), tuple(track_properties)))
+                                          MessageParameters(), _kvps(track_properties)))
 
     def request_ok(self, request_id: int, parameters: MessageParameters = MessageParameters(),
                    track_properties: Sequence[tuple[int, int | bytes]] = (), *,
                    end: bool = False) -> None:
         """REQUEST_OK (PUBLISH_NAMESPACE_OK, TRACK_STATUS_OK, PUBLISH_OK, REQUEST_UPDATE_OK...)."""
-        self._respond(request_id, RequestOk(parameters, tuple(track_properties)), end=end)
+        self._respond(request_id, RequestOk(parameters, _kvps(track_properties)), end=end)
 
     def reject(self, request_id: int, error_code: int, reason: str = "", *,
                retry_interval: int = 0, end: bool = True) -> None:

@@ -245,7 +245,7 @@ class TrackPublisher:
                     continue
                 version = sub.session.version
                 data = encode_datagram(ObjectDatagram(
-                    sub.track_alias, group, object_id, prio, payload=payload,
+                    sub.track_alias, group, object_id, prio, payload=memoryview(payload),
                     end_of_group=end_of_group,
                     raw_properties=encode_kvps(props, seven_byte=version.vi64_seven_byte)
                     if props else b""), version)

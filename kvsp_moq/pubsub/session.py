@@ -48,6 +48,7 @@ from ..moqt.session_events import SendStream
 from ..moqt.version import Version
 from ..transport import (
     Connection,
+    Server,
     TransportConfig,
     TransportError,
     parse_moqt_url,
@@ -58,7 +59,13 @@ from .driver import SessionDriver, apply_action
 from .errors import ErrorKind, MoqtError, SessionClosedError
 from .window import subscription_window
 from .publish import Catalog, TrackPublisher, _Outgoing, _name, normalize_namespace
-from .receive import FetchStream, ObjectStream, Subscription
+from .receive import (
+    FetchStream,
+    ObjectBeginCallback,
+    ObjectProgressCallback,
+    ObjectStream,
+    Subscription,
+)
 from .serve_updates import answer_update
 
 __all__ = ["MoqtServer", "RequestGate", "Session", "connect", "serve", "token_values"]
@@ -267,7 +274,7 @@ class Session(SessionDriver):
             self._aliases += 1
             params = MessageParameters()
             if track.largest is not None:
-                params = MessageParameters(largest_object=track.largest)
+                params = MessageParameters(largest_object=Location(*track.largest))
             moqt.accept_subscribe(rid, alias, params, track.response_properties())
             self._serving[rid] = track
             if track.finished:
@@ -294,7 +301,7 @@ class Session(SessionDriver):
             if track is None:
                 moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
             else:
-                params = (MessageParameters(largest_object=track.largest)
+                params = (MessageParameters(largest_object=Location(*track.largest))
                           if track.largest is not None else MessageParameters())
                 moqt.request_ok(rid, params, track.response_properties(), end=True)
         elif isinstance(msg, Publish) and self.accept_publish:
@@ -561,16 +568,16 @@ class Session(SessionDriver):
 
     async def subscribe(self, namespace: NamespaceLike, name: str | bytes, *,
                         parameters: MessageParameters = MessageParameters(),
-                        on_object_begin: Callable[..., object] | None = None,
-                        on_object_progress: Callable[..., object] | None = None
+                        on_object_begin: ObjectBeginCallback | None = None,
+                        on_object_progress: ObjectProgressCallback | None = None
                         ) -> Subscription:
         """SUBSCRIBE; returns the :class:`Subscription` once SUBSCRIBE_OK arrived."""
         ns = normalize_namespace(namespace)
 
         def make(rid: int) -> ObjectStream:
             s = Subscription(self, rid)
-            s.on_object_begin = on_object_begin  # type: ignore[assignment]
-            s.on_object_progress = on_object_progress  # type: ignore[assignment]
+            s.on_object_begin = on_object_begin
+            s.on_object_progress = on_object_progress
             return s
 
         _, _, sub = await self._request(lambda m: m.subscribe(ns, _name(name), parameters), make)
@@ -582,8 +589,8 @@ class Session(SessionDriver):
                     group_order: GroupOrder | None = None,
                     subscriber_priority: int | None = None,
                     parameters: MessageParameters = MessageParameters(),
-                    on_object_begin: Callable[..., object] | None = None,
-                    on_object_progress: Callable[..., object] | None = None) -> FetchStream:
+                    on_object_begin: ObjectBeginCallback | None = None,
+                    on_object_progress: ObjectProgressCallback | None = None) -> FetchStream:
         """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object), groups
         in ``group_order`` (None: the publisher's, ascending here), at
         ``subscriber_priority`` (§"SUBSCRIBER PRIORITY": relative to the session's other
@@ -598,8 +605,8 @@ class Session(SessionDriver):
 
         def make(rid: int) -> ObjectStream:
             s = FetchStream(self, rid)
-            s.on_object_begin = on_object_begin  # type: ignore[assignment]
-            s.on_object_progress = on_object_progress  # type: ignore[assignment]
+            s.on_object_begin = on_object_begin
+            s.on_object_progress = on_object_progress
             return s
 
         _, _, f = await self._request(
@@ -610,7 +617,7 @@ class Session(SessionDriver):
     async def joining_fetch(self, subscription: Subscription, joining_start: int, *,
                             absolute: bool = False,
                             parameters: MessageParameters = MessageParameters(),
-                            on_object_begin: Callable[..., object] | None = None
+                            on_object_begin: ObjectBeginCallback | None = None
                             ) -> FetchStream:
         """Draft-18 Joining FETCH (§"Joining Fetches") of ``subscription``: the objects
         before its Joining Location, from ``joining_start`` groups back (Relative) or from
@@ -619,7 +626,7 @@ class Session(SessionDriver):
 
         def make(rid: int) -> ObjectStream:
             s = FetchStream(self, rid)
-            s.on_object_begin = on_object_begin  # type: ignore[assignment]
+            s.on_object_begin = on_object_begin
             return s
 
         _, _, f = await self._request(lambda m: m.joining_fetch(
@@ -797,18 +804,24 @@ class MoqtServer:
     """A listening MOQT endpoint (wraps the transport server)."""
 
     def __init__(self) -> None:
-        self.server = None  # type: ignore[var-annotated]
+        #: The transport server; set by :func:`serve` once it listens.
+        self.server: Server | None = None
         self.sessions: set[Session] = set()
+
+    def _listening(self) -> Server:
+        if self.server is None:
+            raise RuntimeError("the MOQT server is not listening yet")
+        return self.server
 
     @property
     def port(self) -> int:
-        return self.server.port  # type: ignore[union-attr]
+        return self._listening().port
 
     def close(self) -> None:
-        self.server.close()  # type: ignore[union-attr]
+        self._listening().close()
 
     async def wait_closed(self) -> None:
-        await self.server.wait_closed()  # type: ignore[union-attr]
+        await self._listening().wait_closed()
 
     async def __aenter__(self) -> MoqtServer:
         return self
@@ -845,6 +858,6 @@ async def serve(host: str, port: int, config: TransportConfig, *,
         s.ready.add_done_callback(on_ready)
         return s
 
-    srv.server = await transport_serve(host, port, factory, config)  # type: ignore[assignment]
+    srv.server = await transport_serve(host, port, factory, config)
     return srv
 

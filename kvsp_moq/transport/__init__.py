@@ -90,7 +90,7 @@ def load_backend(name: str) -> Backend:
         raise ValueError(f"unknown transport backend {name!r}; known: {BACKENDS}")
     module, package = _MODULES[name]
     try:
-        return importlib.import_module(f"{__name__}.{module}")  # type: ignore[return-value]
+        return importlib.import_module(f"{__name__}.{module}")
     except ImportError as exc:
         if exc.name is not None and exc.name.split(".")[0] != package:
             raise  # a bug of ours, not a missing package

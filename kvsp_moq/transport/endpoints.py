@@ -136,7 +136,7 @@ class EngineServer(Server):
         sock = _bound_socket(family, addr, self._config)
         owner = self
 
-        class _Demux(self._library.QuicServer):  # type: ignore[name-defined,misc]
+        class _Demux(self._library.QuicServer):  # type: ignore[name-defined]
             def connection_lost(self, exc: Exception | None) -> None:
                 owner._socket_gone.set()
 

@@ -132,7 +132,7 @@ class EngineProtocol(asyncio.DatagramProtocol):
         self._quic.connect(addr, now=self._clock())
         self.transmit()
 
-    def datagram_received(self, data: bytes, addr: Any) -> None:  # type: ignore[override]
+    def datagram_received(self, data: bytes, addr: Any) -> None:
         self._conn._peer = addr
         self._quic.receive_datagram(data, addr, now=self._clock())
         self._process_events()
