@@ -59,8 +59,12 @@ def check_device(device: str) -> str:
     """The sink's name in the figures' params for the torch ``device`` ("cpu", "cuda[:i]");
     UsageError for another device or for CUDA where torch has none."""
     from ..sinks._torch import import_torch
+    from ..sinks.errors import SinkError
 
-    torch = import_torch()
+    try:
+        torch = import_torch()
+    except SinkError as exc:
+        raise UsageError(f"bench kv loads into torch buffers: {exc}") from None
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
