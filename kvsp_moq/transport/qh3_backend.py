@@ -22,10 +22,28 @@ sources), and what this module does:
   :class:`_ClientConnection` announces 65527 instead (see there).
 * A client given ``max_datagram_frame_size=None`` still advertises 65536; to turn DATAGRAM
   off (``TransportConfig.datagrams=False``) it is given 0.
-* A qh3 server answering an aioquic client's first flight may fail to build a packet
-  ("packet builder capacity exhausted", seen during the handshake under the 3x
-  anti-amplification limit of RFC 9000 §8.1); the error is logged at debug level and the
-  next transmission goes ahead (the handshake completes).
+* Two qh3 faults (2.1.0) made a qh3 *server* slow or stuck with aioquic clients; both are
+  worked around here (docs/transport.md, "qh3 server and aioquic clients"):
+
+  - Anti-amplification credit (RFC 9000 §8.1). qh3's Python layer feeds a datagram to the
+    core one packet at a time, and the core credits only the bytes of each slice it
+    authenticates, so bytes after the last packet are never counted. aioquic (1.x) pads a
+    client's Initial datagram to 1200 bytes with zero bytes *after* the packet (a ~530-byte
+    Initial + ~670 bytes of padding), so the server may send 3 x 530 instead of 3 x 1200
+    bytes: its padded 1200-byte Initial leaves no room for the certificate, and the core
+    fails every ``poll_transmit`` ("packet builder capacity exhausted") until the client's
+    PTO. :class:`_ServerConnection` hands trailing zero padding to the core with the packet
+    before it, so the whole datagram is credited.
+  - Lost datagrams. ``datagrams_to_send`` calls the core until it has nothing more; when a
+    call fails, the datagrams already built in that round (which the core counts as sent)
+    were dropped with the exception — here the server's ServerHello, so the handshake only
+    went on after retransmission timers (~0.2-1.4 s, sometimes past a 10 s timeout).
+    :class:`_Qh3Connection.datagrams_to_send` returns what was built and leaves the error
+    to the next call.
+
+  A qh3 server's connections are made by qh3's ``QuicServer``, which names qh3's own
+  class; :class:`_Server` turns each into a :class:`_ServerConnection` before its first
+  datagram.
 * A client's receive bursts go to ``receive_many_datagrams`` in one call.
 * On STOP_SENDING the core is asked to reset the send side with the same code unless it can
   no longer send on it (RFC 9000 §3.5).
@@ -33,6 +51,8 @@ sources), and what this module does:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from qh3._hazmat import Buffer
@@ -49,7 +69,86 @@ from .library import QuicLibrary
 __all__ = ["LIBRARY", "Qh3Library", "connect", "serve"]
 
 
-class _ClientConnection(QuicConnection):
+logger = logging.getLogger(__name__)
+
+
+class _Qh3Connection(QuicConnection):
+    """qh3's connection, keeping the datagrams a failed transmission round already built."""
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
+        # qh3's own loop, except that an error of the core after some datagrams were built
+        # returns those (the core has counted them as sent: dropping them loses packets,
+        # here a server's first flight) and leaves the error to the next call.
+        core = self._core
+        if core is None:
+            return []
+        datagrams: list[tuple[bytes, Any]] = []
+        while True:
+            try:
+                transmit = self._call_core(core.poll_transmit, now)
+            except QuicConnectionError as exc:
+                if not datagrams:
+                    raise
+                logger.debug("qh3 transmission stopped after %d datagrams: %s",
+                             len(datagrams), exc)
+                break
+            if transmit is None:
+                break
+            self._log_datagram("datagrams_sent", transmit[0])
+            self._log_packets("packet_sent", transmit[0])
+            datagrams.append((transmit[0], transmit[1]))
+        return datagrams
+
+
+class _ServerConnection(_Qh3Connection):
+    """qh3's server connection, credited for a datagram's trailing padding.
+
+    Before the client's address is validated a server may send three times what it received
+    (RFC 9000 §8.1), padding included. qh3 hands the core one packet of a datagram at a
+    time (``receive_datagram``), and the core credits what it authenticates, so zero bytes
+    after the last packet — how aioquic pads its Initial datagrams — earn nothing. While the
+    handshake is in progress, the packet before such padding is handed over with it (the
+    core reads the packet and drops the rest, crediting all of it)."""
+
+    _rx_datagram: bytes | None = None
+    _rx_offset = 0
+
+    def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
+        if self._handshake_complete:
+            super().receive_datagram(data, addr, now)
+            return
+        self._rx_datagram, self._rx_offset = data, 0
+        try:
+            super().receive_datagram(data, addr, now)
+        finally:
+            self._rx_datagram = None
+
+    def _call_core(self, operation: Callable[..., Any], *args: Any) -> Any:
+        datagram = self._rx_datagram
+        if datagram is not None and self._core is not None \
+                and operation == self._core.receive_datagram:
+            # qh3 passes the datagram's packets in order: (packet, addr, now, size).
+            start = self._rx_offset
+            end = start + len(args[0])
+            self._rx_offset = end
+            if start < end < len(datagram) and not datagram[end:].strip(b"\x00"):
+                args = (datagram[start:], *args[1:])
+        return super()._call_core(operation, *args)
+
+
+class _Server(QuicServer):
+    """qh3's server demultiplexer, making :class:`_ServerConnection` connections."""
+
+    def __init__(self, *, create_protocol: Callable[..., Any], **kwargs: Any) -> None:
+        def create(quic: QuicConnection, **kw: Any) -> Any:
+            if type(quic) is QuicConnection:
+                quic.__class__ = _ServerConnection  # before its first datagram
+            return create_protocol(quic, **kw)
+
+        super().__init__(create_protocol=create, **kwargs)
+
+
+class _ClientConnection(_Qh3Connection):
     """qh3's client connection, advertising that it receives UDP payloads of any size.
 
     A qh3 client announces max_udp_payload_size 1472 (RFC 9000 §18.2), so a server may not
@@ -73,7 +172,7 @@ class Qh3Library(QuicLibrary):
     name = "qh3"
     QuicConnection = _ClientConnection  # the engine creates client connections only
     QuicConfiguration = QuicConfiguration
-    QuicServer = QuicServer
+    QuicServer = _Server
     events = events
     load_pem_private_key = staticmethod(load_pem_private_key)
     load_pem_x509_certificates = staticmethod(load_pem_x509_certificates)
