@@ -12,7 +12,11 @@ for a protocol object above it (the sans-IO MOQT session) and knows nothing of w
 * :mod:`.engine` — the one implementation of the interface on a sans-IO QUIC connection
   with aioquic's API, parametrized by a :class:`~.engine.QuicLibrary`.
 * :mod:`.udp` — batched UDP I/O under it (GSO on send, GRO and bursts on receive).
+* :mod:`.connection_core`, :mod:`.server_core` — what every backend's ``Connection`` and
+  ``Server`` share (handler calls, close bookkeeping, waiters, the server's close sequence).
 * :mod:`.aioquic_backend`, :mod:`.qh3_backend` — the two libraries (imported on first use).
+* :mod:`.aiopquic_backend` — picoquic through aiopquic (Python >= 3.12): not sans-IO, so it
+  implements the interface on aiopquic's own asyncio API instead of the engine.
 
 ``connect`` and ``serve`` pick the backend named by ``config.backend`` (default
 ``$KVSP_QUIC_BACKEND`` or ``"aioquic"``). See docs/transport.md.
@@ -79,7 +83,8 @@ __all__ = [
 
 
 #: backend name -> (our module, the package it needs)
-_MODULES = {"aioquic": ("aioquic_backend", "aioquic"), "qh3": ("qh3_backend", "qh3")}
+_MODULES = {"aioquic": ("aioquic_backend", "aioquic"), "qh3": ("qh3_backend", "qh3"),
+            "aiopquic": ("aiopquic_backend", "aiopquic")}
 
 
 def load_backend(name: str) -> Backend:

@@ -10,7 +10,9 @@ rejects what it cannot honour with a ``ValueError`` when a connection or server 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +35,24 @@ MAX_UDP_PAYLOAD = 65527
 #: Backends that ``connect``/``serve`` know. ``aioquic`` is a dependency; ``qh3`` is the
 #: optional extra ``kvsp-moq[qh3]`` (aioquic's API over a Rust QUIC core).
 BACKENDS: tuple[str, ...] = ("aioquic", "qh3")
+
+
+def _aiopquic_importable() -> bool:
+    """Whether the ``aiopquic`` package (picoquic through Cython; wheels for CPython >= 3.12
+    only) can be imported here, found without importing it."""
+    if sys.version_info < (3, 12):
+        return False
+    try:
+        return importlib.util.find_spec("aiopquic") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: ``aiopquic`` (the extra ``kvsp-moq[aiopquic]``, Python >= 3.12) is a backend only where it
+#: can be imported: it runs picoquic in its own network thread, behind its own asyncio API.
+if _aiopquic_importable():
+    BACKENDS += ("aiopquic",)
+
 #: Environment variable naming the default backend when ``TransportConfig.backend`` is not
 #: given (unset or empty: ``"aioquic"``).
 BACKEND_ENV = "KVSP_QUIC_BACKEND"
@@ -46,7 +66,8 @@ PathLike = str | os.PathLike[str]
 class TransportConfig:
     """How to set up QUIC connections. One instance may serve many connections."""
 
-    #: QUIC library behind the interface: ``"aioquic"`` or ``"qh3"`` (see :data:`BACKENDS`).
+    #: QUIC library behind the interface: ``"aioquic"``, ``"qh3"`` or, on Python >= 3.12 with
+    #: aiopquic installed, ``"aiopquic"`` (see :data:`BACKENDS`).
     #: Default: ``$KVSP_QUIC_BACKEND`` if set, else ``"aioquic"``. The single switch: the
     #: CLI and benchmarks set this field. A backend whose package is missing fails in
     #: ``connect``/``serve`` with :class:`~kvsp_moq.transport.api.BackendUnavailableError`.
@@ -141,11 +162,17 @@ class TransportConfig:
 
     extra: dict[str, object] = field(default_factory=dict)
     """Backend-specific options, passed through untouched. aioquic reads none; qh3 reads
-    ``probe_datagram_size`` (bool, default False: its path-MTU discovery, client only)."""
+    ``probe_datagram_size`` (bool, default False: its path-MTU discovery, client only);
+    aiopquic reads ``pmtud`` (``"basic"``, ``"delayed"`` or ``"blocked"``: picoquic's path-MTU
+    discovery, which sets its packet size) and ``stream_ring_cap`` (bytes of one stream's
+    send ring, default 1 MiB); see docs/transport.md "aiopquic"."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"unknown transport backend {self.backend!r}; known: {BACKENDS}")
+            hint = ("; 'aiopquic' needs Python >= 3.12 and pip install 'kvsp-moq[aiopquic]'"
+                    if self.backend == "aiopquic" else "")
+            raise ValueError(
+                f"unknown transport backend {self.backend!r}; known: {BACKENDS}{hint}")
         if isinstance(self.alpn_protocols, str):
             raise ValueError("alpn_protocols must be a sequence of tokens, not one string")
         self.alpn_protocols = tuple(self.alpn_protocols)

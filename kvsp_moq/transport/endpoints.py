@@ -11,9 +11,10 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
-from .api import Address, ConnectError, Connection, HandlerFactory, Server
+from .api import HandlerFactory
 from .config import TransportConfig
 from .engine import EngineConnection, EngineProtocol, _plain_address
+from .server_core import ServerCore
 from .udp import UdpEndpoint, open_endpoint
 from .url import MoqtUrl, parse_moqt_url
 
@@ -23,9 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["EngineConnection", "EngineServer", "connect", "serve"]
 
 logger = logging.getLogger(__name__)
-
-_NO_ERROR = 0x0
-_SERVER_CLOSE_GRACE = 5.0  # seconds Server.wait_closed waits for closing periods to end
 
 
 def _set_udp_buffers(sock: socket.socket, size: int | None) -> None:
@@ -88,22 +86,7 @@ async def connect(library: QuicLibrary, url: str | MoqtUrl, handler_factory: Han
         raise
     conn._peer = addr
     protocol.connect(addr)
-    assert conn._established is not None
-    try:
-        await asyncio.wait_for(asyncio.shield(conn._established), config.handshake_timeout)
-    except asyncio.TimeoutError:
-        conn.close(_NO_ERROR, "handshake timeout")
-        endpoint.close()
-        raise ConnectError(f"QUIC handshake with {target.host}:{target.port} timed out after "
-                           f"{config.handshake_timeout} s") from None
-    except ConnectError:
-        # The connection is dead: drop the socket now rather than after the closing period.
-        endpoint.close()
-        raise
-    except BaseException:
-        conn.close(_NO_ERROR, "cancelled")
-        endpoint.close()
-        raise
+    await conn._await_handshake(endpoint.close)
     return conn
 
 
@@ -111,21 +94,19 @@ async def connect(library: QuicLibrary, url: str | MoqtUrl, handler_factory: Han
 # server
 
 
-class EngineServer(Server):
+class EngineServer(ServerCore[EngineConnection]):
     """A listening UDP socket accepting QUIC connections; the library's ``QuicServer``
     demultiplexes packets to connections by connection ID."""
 
+    _log = logger
+    _stopping = "closing the socket"
+
     def __init__(self, library: QuicLibrary, config: TransportConfig,
                  handler_factory: HandlerFactory) -> None:
+        super().__init__(config, handler_factory)
         self._library = library
-        self._config = config
-        self._factory = handler_factory
         self._qconf = library.configuration(config, is_client=False)
         self._endpoint: UdpEndpoint | None = None
-        self._address: Address = ("", 0)
-        self._all: set[EngineConnection] = set()
-        self._closing: tuple[int, str] | None = None
-        self._drained = asyncio.Event()
         self._socket_gone = asyncio.Event()
 
     async def _start(self, host: str, port: int) -> None:
@@ -155,52 +136,19 @@ class EngineServer(Server):
     def _new_protocol(self, quic: Any, stream_handler: Any = None) -> EngineProtocol:
         conn = EngineConnection(library=self._library, quic=quic, config=self._config,
                                 handler_factory=self._factory, url=None,
-                                on_terminated=self._conn_terminated)
+                                on_terminated=self._conn_ended)
         protocol = EngineProtocol(quic, conn)
         self._all.add(conn)
         if self._closing is not None:  # refuse newcomers politely while shutting down
             conn._reject(*self._closing)
         return protocol
 
-    def _conn_terminated(self, conn: EngineConnection) -> None:
-        self._all.discard(conn)
-        if self._closing is not None and not self._all:
-            self._drained.set()
-
-    @property
-    def address(self) -> Address:
-        return self._address
-
     @property
     def udp(self) -> UdpEndpoint | None:
         """The listening UDP endpoint."""
         return self._endpoint
 
-    @property
-    def connections(self) -> frozenset[Connection]:
-        return frozenset(c for c in self._all if c._handler is not None and not c.is_closed)
-
-    def close(self, error_code: int = 0, reason: str = "") -> None:
-        if self._closing is not None:
-            return
-        self._closing = (error_code, reason)
-        for conn in list(self._all):
-            if conn._close_info is None:
-                if conn._handler is not None:
-                    conn.close(error_code, reason)
-                else:
-                    conn._reject(error_code, reason)
-        if not self._all:
-            self._drained.set()
-
-    async def wait_closed(self) -> None:
-        if self._closing is None:
-            raise RuntimeError("call close() first")
-        try:
-            await asyncio.wait_for(self._drained.wait(), _SERVER_CLOSE_GRACE)
-        except asyncio.TimeoutError:
-            logger.warning("%d connections still closing; closing the socket anyway",
-                           len(self._all))
+    async def _stop_endpoint(self) -> None:
         if self._endpoint is not None:
             self._endpoint.close()
             await self._socket_gone.wait()
