@@ -65,7 +65,8 @@ def _wan(args: argparse.Namespace) -> int:
 
     figures = bench_wan.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
                             datagram_size=args.datagram_size, backend=args.backend,
-                            delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat)
+                            delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat,
+                            shaper=args.shaper, seed=args.seed, tcp_cc=args.tcp_cc)
     report.emit(figures)
     return 0
 
@@ -154,13 +155,21 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                         "cuda[:i] (pinned staging, then a copy to the GPU, timed to its end)")
     q.set_defaults(handler=_kv)
     q = bsub.add_parser("wan", help="MOQT vs HTTP block load across two network namespaces "
-                                    "joined by a netem-shaped veth pair (root + iproute2)")
+                                    "joined by a shaped link: tc netem on a veth pair, or a "
+                                    "userspace TUN shaper (root + iproute2)")
     q.add_argument("--layers", type=int, default=32)
     q.add_argument("--layer-mib", type=int, default=1)
     q.add_argument("--datagram-size", type=int, default=1452)
     q.add_argument("--backend", default=_default_backend())
     q.add_argument("--delay-ms", type=float, default=20.0, help="netem delay on each direction")
     q.add_argument("--loss", type=float, default=0.5, help="netem loss, percent, each direction")
+    q.add_argument("--shaper", default="auto", choices=("auto", "netem", "tun"),
+                   help="tc netem on a veth pair, the userspace TUN shaper (same delay, loss "
+                        "and limit per direction), or auto: netem where the kernel has it")
+    q.add_argument("--seed", type=int, default=1, help="seed of the TUN shaper's loss draws")
+    q.add_argument("--tcp-cc", default=None,
+                   help="TCP congestion control in the namespaces (the HTTP baseline), e.g. "
+                        "cubic or reno; default: the host's (net.ipv4.tcp_congestion_control)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
     q.set_defaults(handler=_wan)
     q = bsub.add_parser("index", help="IS lookups/s over HTTP vs in-process; holder block GET "

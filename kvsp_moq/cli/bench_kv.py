@@ -89,7 +89,11 @@ def start_holder(layers: int, layer_bytes: int, datagram_size: int, backend: str
          str(datagram_size), "--backend", backend],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    line = proc.stdout.readline()
+    try:
+        line = proc.stdout.readline()
+    except BaseException:  # interrupted (e.g. SIGTERM in ``bench wan``): no holder left behind
+        stop_holder(proc)
+        raise
     if not line.startswith("{"):
         stop_holder(proc)
         raise RuntimeError(f"the holder process did not start (exit {proc.returncode})")

@@ -1,108 +1,99 @@
 """``kvsp bench wan``: block load across an emulated WAN path, MOQT vs HTTP over TCP.
 
-Two network namespaces joined by a veth pair, each end shaped with ``tc qdisc add dev ...
-root netem delay D loss L%`` (so the round trip is 2 D and each direction loses L %). The
-holder (``bench_kv_holder``: MOQT and HTTP on the same store) runs in one namespace, the
-loader (``bench_kv_loader``: MOQT FETCH into a torch sink with every layer verified, and the
-HTTP GET of the same container with its Repr-Digest) in the other. Figures: time to the
-first layer and to the whole block over MOQT, each against the same figure over HTTP/TCP on
-the same path in the same run.
+Two network namespaces joined by a shaped link (``bench_wan_path``): delay D and loss L % on
+each direction (so the round trip is 2 D), by the kernel's ``tc ... netem`` on a veth pair or,
+on kernels without ``sch_netem``, by the userspace TUN shaper (``bench_wan_shaper``), which
+emulates the same netem options per direction at the IP level. The holder (``bench_kv_holder``:
+MOQT and HTTP on the same store) runs in one namespace, the loader (``bench_kv_loader``: MOQT
+FETCH into a torch sink with every layer verified, and the HTTP GET of the same container with
+its Repr-Digest) in the other. Figures: time to the first layer and to the whole block over
+MOQT, each against the same figure over HTTP/TCP on the same path in the same run; the params
+say which shaper was used (and, for the TUN shaper, its counters).
 
-Needs root (network namespaces, tc) and iproute2 with the netem qdisc; otherwise it skips
-with a message saying why. The namespaces (and with them the veth pair) are deleted on every
-exit path.
+Needs root and iproute2, and netem or ``/dev/net/tun``; otherwise it skips with a message
+saying why. The namespaces, devices and processes are removed on every exit path, SIGTERM
+included (it is turned into an exception for the duration of the run).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 from ..bench.report import Figure
 from .bench_kv import check_backends, start_holder, stop_holder
+from .bench_wan_path import HOLDER_IP, SHAPERS, Skip, WanPath, wan_path
+from .core import UsageError
 
-__all__ = ["Skip", "run", "wan_path"]
-
-_HOLDER_IP, _LOADER_IP = "10.211.0.1", "10.211.0.2"
-
-
-class Skip(Exception):
-    """The WAN path cannot be built here (not root, no iproute2, no netem)."""
-
-
-def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise Skip(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
+__all__ = ["SHAPERS", "Skip", "WanPath", "run", "wan_path"]
 
 
 @contextmanager
-def wan_path(delay_ms: float, loss_pct: float, mtu: int = 1500) -> Iterator[tuple[str, str]]:
-    """Two namespaces (holder, loader) joined by a netem-shaped veth pair; deleted on exit."""
-    if delay_ms < 0 or not 0 <= loss_pct <= 100:
-        raise ValueError("delay must be >= 0 ms and loss in [0, 100] %")
-    if os.geteuid() != 0:
-        raise Skip("needs root (network namespaces and tc): run it as root, e.g. in a CI container")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            raise Skip(f"needs iproute2 (`{tool}` not found)")
-    tag = f"{os.getpid() % 100000}"
-    ns_h, ns_l = f"kvsp-wan-h{tag}", f"kvsp-wan-l{tag}"
-    created: list[str] = []
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises SystemExit (so the ``finally`` blocks remove the path) while inside."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        for ns in (ns_h, ns_l):
-            _ip("netns", "add", ns)
-            created.append(ns)
-        # veth names are <= 15 characters; created in the holder namespace, moved across.
-        _ip("-n", ns_h, "link", "add", "wanh", "type", "veth", "peer", "name", "wanl")
-        _ip("-n", ns_h, "link", "set", "wanl", "netns", ns_l)
-        for ns, dev, addr in ((ns_h, "wanh", _HOLDER_IP), (ns_l, "wanl", _LOADER_IP)):
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "mtu", str(mtu), "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            if not delay_ms and not loss_pct:
-                continue  # an unshaped veth path (--delay-ms 0 --loss 0): no netem needed
-            shaped = subprocess.run(
-                ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "delay",
-                 f"{delay_ms}ms", "loss", f"{loss_pct}%", "limit", "100000"],
-                capture_output=True, text=True)
-            if shaped.returncode != 0:
-                raise Skip(f"tc netem unavailable: {shaped.stderr.strip()}")
-        yield ns_h, ns_l
+        yield
     finally:
-        for ns in created:  # deleting a namespace deletes its end of the veth pair, hence both
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _load(path: WanPath, layers: int, layer_bytes: int, datagram_size: int, backend: str,
+          repeat: int) -> dict[str, list[float]]:
+    proc, info = start_holder(layers, layer_bytes, datagram_size, backend, host=HOLDER_IP,
+                              prefix=("ip", "netns", "exec", path.holder_ns))
+    try:
+        done = subprocess.run(
+            ["ip", "netns", "exec", path.loader_ns, sys.executable, "-m",
+             "kvsp_moq.cli.bench_kv_loader", "--info", info.to_line(), "--backend", backend,
+             "--datagram-size", str(datagram_size), "--repeat", str(repeat)],
+            stdout=subprocess.PIPE, text=True, check=True)
+    finally:
+        stop_holder(proc)
+    got: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
 
 
 def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_size: int = 1452,
         backend: str = "aioquic", delay_ms: float = 20.0, loss_pct: float = 0.5,
-        repeat: int = 3) -> list[Figure]:
+        repeat: int = 3, shaper: str = "auto", seed: int = 1,
+        tcp_cc: str | None = None) -> list[Figure]:
     """The figures, or [] after printing why the bench was skipped (stderr)."""
     check_backends((backend,))
+    if shaper not in SHAPERS:
+        raise UsageError(f"--shaper {shaper!r}: one of {', '.join(SHAPERS)}")
     try:
-        with wan_path(delay_ms, loss_pct, mtu=max(1500, datagram_size + 28)) as (ns_h, ns_l):
-            proc, info = start_holder(layers, layer_bytes, datagram_size, backend,
-                                      host=_HOLDER_IP, prefix=("ip", "netns", "exec", ns_h))
-            try:
-                done = subprocess.run(
-                    ["ip", "netns", "exec", ns_l, sys.executable, "-m",
-                     "kvsp_moq.cli.bench_kv_loader", "--info", info.to_line(), "--backend",
-                     backend, "--datagram-size", str(datagram_size), "--repeat", str(repeat)],
-                    capture_output=True, text=True, check=True)
-            finally:
-                stop_holder(proc)
+        with _sigterm_unwinds(), wan_path(delay_ms, loss_pct, mtu=max(1500, datagram_size + 28),
+                                          shaper=shaper, seed=seed, tcp_cc=tcp_cc) as path:
+            print(f"kvsp bench wan: path up ({path.shaper}): {path.holder_ns} <-> "
+                  f"{path.loader_ns}, {delay_ms} ms and {loss_pct} % each way, TCP "
+                  f"{path.tcp_congestion_control}", file=sys.stderr, flush=True)
+            got = _load(path, layers, layer_bytes, datagram_size, backend, repeat)
     except Skip as exc:
         print(f"kvsp bench wan: skipped: {exc}", file=sys.stderr)
         return []
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    params = {"layers": layers, "layer_bytes": layer_bytes, "backend": backend,
-              "max_datagram_size": datagram_size, "netem_delay_ms_each_way": delay_ms,
-              "netem_loss_pct_each_way": loss_pct, "rtt_ms": 2 * delay_ms}
+    params: dict[str, object] = {
+        "layers": layers, "layer_bytes": layer_bytes, "backend": backend,
+        "max_datagram_size": datagram_size, "shaper": path.shaper, "delay_ms_each_way": delay_ms,
+        "loss_pct_each_way": loss_pct, "rtt_ms": 2 * delay_ms,
+        "tcp_congestion_control": path.tcp_congestion_control}
+    if path.shaper == "tun":  # holder to loader is a_to_b: the block's direction
+        params["shaper_seed"] = seed
+        params["shaper_counters"] = {"holder_to_loader": path.counters.get("a_to_b"),
+                                     "loader_to_holder": path.counters.get("b_to_a")}
     (m_first, m_block), (h_first, h_block) = got["moqt"], got["http"]
     block = layers * layer_bytes
     return [

@@ -1,0 +1,241 @@
+"""The userspace WAN shaper of ``kvsp bench wan`` (``--shaper tun``), for kernels without
+``sch_netem``: its delay line alone (netem's delay / loss / limit, pure), the shaper process
+between two real network namespaces (UDP probes both ways), and the bench through it, which
+leaves no namespace, TUN device or process behind, interrupted or not.
+
+Real processes and devices, no mocks; no sleeps (each step waits on a line or an exit) and no
+assertion on speed: the one-way time is checked as a lower bound (the delay is applied)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvsp_moq.cli.bench_wan_netem import DelayLine
+from test_cli import kvsp
+
+PROBE = str(Path(__file__).with_name("_wan_probe.py"))
+A_IP, B_IP = "10.211.0.1", "10.211.0.2"
+PACKET = 92  # the probe's IPv4 packet: 20 IP + 8 UDP + 64 payload
+
+needs_tun = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or not os.path.exists("/dev/net/tun"),
+    reason="needs root, iproute2 and /dev/net/tun (network namespaces and TUN devices)")
+
+
+# -- the delay line alone (netem semantics, no devices) --------------------------------------
+
+def test_delay_line_holds_each_packet_for_the_delay_in_order() -> None:
+    line = DelayLine(0.020, 0, limit=10, seed=1)
+    line.offer(b"a", 1.000)
+    line.offer(b"b", 1.005)
+    assert line.pop_due(1.0199) == [] and line.next_due() == pytest.approx(1.020)
+    assert line.pop_due(1.020) == [b"a"]
+    assert line.pop_due(1.030) == [b"b"] and line.next_due() is None
+    assert line.counters.as_dict() == {"packets_in": 2, "bytes_in": 2, "forwarded": 2,
+                                       "bytes_forwarded": 2, "dropped_loss": 0,
+                                       "dropped_limit": 0, "late_ms_mean": 2.5,
+                                       "late_ms_max": 5.0}  # b left 5 ms after its due time
+
+
+def test_delay_line_tail_drops_beyond_its_limit() -> None:
+    line = DelayLine(0.010, 0, limit=3, seed=1)
+    for i in range(5):
+        line.offer(bytes([i]), 0.0)
+    assert len(line) == 3 and line.counters.dropped_limit == 2
+    assert line.pop_due(0.010) == [b"\x00", b"\x01", b"\x02"]
+    line.offer(b"x", 0.011)  # room again
+    assert len(line) == 1 and line.counters.dropped_limit == 2
+
+
+def test_delay_line_loss_is_seeded_bernoulli() -> None:
+    def dropped(seed: int, loss: float) -> list[int]:
+        line = DelayLine(0, loss, limit=100_000, seed=seed)
+        out = []
+        for i in range(10_000):
+            before = line.counters.dropped_loss
+            line.offer(b"p", 0.0)
+            if line.counters.dropped_loss > before:
+                out.append(i)
+        return out
+
+    assert dropped(7, 10) == dropped(7, 10) != dropped(8, 10)  # replayable, seed-dependent
+    n, p = 10_000, 0.10
+    assert abs(len(dropped(7, 10)) - n * p) <= 6 * math.sqrt(n * p * (1 - p))
+    assert dropped(7, 0) == [] and len(dropped(7, 100)) == n
+
+
+def test_delay_line_refuses_impossible_settings() -> None:
+    for args in ((-1.0, 0.0, 10), (0.0, 101.0, 10), (0.0, 0.0, 0)):
+        with pytest.raises(ValueError):
+            DelayLine(*args, seed=1)
+
+
+# -- the shaper process between two namespaces ------------------------------------------------
+
+def _netns() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _tun_devices() -> set[str]:
+    out = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("kvtun")}
+
+
+@pytest.fixture
+def namespaces() -> Iterator[tuple[str, str]]:
+    names = (f"kvsp-test-a{os.getpid()}", f"kvsp-test-b{os.getpid()}")
+    made: list[str] = []
+    try:
+        for ns in names:
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            made.append(ns)
+            subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        yield names
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _in(ns: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kw)
+
+
+def _line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline()
+
+
+@needs_tun
+def test_shaper_delays_loses_and_keeps_order_both_ways(namespaces: tuple[str, str]) -> None:
+    """2000 UDP datagrams each way across the shaper (5 ms, 10 % loss): the loss is within a
+    binomial tolerance, the order is kept, every delivered datagram took at least 5 ms, and
+    the shaper's counters are what the two ends saw."""
+    ns_a, ns_b = namespaces
+    count, delay_ms, loss = 2000, 5.0, 10.0
+    shaper = subprocess.Popen(
+        [sys.executable, "-m", "kvsp_moq.cli.bench_wan_shaper", "--ns-a", ns_a, "--addr-a", A_IP,
+         "--ns-b", ns_b, "--addr-b", B_IP, "--delay-ms", str(delay_ms), "--loss", str(loss),
+         "--limit", "10000", "--seed", "3"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs = [shaper]
+    try:
+        ready = json.loads(_line(shaper))
+        assert ready["ready"] and ready["delay_ms"] == delay_ms
+        # receivers: at a (from b) and at b (from a)
+        recv = {"b_to_a": _in(ns_a, PROBE, "recv", A_IP, "9000"),
+                "a_to_b": _in(ns_b, PROBE, "recv", B_IP, "9000")}
+        procs += recv.values()
+        assert all(_line(p) == "ready\n" for p in recv.values())
+        senders = [_in(ns_b, PROBE, "send", A_IP, "9000", str(count)),
+                   _in(ns_a, PROBE, "send", B_IP, "9000", str(count))]
+        procs += senders
+        assert [p.wait(60) for p in senders] == [0, 0]
+        # The senders are done: every datagram is at least in its device's queue, which the
+        # shaper reads out before it stops (stdin closed), then drains, reports and exits.
+        out, _ = shaper.communicate(timeout=60)
+        assert shaper.returncode == 0
+        counters = json.loads(out)
+        seen = {}
+        for direction, proc in recv.items():  # each reads until it has what was forwarded
+            got, _ = proc.communicate(f"{counters[direction]['forwarded']}\n", timeout=60)
+            seen[direction] = json.loads(got)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not _tun_devices() & set(ready["devices"].values())  # gone with the shaper
+    sd = math.sqrt(count * loss / 100 * (1 - loss / 100))
+    for direction, got in seen.items():
+        c = counters[direction]
+        assert c["packets_in"] == count and c["bytes_in"] == count * PACKET, (direction, counters)
+        assert c["tun_tx_dropped"] == 0 and c["write_errors"] == 0 and c["dropped_limit"] == 0
+        assert c["forwarded"] + c["dropped_loss"] == count
+        assert c["forwarded"] == len(got) and c["bytes_forwarded"] == len(got) * PACKET
+        assert abs(c["dropped_loss"] - count * loss / 100) <= 6 * sd, c
+        seqs = [seq for seq, _, _ in got]
+        assert seqs == sorted(set(seqs)), "reordered or duplicated"
+        assert min(received - sent for _, sent, received in got) >= delay_ms * 1e6
+
+
+# -- the bench through it ---------------------------------------------------------------------
+
+@needs_tun
+def test_bench_wan_through_the_tun_shaper_leaves_nothing_behind() -> None:
+    """``--shaper tun``: the MOQT figures against HTTP over TCP on the same shaped path, with
+    the shaper's counters and TCP's congestion control (here one set for the run) in the
+    params; afterwards no namespace and no TUN device of the run remain."""
+    pytest.importorskip("torch")
+    before = _netns()
+    proc = kvsp("bench", "wan", "--shaper", "tun", "--layers", "2", "--delay-ms", "5",
+                "--loss", "0.5", "--repeat", "1", "--tcp-cc", "reno")
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    assert list(figures) == ["wan_moqt_first_layer", "wan_moqt_block", "wan_moqt_rate"]
+    for name, fig in figures.items():
+        assert fig["baseline_name"] == name.replace("moqt", "http") and fig["value"] > 0
+        params = fig["params"]
+        assert params["shaper"] == "tun" and params["delay_ms_each_way"] == 5.0
+        assert params["tcp_congestion_control"] == "reno"  # set in the namespaces only
+    counters = figures["wan_moqt_block"]["params"]["shaper_counters"]
+    for c in counters.values():  # every packet accounted for
+        assert c["packets_in"] == c["forwarded"] + c["dropped_loss"] + c["dropped_limit"]
+    # both transfers (a 2 MiB block, twice: warm-up and the timed run) crossed the shaper
+    assert counters["holder_to_loader"]["bytes_forwarded"] > 2 * 2 * (2 << 20)
+    assert not {ns for ns in _netns() - before if ns.startswith("kvsp-wan-")}
+    assert not _tun_devices()
+
+
+def _processes_in(inodes: set[int]) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            link = os.readlink(entry / "ns" / "net") if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if link and int(link[link.index("[") + 1:-1]) in inodes:
+            pids.append(int(entry.name))
+    return pids
+
+
+@needs_tun
+def test_bench_wan_interrupted_leaves_no_namespace_device_or_process() -> None:
+    """SIGTERM to the bench once its path is up: it exits, and its namespaces, the TUN
+    devices, the shaper and the processes it started in the namespaces are all gone."""
+    pytest.importorskip("torch")
+    script = shutil.which("kvsp", path=str(Path(sys.executable).parent))
+    cmd = [script] if script else [sys.executable, "-m", "kvsp_moq"]
+    bench = subprocess.Popen([*cmd, "bench", "wan", "--shaper", "tun", "--layers", "8",
+                              "--repeat", "3"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert bench.stderr is not None
+        line = ""
+        for line in bench.stderr:  # whatever it says first (warnings), up to the path
+            if line.startswith("kvsp bench wan: "):
+                break
+        assert line.startswith("kvsp bench wan: path up (tun)"), line
+        namespaces = line.split(": ")[2].split(",")[0].split(" <-> ")
+        inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in namespaces}
+        bench.send_signal(signal.SIGTERM)
+        bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 128 + signal.SIGTERM
+    assert not set(namespaces) & _netns()
+    assert not _tun_devices()
+    assert not _processes_in(inodes)
