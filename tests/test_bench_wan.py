@@ -198,6 +198,17 @@ def test_bench_wan_through_the_tun_shaper_leaves_nothing_behind() -> None:
     assert not _tun_devices()
 
 
+def test_bench_wan_into_a_numpy_sink_needs_no_torch() -> None:
+    """``--sink numpy``: the loader verifies into numpy arrays (a Python without torch, such
+    as one only the aiopquic backend runs on), and the params say so."""
+    proc = kvsp("bench", "wan", "--shaper", "tun", "--layers", "1", "--delay-ms", "2",
+                "--loss", "0", "--repeat", "1", "--sink", "numpy")
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    assert figures["wan_moqt_rate"]["params"]["sink"] == "numpy"
+    assert figures["wan_moqt_rate"]["baseline_name"] == "wan_http_rate"
+    assert not _tun_devices()
+
+
 def _processes_in(inodes: set[int]) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

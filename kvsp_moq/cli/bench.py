@@ -66,7 +66,8 @@ def _wan(args: argparse.Namespace) -> int:
     figures = bench_wan.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
                             datagram_size=args.datagram_size, backend=args.backend,
                             delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat,
-                            shaper=args.shaper, seed=args.seed, tcp_cc=args.tcp_cc)
+                            shaper=args.shaper, seed=args.seed, tcp_cc=args.tcp_cc,
+                            sink=args.sink)
     report.emit(figures)
     return 0
 
@@ -167,6 +168,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                    help="tc netem on a veth pair, the userspace TUN shaper (same delay, loss "
                         "and limit per direction), or auto: netem where the kernel has it")
     q.add_argument("--seed", type=int, default=1, help="seed of the TUN shaper's loss draws")
+    q.add_argument("--sink", default="torch", choices=("torch", "numpy"),
+                   help="the loader's layer sink (numpy where torch is not installed)")
     q.add_argument("--tcp-cc", default=None,
                    help="TCP congestion control in the namespaces (the HTTP baseline), e.g. "
                         "cubic or reno; default: the host's (net.ipv4.tcp_congestion_control)")

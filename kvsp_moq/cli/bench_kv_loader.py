@@ -99,7 +99,8 @@ def _best(runs: list[Timing]) -> Timing:
 
 
 async def measure(info: HolderInfo, config: TransportConfig, repeat: int, http: bool = True,
-                  http_host: str | None = None, device: str | None = None) -> dict[str, Timing]:
+                  http_host: str | None = None, device: str | None = None,
+                  sink_backend: str = "torch") -> dict[str, Timing]:
     """Best of ``repeat`` MOQT loads (after one warm-up load on a connected session) and, with
     ``http``, best of ``repeat`` HTTP GETs of the same block from the same holder."""
     record = ReplicaRecord.from_json(info.record)
@@ -108,7 +109,7 @@ async def measure(info: HolderInfo, config: TransportConfig, repeat: int, http: 
     pool = SessionPool(config, connect_timeout=30.0)
     try:
         await pool.get(record.holder)  # we time the block, not the handshake
-        runs = [await timed_load(record, geo, info.tokens, pool, device=device)
+        runs = [await timed_load(record, geo, info.tokens, pool, sink_backend, device)
                 for _ in range(repeat + 1)]
         out["moqt"] = _best(runs[1:])
     finally:
@@ -137,17 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datagram-size", type=int, default=16384)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-http", action="store_true")
+    p.add_argument("--sink", default="torch", choices=("torch", "numpy"),
+                   help="the layer sink (numpy: where torch is not installed)")
     args = p.parse_args(argv)
     config = TransportConfig(backend=args.backend, insecure=True,
                              max_datagram_size=args.datagram_size)
-    from ..sinks._torch import import_torch
+    if args.sink == "torch":
+        from ..sinks._torch import import_torch
 
-    import_torch()  # before the clock and the loop: the first sink would import it
+        import_torch()  # before the clock and the loop: the first sink would import it
     freeze_heap()
     loop = new_event_loop(use_uvloop=True)
     try:
         got: dict[str, Any] = loop.run_until_complete(
-            measure(HolderInfo.from_line(args.info), config, args.repeat, not args.no_http))
+            measure(HolderInfo.from_line(args.info), config, args.repeat, not args.no_http,
+                    sink_backend=args.sink))
     finally:
         loop.close()
     print(json.dumps(got), flush=True)

@@ -52,14 +52,14 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def _load(path: WanPath, layers: int, layer_bytes: int, datagram_size: int, backend: str,
-          repeat: int) -> dict[str, list[float]]:
+          repeat: int, sink: str) -> dict[str, list[float]]:
     proc, info = start_holder(layers, layer_bytes, datagram_size, backend, host=HOLDER_IP,
                               prefix=("ip", "netns", "exec", path.holder_ns))
     try:
         done = subprocess.run(
             ["ip", "netns", "exec", path.loader_ns, sys.executable, "-m",
              "kvsp_moq.cli.bench_kv_loader", "--info", info.to_line(), "--backend", backend,
-             "--datagram-size", str(datagram_size), "--repeat", str(repeat)],
+             "--datagram-size", str(datagram_size), "--repeat", str(repeat), "--sink", sink],
             stdout=subprocess.PIPE, text=True, check=True)
     finally:
         stop_holder(proc)
@@ -70,9 +70,13 @@ def _load(path: WanPath, layers: int, layer_bytes: int, datagram_size: int, back
 def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_size: int = 1452,
         backend: str = "aioquic", delay_ms: float = 20.0, loss_pct: float = 0.5,
         repeat: int = 3, shaper: str = "auto", seed: int = 1,
-        tcp_cc: str | None = None) -> list[Figure]:
-    """The figures, or [] after printing why the bench was skipped (stderr)."""
+        tcp_cc: str | None = None, sink: str = "torch") -> list[Figure]:
+    """The figures, or [] after printing why the bench was skipped (stderr). ``sink``:
+    the loader's layer sink, ``torch`` (CPU tensors) or ``numpy`` (where torch is not
+    installed, e.g. a Python that only the aiopquic backend runs on)."""
     check_backends((backend,))
+    if sink not in ("torch", "numpy"):
+        raise UsageError(f"--sink {sink!r}: torch or numpy")
     if shaper not in SHAPERS:
         raise UsageError(f"--shaper {shaper!r}: one of {', '.join(SHAPERS)}")
     try:
@@ -81,7 +85,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_size: int = 1452,
             print(f"kvsp bench wan: path up ({path.shaper}): {path.holder_ns} <-> "
                   f"{path.loader_ns}, {delay_ms} ms and {loss_pct} % each way, TCP "
                   f"{path.tcp_congestion_control}", file=sys.stderr, flush=True)
-            got = _load(path, layers, layer_bytes, datagram_size, backend, repeat)
+            got = _load(path, layers, layer_bytes, datagram_size, backend, repeat, sink)
     except Skip as exc:
         print(f"kvsp bench wan: skipped: {exc}", file=sys.stderr)
         return []
@@ -89,7 +93,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_size: int = 1452,
         "layers": layers, "layer_bytes": layer_bytes, "backend": backend,
         "max_datagram_size": datagram_size, "shaper": path.shaper, "delay_ms_each_way": delay_ms,
         "loss_pct_each_way": loss_pct, "rtt_ms": 2 * delay_ms,
-        "tcp_congestion_control": path.tcp_congestion_control}
+        "tcp_congestion_control": path.tcp_congestion_control, "sink": sink}
     if path.shaper == "tun":  # holder to loader is a_to_b: the block's direction
         params["shaper_seed"] = seed
         params["shaper_counters"] = {"holder_to_loader": path.counters.get("a_to_b"),
