@@ -360,9 +360,12 @@ async def publish_track_subscribe(run: Run) -> str:
     async with run.session(catalog=catalog) as pub, run.session() as sub:
         await _within(publish_track(pub, track, alias=1), "PUBLISH answer")
         subscription = await _within(sub.subscribe(namespace, "track"), "SUBSCRIBE_OK")
-        # A relay may have answered the PUBLISH with FORWARD=0 and raise it with REQUEST_UPDATE
-        # once a subscriber forwards (§"PUBLISH_OK"): that update can reach the publisher after
-        # the subscriber's SUBSCRIBE_OK, and objects written before it would go nowhere.
+        # A relay may pause the PUBLISH with REQUEST_UPDATE FORWARD=0 (aiomoqt's sends it right
+        # behind PUBLISH_OK) and raise it with FORWARD=1 once a subscriber forwards
+        # (§"Publisher Interactions"); that raise can reach the publisher after the
+        # subscriber's SUBSCRIBE_OK, and objects written in Forward State 0 are never sent.
+        # `forwarding` is the publisher's current state: clear while paused, set once raised.
+        # The pause is sent before the relay can have our SUBSCRIBE, so it is applied by now.
         await _within(track.forwarding.wait(), "Forward State 1 at the publisher")
         for o in range(5):
             await track.write_object(0, o, f"0.{o}".encode() * 8)

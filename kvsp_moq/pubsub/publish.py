@@ -112,10 +112,12 @@ class TrackPublisher:
         self.subscribed = asyncio.Event()
         #: Set whenever a subscriber goes away (cancelled, stopped, session closed).
         self.unsubscribed = asyncio.Event()
-        #: Set whenever a subscriber with Forward State 1 is added, or an update sets a
-        #: subscriber's Forward State to 1 (§"FORWARD"): objects written before that reach
-        #: no paused subscriber (e.g. a relay that answered our PUBLISH with FORWARD=0 until
-        #: a subscriber of its own forwards).
+        #: Set while at least one live subscriber has Forward State 1 (§"FORWARD"), cleared
+        #: while none has: an update that pauses the last forwarding subscriber (FORWARD=0),
+        #: or its going away, clears it; a forwarding subscriber added, or an update raising
+        #: a paused one, sets it. Objects written while it is clear reach nobody and are
+        #: never sent later (e.g. a relay that pauses our PUBLISH with FORWARD=0 until a
+        #: subscriber of its own forwards).
         self.forwarding = asyncio.Event()
         #: Track Properties sent in SUBSCRIBE_OK / FETCH_OK / TRACK_STATUS (see
         #: :meth:`response_properties`); types non-decreasing, even types int, odd bytes.
@@ -133,8 +135,15 @@ class TrackPublisher:
     def _add(self, out: _Outgoing) -> None:
         self._subs.append(out)
         self.subscribed.set()
-        if out.forward:
+        self._forward_changed()
+
+    def _forward_changed(self) -> None:
+        """Bring :attr:`forwarding` in line with the subscribers' Forward States (call after
+        adding or removing one, or after an update changed one)."""
+        if any(s.forward and not s.dead for s in self._subs):
             self.forwarding.set()
+        else:
+            self.forwarding.clear()
 
     def outgoing(self, session: Session, request_id: int) -> _Outgoing | None:
         """The live subscription ``request_id`` of ``session`` (None if gone)."""
@@ -149,6 +158,7 @@ class TrackPublisher:
                 s.dead = True
                 self.unsubscribed.set()
         self._subs = [s for s in self._subs if not s.dead]
+        self._forward_changed()
 
     # -- writing ---------------------------------------------------------------------------
     async def write_object(self, group: int, object_id: int, payload: Buffer, *,
@@ -279,6 +289,7 @@ class TrackPublisher:
         sub.session._publish_done(sub.request_id, status, sub.streams_opened, reason)
         sub.dead = True
         self._subs = [s for s in self._subs if s is not sub]
+        self._forward_changed()
 
     def _complete_soon(self, sub: _Outgoing, status: int = PublishDoneCode.SUBSCRIPTION_ENDED,
                        reason: str = "range delivered") -> None:
@@ -303,6 +314,7 @@ class TrackPublisher:
                 self._end_stream(sub)
                 sub.session._publish_done(sub.request_id, status, sub.streams_opened, reason)
             self._subs.clear()
+            self._forward_changed()
 
     def _stored(self, group: int, object_id: int, payload: bytes | bytearray,
                 props: tuple[tuple[int, int | bytes], ...], prio: int) -> None:

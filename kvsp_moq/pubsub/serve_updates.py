@@ -52,8 +52,7 @@ def answer_update(session: Session, request_id: int, msg: Message) -> None:
         out.window = window
     if p.forward is not None:
         out.forward = p.forward
-        if p.forward:
-            track.forwarding.set()  # type: ignore[union-attr]
+        track._forward_changed()  # type: ignore[union-attr]
     if p.subscriber_priority is not None:
         out.subscriber_priority = p.subscriber_priority
     largest = track.largest  # type: ignore[union-attr]

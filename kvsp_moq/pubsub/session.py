@@ -9,6 +9,7 @@ and dispatches the events, until both queues are empty.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -143,6 +144,9 @@ class Session(SessionDriver):
         self.closed: asyncio.Future[tuple[int, str]] = loop.create_future()
         self.goaway_received: asyncio.Future[str] = loop.create_future()
         self._waiters: dict[int, asyncio.Future[Message]] = {}
+        #: Run on the answer to one of our requests as it is dispatched, before anything
+        #: the peer sent after it (see :meth:`_request`'s ``on_answer``).
+        self._answer_hooks: dict[int, Callable[[Message], None]] = {}
         #: Our REQUEST_UPDATEs waiting for REQUEST_OK / REQUEST_ERROR, by the update's ID.
         self._update_waiters: dict[int, asyncio.Future[Message]] = {}
         self._streams: dict[int, ObjectStream] = {}
@@ -382,6 +386,7 @@ class Session(SessionDriver):
         stream = self._streams.get(rid)
         if stream is not None:
             stream._cancelled(code)
+        self._answer_hooks.pop(rid, None)
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_exception(MoqtError(code, "request cancelled", ErrorKind.STREAM))
@@ -389,6 +394,9 @@ class Session(SessionDriver):
     # ======================================================================================
     # responses to our requests
     def _on_response(self, rid: int, msg: Message) -> None:
+        hook = self._answer_hooks.pop(rid, None)
+        if hook is not None:
+            hook(msg)
         stream = self._streams.get(rid)
         if stream is not None:
             stream._response(msg)
@@ -419,6 +427,7 @@ class Session(SessionDriver):
             if not fut.done():
                 fut.set_exception(err)
         self._waiters.clear()
+        self._answer_hooks.clear()
         self._update_waiters.clear()
         for stream in list(self._streams.values()):
             stream._finish(err)
@@ -443,11 +452,19 @@ class Session(SessionDriver):
 
     async def _request(self, start: Callable[[MoqtSession], int],
                        stream: Callable[[int], ObjectStream] | None = None,
-                       timeout: float = GUARD) -> tuple[int, Message, ObjectStream | None]:
+                       timeout: float = GUARD,
+                       on_answer: Callable[[int, Message], None] | None = None,
+                       ) -> tuple[int, Message, ObjectStream | None]:
+        """Send a request and wait for its answer. ``on_answer(request_id, answer)`` runs
+        synchronously when the answer is dispatched, before any later event of the same
+        read: the caller resumes only after those (e.g. a REQUEST_UPDATE the peer sent right
+        behind its REQUEST_OK), so state they act on must be in place by then."""
         moqt = self._check_open()
         rid = start(moqt)
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
+        if on_answer is not None:
+            self._answer_hooks[rid] = lambda msg: on_answer(rid, msg)
         obj = None
         if stream is not None:
             obj = stream(rid)
@@ -457,6 +474,7 @@ class Session(SessionDriver):
             msg = await asyncio.wait_for(fut, timeout)
         except BaseException:
             self._waiters.pop(rid, None)
+            self._answer_hooks.pop(rid, None)
             if obj is not None:
                 self._streams.pop(rid, None)
             raise
@@ -534,14 +552,32 @@ class Session(SessionDriver):
         params = replace(parameters, forward=forward)
         if track.largest is not None and params.largest_object is None:
             params = replace(params, largest_object=Location(*track.largest))
-        rid, ok, _ = await self._request(lambda m: m.publish(
-            track.namespace, track.name, alias, params, track.response_properties()))
-        forward_now = forward
-        if isinstance(ok, RequestOk) and ok.parameters.forward is not None:
-            forward_now = ok.parameters.forward
-        self._serving[rid] = track
-        track._add(_Outgoing(self, rid, alias, window=subscription_window(None, track.largest),
-                             forward=forward_now))
+
+        def established(rid: int, ok: Message) -> None:
+            # Serve the subscription as REQUEST_OK is dispatched, not when this coroutine
+            # resumes: a REQUEST_UPDATE the peer sent right behind it (a relay pausing the
+            # PUBLISH with FORWARD=0, §"Publisher Interactions") is dispatched in between
+            # and must find the subscription, or it would be answered but not applied.
+            if not isinstance(ok, RequestOk):
+                return
+            forward_now = forward if ok.parameters.forward is None else ok.parameters.forward
+            self._serving[rid] = track
+            track._add(_Outgoing(self, rid, alias,
+                                 window=subscription_window(None, track.largest),
+                                 forward=forward_now))
+            served.append(rid)
+
+        served: list[int] = []
+        try:
+            rid, _, _ = await self._request(lambda m: m.publish(
+                track.namespace, track.name, alias, params, track.response_properties()),
+                on_answer=established)
+        except BaseException:
+            if served:  # cancelled after REQUEST_OK: nobody else can end it (best effort;
+                # the original exception is what the caller gets)
+                with contextlib.suppress(Exception):
+                    self.end_publish(served[0], PublishDoneCode.INTERNAL_ERROR, "abandoned")
+            raise
         return rid
 
     def end_publish(self, request_id: int, status: int = PublishDoneCode.TRACK_ENDED,
