@@ -76,11 +76,15 @@ class Echo(BaseConnectionHandler):
 async def _exchange(cert: SelfSignedCert, size: int, gso: bool, gro: bool) -> tuple:
     """4 MiB echoed on a bidi stream, 2 MiB on a uni stream, 20 datagrams each way; returns
     what each side received and the UDP counters of both ends."""
-    echoes: list[Echo] = []
+    # The server's handler exists once the server side finished its handshake, which may be
+    # after connect() returned on the client side.
+    first: asyncio.Future[Echo] = asyncio.get_running_loop().create_future()
 
     def factory() -> Echo:
-        echoes.append(Echo())
-        return echoes[-1]
+        echo = Echo()
+        if not first.done():
+            first.set_result(echo)
+        return echo
 
     common = {"max_datagram_size": size, "udp_gso": gso, "udp_gro": gro}
     server = await serve("127.0.0.1", 0, factory, TransportConfig(
@@ -90,7 +94,7 @@ async def _exchange(cert: SelfSignedCert, size: int, gso: bool, gro: bool) -> tu
         mine = Echo(echo=False)
         conn = await within(connect(f"moqt://127.0.0.1:{server.port}/", lambda: mine,
                                     TransportConfig(ca_data=cert.cert_pem, **common)))
-        peer = echoes[0]
+        peer = await within(first)
         bidi, uni = conn.open_bidi(), conn.open_uni()
         body = os.urandom(4 * MiB)
         other = os.urandom(2 * MiB + 77)
