@@ -91,7 +91,8 @@ class SubscriberProcesses:
             if line != "ready":
                 raise RuntimeError(f"a subscriber process did not subscribe (said {line!r})")
 
-    async def results(self, timeout: float = 600.0) -> list[dict[str, object]]:
+    async def results(self, timeout: float = 600.0) -> list[tuple[float, str]]:
+        """Each process's (``last``, ``sha256``), once all have ended."""
         out = []
         for proc in self.procs:
             assert proc.stdout is not None
@@ -99,7 +100,8 @@ class SubscriberProcesses:
             await proc.wait()
             if proc.returncode != 0 or not line.startswith(b"{"):
                 raise RuntimeError(f"a subscriber process failed (exit {proc.returncode})")
-            out.append(json.loads(line))
+            got = json.loads(line)
+            out.append((float(got["last"]), str(got["sha256"])))
         return out
 
     async def close(self) -> None:
