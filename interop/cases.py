@@ -43,7 +43,7 @@ from typing import Any
 
 from kvsp_moq.moqt.messages import Location, LocationFilter, MessageParameters
 from kvsp_moq.moqt.objects import ObjectStatus
-from kvsp_moq.pubsub import (Catalog, MoqtError, MoqtServer, ReceivedObject, Session, connect,
+from kvsp_moq.pubsub import (Catalog, MoqtError, MoqtServer, ReceivedObject, MoqtSession, connect,
                              serve)
 from kvsp_moq.transport import TransportConfig
 
@@ -105,18 +105,18 @@ class OurServer:
     """Our MOQT server with one track; records each session's version and how it ended."""
 
     def __init__(self, opts: Options, namespace: tuple[str, ...],
-                 on_session: Callable[[Session], Awaitable[None] | None] | None = None,
+                 on_session: Callable[[MoqtSession], Awaitable[None] | None] | None = None,
                  accept_publish: bool = False) -> None:
         self.opts = opts
         self.accept_publish = accept_publish
         self.catalog = Catalog()
         self.track = self.catalog.create(namespace, TRACK)
-        self.sessions: list[Session] = []
+        self.sessions: list[MoqtSession] = []
         self._on_session = on_session
         self.server: MoqtServer | None = None
 
     async def __aenter__(self) -> OurServer:
-        def on_session(s: Session) -> Awaitable[None] | None:
+        def on_session(s: MoqtSession) -> Awaitable[None] | None:
             log(f"our server: session on draft {int(s.version)}")
             self.sessions.append(s)
             return self._on_session(s) if self._on_session is not None else None
@@ -156,14 +156,16 @@ class OurServer:
                 await asyncio.wait_for(self.server.wait_closed(), 5)
 
 
-async def _close(session: Session | None) -> None:
+async def close_quietly(session: MoqtSession | None) -> None:
+    """Close ``session`` (if any) within 5 s, ignoring whatever goes wrong."""
     if session is not None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(session.close(), 5)
 
 
-async def _collect(sub: Any, *, until: Callable[[list[dict[str, Any]]], bool] | None = None,
-                   timeout: float = STEP) -> tuple[list[dict[str, Any]], str | None]:
+async def collect_objects(sub: Any, *,
+                          until: Callable[[list[dict[str, Any]]], bool] | None = None,
+                          timeout: float = STEP) -> tuple[list[dict[str, Any]], str | None]:
     """Objects of a subscription until it ends (or ``until(objects)``); returns them and the
     error that ended it, if any."""
     objs: list[dict[str, Any]] = []
@@ -212,7 +214,7 @@ async def case_moqrs_pub(opts: Options) -> dict[str, Any]:
             [p.type, p.value if isinstance(p.value, int) else bytes(p.value).hex()]
             for p in sub.response.track_properties]  # type: ignore[union-attr]
         await peer.send("publish")
-        objs, error = await _collect(sub)
+        objs, error = await collect_objects(sub)
         result.update(objects=objs, error=error, data_streams=sub.stats.data_streams)
         done = sub.publish_done
         result["publish_done"] = (None if done is None else
@@ -220,7 +222,7 @@ async def case_moqrs_pub(opts: Options) -> dict[str, Any]:
                                    "reason": done.error_reason})
         await peer.expect_event("published", STEP)
     finally:
-        await _close(session)
+        await close_quietly(session)
         await peer.stop()
         result["peer_log"] = peer.tail(30)
     return result
@@ -315,7 +317,7 @@ async def case_aiomoqt_pub_example(opts: Options) -> dict[str, Any]:
     accepts it (REQUEST_OK, then REQUEST_UPDATE forward=1) and collects RELAY_OBJECTS objects."""
     ns = ns_of("aiomoqt")[:2]
     result: dict[str, Any] = {}
-    sessions: asyncio.Queue[Session] = asyncio.Queue()
+    sessions: asyncio.Queue[MoqtSession] = asyncio.Queue()
     async with OurServer(opts, ("unused",), on_session=sessions.put_nowait,
                          accept_publish=True) as srv:
         peer = PeerProcess("aiomoqt pub_example", [
@@ -334,7 +336,7 @@ async def case_aiomoqt_pub_example(opts: Options) -> dict[str, Any]:
             def enough(objs: list[dict[str, Any]]) -> bool:
                 return sum(o["status"] == ObjectStatus.NORMAL for o in objs) >= RELAY_OBJECTS
 
-            objs, error = await _collect(incoming.subscription, until=enough)
+            objs, error = await collect_objects(incoming.subscription, until=enough)
             result.update(objects=objs, error=error)
             await incoming.subscription.cancel()
         except CaseError as exc:
@@ -374,11 +376,11 @@ async def case_aiomoqt_pub_server(opts: Options) -> dict[str, Any]:
             return len(normal) >= opts.groups * opts.objects or any(
                 o["group"] > last_group for o in objs)
 
-        objs, error = await _collect(sub, until=enough)
+        objs, error = await collect_objects(sub, until=enough)
         result.update(objects=objs, error=error)
         await sub.cancel()
     finally:
-        await _close(session)
+        await close_quietly(session)
         await peer.stop()
         result["peer_log"] = peer.tail(30)
     return result
@@ -419,11 +421,11 @@ async def case_aiomoqt_relay_pub_example(opts: Options) -> dict[str, Any]:
         def enough(objs: list[dict[str, Any]]) -> bool:
             return sum(o["status"] == ObjectStatus.NORMAL for o in objs) >= RELAY_OBJECTS
 
-        objs, error = await _collect(sub, until=enough)
+        objs, error = await collect_objects(sub, until=enough)
         result.update(objects=objs, error=error)
         await sub.cancel()
     finally:
-        await _close(session)
+        await close_quietly(session)
         await pub.stop()
         await relay.stop()
         result["peer_log"] = pub.tail(15) + relay.tail(15)
@@ -462,13 +464,13 @@ async def case_caprid_pub(opts: Options) -> dict[str, Any]:
     result: dict[str, Any] = {}
     received: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
-    async def ingest(s: Session) -> None:
+    async def ingest(s: MoqtSession) -> None:
         try:
             await s.subscribe_namespace(ns[:2])
             kind, suffix = await asyncio.wait_for(s.namespace_updates.get(), STEP)
             full = tuple(f.encode() for f in ns[:2]) + tuple(suffix)
             sub = await s.subscribe(full, TRACK)
-            objs, error = await _collect(sub)
+            objs, error = await collect_objects(sub)
             done = sub.publish_done
             received.set_result({
                 "namespace_update": [kind, [f.decode() for f in suffix]], "objects": objs,

@@ -18,7 +18,7 @@ from typing import TypeVar
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import LocationFilter, MessageParameters
 from kvsp_moq.moqt.objects import GroupOrder, ObjectStatus
-from kvsp_moq.pubsub import Catalog, MoqtError, ReceivedObject, Session, connect
+from kvsp_moq.pubsub import Catalog, MoqtError, ReceivedObject, MoqtSession, connect
 from kvsp_moq.pubsub.errors import ErrorKind
 
 from .client_support import (Namespace, Target, announce, joining_fetch, next_update, ns,
@@ -55,7 +55,7 @@ class Run:
 
     @contextlib.asynccontextmanager
     async def session(self, *, catalog: Catalog | None = None,
-                      accept_publish: bool = False) -> AsyncIterator[Session]:
+                      accept_publish: bool = False) -> AsyncIterator[MoqtSession]:
         s = await connect(self.target.url, self.target.transport(), catalog=catalog,
                           setup_timeout=STEP, accept_publish=accept_publish)
         try:
@@ -245,7 +245,7 @@ async def namespace_discovery(run: Run) -> str:
 
 
 async def _history(run: Run, case: str,
-                   body: Callable[[Session, Namespace], Awaitable[str]]) -> str:
+                   body: Callable[[MoqtSession, Namespace], Awaitable[str]]) -> str:
     """A live track of 5-object groups the relay has forwarded (groups 0-2 reached a
     subscriber); then ``body(fetcher_session, namespace)``."""
     namespace = run.namespace(case)
@@ -282,7 +282,7 @@ async def fetch(run: Run) -> str:
     """A standalone FETCH of a whole group the relay has forwarded returns its objects (we
     check all five and their bytes; aiomoqt checks for at least one)."""
 
-    async def body(s: Session, namespace: Namespace) -> str:
+    async def body(s: MoqtSession, namespace: Namespace) -> str:
         stream = await _within(s.fetch(namespace, "track", start=(1, 0), end=(1, 4)), "FETCH_OK")
         objs = await _within(stream.collect(), "the fetch stream")
         return _expect_group(objs, 1, "the FETCH")
@@ -295,7 +295,7 @@ async def join(run: Run) -> str:
     group arrives. Draft 18: SUBSCRIBE + Relative Joining FETCH (joining start 1); drafts
     20+: SUBSCRIBE with FILL_PARAMETERS (LOCATION_FILTER RelativeStart 2 = one group back)."""
 
-    async def body(s: Session, namespace: Namespace) -> str:
+    async def body(s: MoqtSession, namespace: Namespace) -> str:
         if s.version.fetch_has_fetch_type:
             sub = await _within(s.subscribe(namespace, "track"), "SUBSCRIBE_OK")
             stream = await _within(joining_fetch(s, sub, 1), "FETCH_OK (joining)")

@@ -42,9 +42,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 
-from .cases import GROUPS, OBJECTS, SIZE, STEP, TRACK, Options, _close, _collect, ns_of
+from .cases import (GROUPS, OBJECTS, SIZE, STEP, TRACK, Options, close_quietly, collect_objects,
+                    ns_of)
 from .harness import PEER_SCRIPTS, ROOT, CaseError, PeerProcess, log, parse_json, payload, \
     sha256
 
@@ -119,7 +120,7 @@ class OurRelay:
 
 
 async def _our_publisher(opts: Options, url: str, ns: tuple[str, ...]
-                         ) -> tuple[Session, Any]:
+                         ) -> tuple[MoqtSession, Any]:
     catalog = Catalog()
     track = catalog.create(ns, TRACK)
     session = await connect(url, opts.client_config(), catalog=catalog, setup_timeout=STEP)
@@ -135,7 +136,7 @@ async def _write_track(opts: Options, track: Any) -> None:
     log("our publisher: track written and finished")
 
 
-async def _wait_namespace(session: Session, want: tuple[str, ...]) -> list[Any]:
+async def _wait_namespace(session: MoqtSession, want: tuple[str, ...]) -> list[Any]:
     """Namespace updates until NAMESPACE for suffix ``want``; returns them all."""
     seen: list[Any] = []
     target = tuple(f.encode() for f in want)
@@ -153,12 +154,12 @@ def _done(sub: Any) -> dict[str, Any] | None:
                                       "reason": done.error_reason}
 
 
-async def _subscribe_and_collect(opts: Options, session: Session, ns: tuple[str, ...],
+async def _subscribe_and_collect(opts: Options, session: MoqtSession, ns: tuple[str, ...],
                                  before_publish: Callable[[], Awaitable[None]]
                                  ) -> dict[str, Any]:
     sub = await asyncio.wait_for(session.subscribe(ns, TRACK), STEP)
     await before_publish()
-    objs, error = await _collect(sub)
+    objs, error = await collect_objects(sub)
     return {"objects": objs, "error": error, "data_streams": sub.stats.data_streams,
             "publish_done": _done(sub)}
 
@@ -191,7 +192,7 @@ async def case_moqrs_pub_ours(opts: Options) -> dict[str, Any]:
     except (CaseError, MoqtError, asyncio.TimeoutError) as exc:
         result.setdefault("error", repr(exc))
     finally:
-        await _close(session)
+        await close_quietly(session)
         if pub is not None:
             await pub.stop()
             result["peer_log"] = pub.tail(20)
@@ -257,7 +258,7 @@ async def case_ours_moqrs(opts: Options) -> dict[str, Any]:
         if sub is not None:
             await sub.stop()
             result["peer_log"] = sub.tail(20)
-        await _close(session)
+        await close_quietly(session)
         await relay.stop()
         result.update(relay.report())
         result["relay_log"] = relay.proc.tail(20)
@@ -292,7 +293,7 @@ async def case_caprid_pub_ours(opts: Options) -> dict[str, Any]:
     except (CaseError, MoqtError, asyncio.TimeoutError) as exc:
         result.setdefault("error", repr(exc))
     finally:
-        await _close(session)
+        await close_quietly(session)
         if pub is not None:
             await pub.stop()
             result["peer_log"] = pub.tail(20)
@@ -330,7 +331,7 @@ async def case_ours_caprid(opts: Options) -> dict[str, Any]:
         if sub is not None:
             await sub.stop()
             result["peer_log"] = sub.tail(20)
-        await _close(session)
+        await close_quietly(session)
         await relay.stop()
         result.update(relay.report())
         result["relay_log"] = relay.proc.tail(20)

@@ -1,4 +1,4 @@
-"""Sans-IO tests of kvsp_moq.moqt.session: two Session objects wired to each other in memory.
+"""Sans-IO tests of kvsp_moq.moqt.session: two SessionMachine objects wired to each other in memory.
 
 Pure state-machine testing (no transport): the actions one session queues are delivered to
 the other as the transport would (SendStream → stream_data, ResetStream → stream_reset,
@@ -9,14 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsp_moq.moqt import session_events as ev
 from kvsp_moq.moqt.data import SubgroupStreamEncoder, encode_subgroup_header
-from kvsp_moq.moqt.errors import (
-    PublishDoneCode,
-    RequestErrorCode,
-    SessionErrorCode,
-    StreamResetCode,
-)
+from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode, SessionErrorCode, StreamResetCode
 from kvsp_moq.moqt.messages import (
     FetchOk,
     GoAway,
@@ -40,7 +34,7 @@ from kvsp_moq.moqt.objects import (
     SubgroupHeader,
     SubgroupIdMode,
 )
-from kvsp_moq.moqt.session import Role, Session, SessionConfig, SessionState
+from kvsp_moq.moqt.session import Role, SessionConfig, SessionMachine, SessionState, events as ev
 from kvsp_moq.moqt.version import Version
 
 VERSIONS = [Version.DRAFT_18, Version.DRAFT_20, Version.DRAFT_21, Version.DRAFT_22]
@@ -55,13 +49,13 @@ class Wire:
     def __init__(self, version: Version = Version.DRAFT_22, *,
                  client_cfg: SessionConfig | None = None,
                  server_cfg: SessionConfig | None = None) -> None:
-        self.client = Session(Role.CLIENT, version,
+        self.client = SessionMachine(Role.CLIENT, version,
                               client_cfg or SessionConfig(path="/moq", authority="h:1"))
-        self.server = Session(Role.SERVER, version, server_cfg)
-        self.events: dict[Session, list[ev.Event]] = {self.client: [], self.server: []}
-        self.closes: dict[Session, list[ev.CloseSession]] = {self.client: [], self.server: []}
+        self.server = SessionMachine(Role.SERVER, version, server_cfg)
+        self.events: dict[SessionMachine, list[ev.Event]] = {self.client: [], self.server: []}
+        self.closes: dict[SessionMachine, list[ev.CloseSession]] = {self.client: [], self.server: []}
 
-    def peer(self, s: Session) -> Session:
+    def peer(self, s: SessionMachine) -> SessionMachine:
         return self.server if s is self.client else self.client
 
     def start(self) -> Wire:
@@ -82,7 +76,7 @@ class Wire:
             for s in (self.client, self.server):
                 self.events[s].extend(s.events())
 
-    def deliver(self, src: Session, a: ev.Action) -> None:
+    def deliver(self, src: SessionMachine, a: ev.Action) -> None:
         dst = self.peer(src)
         if isinstance(a, ev.SendStream):
             dst.stream_data(a.stream_id, a.data, a.end_stream)
@@ -96,13 +90,13 @@ class Wire:
             self.closes[src].append(a)
             dst.connection_lost(a.error_code, a.reason)
 
-    def take(self, s: Session, kind: type) -> list:
+    def take(self, s: SessionMachine, kind: type) -> list:
         out = [e for e in self.events[s] if isinstance(e, kind)]
         self.events[s] = [e for e in self.events[s] if not isinstance(e, kind)]
         return out
 
 
-def close_code(s: Session) -> int | None:
+def close_code(s: SessionMachine) -> int | None:
     return s.close_code if s.closed else None
 
 
@@ -130,11 +124,13 @@ def test_setup_unknown_options_ignored() -> None:
 
 
 def test_control_stream_bytes_start_with_setup_type() -> None:
-    s = Session(Role.SERVER, Version.DRAFT_22)
+    s = SessionMachine(Role.SERVER, Version.DRAFT_22)
     s.start()
     acts = s.actions()
-    assert acts[0] == ev.OpenStream(SERVER_UNI0, False)
-    assert isinstance(acts[1], ev.SendStream) and acts[1].data[:2] == b"\xaf\x00"
+    # The control stream is the server's first unidirectional stream (RFC 9000 numbering,
+    # here from the default StreamCounter); no "open" action: the transport numbers streams.
+    assert isinstance(acts[0], ev.SendStream) and acts[0].stream_id == SERVER_UNI0
+    assert acts[0].data[:2] == b"\xaf\x00"
 
 
 @pytest.mark.parametrize("path,code", [("no-slash", SessionErrorCode.MALFORMED_PATH),
@@ -154,14 +150,14 @@ def test_malformed_authority() -> None:
 
 
 def test_server_sending_path_is_violation() -> None:
-    client = Session(Role.CLIENT, Version.DRAFT_22)
+    client = SessionMachine(Role.CLIENT, Version.DRAFT_22)
     client.start()
     client.stream_data(SERVER_UNI0, encode_message(Version.DRAFT_22, Setup(path="/x")))
     assert client.close_code == SessionErrorCode.PROTOCOL_VIOLATION
 
 
-def _server_after_setup(version: Version = Version.DRAFT_22) -> Session:
-    s = Session(Role.SERVER, version)
+def _server_after_setup(version: Version = Version.DRAFT_22) -> SessionMachine:
+    s = SessionMachine(Role.SERVER, version)
     s.start()
     s.stream_data(CLIENT_UNI0, encode_message(version, Setup(path="/")))
     s.actions()
@@ -184,13 +180,13 @@ def test_control_stream_violations(data: bytes, end: bool) -> None:
 
 
 def test_unknown_stream_type_is_violation() -> None:
-    s = Session(Role.SERVER, Version.DRAFT_22)
+    s = SessionMachine(Role.SERVER, Version.DRAFT_22)
     s.start()
     # A GOAWAY frame's first byte (0x10) is a subgroup stream type: such a data stream
     # arriving before SETUP is held, not an error.
     s.stream_data(CLIENT_UNI0, encode_message(Version.DRAFT_22, GoAway()))
     assert not s.closed
-    s2 = Session(Role.SERVER, Version.DRAFT_22)
+    s2 = SessionMachine(Role.SERVER, Version.DRAFT_22)
     s2.start()
     s2.stream_data(CLIENT_UNI0, b"\xf0\x13\x2b\x3e\x29")  # padding datagram type as stream
     assert s2.close_code == SessionErrorCode.PROTOCOL_VIOLATION
@@ -204,7 +200,7 @@ def test_reset_control_stream_is_violation() -> None:
 
 def test_requests_before_setup_are_buffered() -> None:
     v = Version.DRAFT_22
-    s = Session(Role.SERVER, v)
+    s = SessionMachine(Role.SERVER, v)
     s.start()
     s.stream_data(0, encode_message(v, Subscribe(0, NS, b"t")))
     assert not s.events()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kvsp_moq.moqt import session_events as ev
 from kvsp_moq.moqt.data import SubgroupStreamEncoder
 from kvsp_moq.moqt.errors import SessionErrorCode, StreamResetCode
 from kvsp_moq.moqt.messages import (
@@ -20,7 +19,7 @@ from kvsp_moq.moqt.messages import (
     encode_message,
 )
 from kvsp_moq.moqt.objects import SubgroupHeader, SubgroupIdMode
-from kvsp_moq.moqt.session import Role, Session
+from kvsp_moq.moqt.session import Role, SessionMachine, events as ev
 from kvsp_moq.moqt.version import Version
 
 V = Version.DRAFT_22
@@ -64,7 +63,7 @@ def _check(actions: list[ev.Action]) -> None:
             assert a.error_code in STREAM_CODES
 
 
-def _run(session: Session, ops: list[tuple]) -> None:
+def _run(session: SessionMachine, ops: list[tuple]) -> None:
     for o in ops:
         if o[0] == "data":
             session.stream_data(o[1], o[2], o[3])
@@ -83,7 +82,7 @@ def _run(session: Session, ops: list[tuple]) -> None:
 @example([("data", 0, FRAGMENTS[1], True), ("data", 0, b"x", False)], True)
 @example([("data", 6, FRAGMENTS[8][:3], False), ("data", 6, b"", True)], True)
 def test_server_session_fuzz(ops: list[tuple], set_up: bool) -> None:
-    s = Session(Role.SERVER, V)
+    s = SessionMachine(Role.SERVER, V)
     s.start()
     if set_up:
         s.stream_data(2, encode_message(V, Setup(path="/")))
@@ -94,7 +93,7 @@ def test_server_session_fuzz(ops: list[tuple], set_up: bool) -> None:
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, max_size=12))
 def test_client_session_with_requests_fuzz(ops: list[tuple]) -> None:
-    s = Session(Role.CLIENT, V)
+    s = SessionMachine(Role.CLIENT, V)
     s.start()
     s.stream_data(3, encode_message(V, Setup()))
     s.subscribe(NS, b"t")          # request 0 on stream 0

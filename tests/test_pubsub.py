@@ -14,7 +14,7 @@ import pytest
 
 from kvsp_moq.moqt.errors import RequestErrorCode
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect, serve
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect, serve
 from kvsp_moq.transport import TransportConfig
 from kvsp_moq.transport.tls import make_self_signed
 
@@ -44,7 +44,7 @@ class Pair:
 
     def __init__(self) -> None:
         self.catalog = Catalog()
-        self.server_sessions: asyncio.Queue[Session] = asyncio.Queue()
+        self.server_sessions: asyncio.Queue[MoqtSession] = asyncio.Queue()
 
     async def start(self, alpns=None, server_alpns=None, path: str = "/moq") -> Pair:
         self.server = await serve("127.0.0.1", 0, server_config(server_alpns or alpns),

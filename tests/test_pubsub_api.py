@@ -14,7 +14,7 @@ from test_relay import Net, net  # noqa: F401 (fixture)
 
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import LocationFilter, Message, MessageParameters, Token
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect, serve
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect, serve
 from kvsp_moq.pubsub.errors import DatagramTooLargeError
 
 NSB = tuple(f.encode() for f in NS)
@@ -75,11 +75,11 @@ class _Recorder:
     def __init__(self) -> None:
         self.seen: list[Message] = []
 
-    def allows(self, session: Session, message: Message) -> bool:
+    def allows(self, session: MoqtSession, message: Message) -> bool:
         self.seen.append(message)
         return True
 
-    def shows(self, session: Session, message: Message, namespace: tuple[bytes, ...]) -> bool:
+    def shows(self, session: MoqtSession, message: Message, namespace: tuple[bytes, ...]) -> bool:
         return True
 
 

@@ -11,7 +11,7 @@ import pytest
 from kvsp_moq.moqt.errors import PublishDoneCode
 from kvsp_moq.moqt.messages import LocationFilter, MessageParameters
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, TrackPublisher, connect, serve
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, TrackPublisher, connect, serve
 from kvsp_moq.pubsub.window import Window, subscription_window
 from kvsp_moq.transport import TransportConfig
 from kvsp_moq.transport.tls import make_self_signed
@@ -20,7 +20,7 @@ NS = ("kvsp-1", "filters")
 
 
 @pytest.fixture(params=[Version.DRAFT_22, Version.DRAFT_20, Version.DRAFT_18], ids=lambda v: v.alpn)
-async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[TrackPublisher, Session]]:
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[TrackPublisher, MoqtSession]]:
     cert = make_self_signed()
     catalog = Catalog()
     track = catalog.add(TrackPublisher(NS, "t"))
@@ -41,7 +41,7 @@ async def _write(track: TrackPublisher, locations: list[tuple[int, int]]) -> Non
         await track.write_object(g, o, f"{g}/{o}".encode())
 
 
-async def test_absolute_range_delivers_only_the_range_then_ends(pair: tuple[TrackPublisher, Session]) -> None:
+async def test_absolute_range_delivers_only_the_range_then_ends(pair: tuple[TrackPublisher, MoqtSession]) -> None:
     track, client = pair
     await _write(track, [(0, 0), (0, 1)])  # before the subscription: never subscription-delivered
     # Draft 18's AbsoluteRange ends with a whole group; 20+ can end at an object.
@@ -55,7 +55,7 @@ async def test_absolute_range_delivers_only_the_range_then_ends(pair: tuple[Trac
     assert sub.done
 
 
-async def test_next_object_skips_nothing_new(pair: tuple[TrackPublisher, Session]) -> None:
+async def test_next_object_skips_nothing_new(pair: tuple[TrackPublisher, MoqtSession]) -> None:
     track, client = pair
     await _write(track, [(0, 0), (0, 1)])
     sub = await client.subscribe(NS, "t", parameters=MessageParameters(
@@ -65,7 +65,7 @@ async def test_next_object_skips_nothing_new(pair: tuple[TrackPublisher, Session
     assert [(o.group_id, o.object_id) async for o in sub] == [(0, 2), (1, 0)]
 
 
-async def test_end_before_start_is_invalid_range(pair: tuple[TrackPublisher, Session]) -> None:
+async def test_end_before_start_is_invalid_range(pair: tuple[TrackPublisher, MoqtSession]) -> None:
     track, client = pair
     if client.version == Version.DRAFT_18:
         pytest.skip("draft 18 ranges end with a whole group (End Group >= Start Group): never empty")
@@ -100,7 +100,7 @@ def test_window_membership() -> None:
     assert PublishDoneCode.SUBSCRIPTION_ENDED == 0x3
 
 
-async def test_unencodable_properties_fail_at_write_time(pair: tuple[TrackPublisher, Session]) -> None:
+async def test_unencodable_properties_fail_at_write_time(pair: tuple[TrackPublisher, MoqtSession]) -> None:
     track, client = pair
     with pytest.raises(TypeError):
         await track.write_object(0, 0, b"x", properties=[(0x3800, b"bytes on an even type")])
@@ -109,7 +109,7 @@ async def test_unencodable_properties_fail_at_write_time(pair: tuple[TrackPublis
     assert [(o.object_id, bytes(o.payload)) for o in got] == [(1, b"y")]
 
 
-async def test_fetch_in_descending_group_order(pair: tuple[TrackPublisher, Session]) -> None:
+async def test_fetch_in_descending_group_order(pair: tuple[TrackPublisher, MoqtSession]) -> None:
     from kvsp_moq.moqt.objects import GroupOrder
 
     track, client = pair

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 from test_pubsub import NS, Pair, client_config, server_config, within
 
-from kvsp_moq.moqt import session_events as ev
 from kvsp_moq.moqt.messages import Message, MessageParameters, Publish
-from kvsp_moq.pubsub import Catalog, Session, connect, serve
+from kvsp_moq.moqt.session import events as ev
+from kvsp_moq.pubsub import Catalog, MoqtSession, connect, serve
 from kvsp_moq.pubsub.receive import Subscription
 from kvsp_moq.pubsub.session import IncomingPublish
 
@@ -43,17 +43,17 @@ async def test_forwarding_is_cleared_when_no_subscriber_forwards(pair: Pair) -> 
     assert not track.forwarding.is_set()
 
 
-def _spy_updates(s: Session) -> asyncio.Queue[ev.UpdateReceived]:
+def _spy_updates(s: MoqtSession) -> asyncio.Queue[ev.UpdateReceived]:
     """REQUEST_UPDATEs the peer sends on ``s``'s requests, once pubsub has answered them."""
     q: asyncio.Queue[ev.UpdateReceived] = asyncio.Queue()
-    orig = s._dispatch
+    orig = s.dispatch
 
     def spy(e: ev.Event) -> None:
         orig(e)
         if isinstance(e, ev.UpdateReceived):
             q.put_nowait(e)
 
-    s._dispatch = spy  # type: ignore[method-assign]
+    s.dispatch = spy  # type: ignore[method-assign]
     return q
 
 
@@ -63,7 +63,7 @@ async def test_pause_right_behind_publish_ok_is_applied(monkeypatch: pytest.Monk
     subscribers). Both are dispatched before ``publish()`` resumes; the pause must find the
     subscription, so nothing is sent until the peer raises FORWARD again."""
 
-    def pausing(self: Session, rid: int, msg: Message) -> None:
+    def pausing(self: MoqtSession, rid: int, msg: Message) -> None:
         assert isinstance(msg, Publish) and self.moqt is not None
         sub = Subscription(self, rid)
         self._streams[rid] = sub
@@ -72,8 +72,8 @@ async def test_pause_right_behind_publish_ok_is_applied(monkeypatch: pytest.Monk
         self.incoming_publishes.put_nowait(
             IncomingPublish(msg.track_namespace, msg.track_name, msg.track_alias, sub))
 
-    monkeypatch.setattr(Session, "_accept_publish", pausing)
-    sessions: asyncio.Queue[Session] = asyncio.Queue()
+    monkeypatch.setattr(MoqtSession, "_accept_publish", pausing)
+    sessions: asyncio.Queue[MoqtSession] = asyncio.Queue()
     server = await serve("127.0.0.1", 0, server_config(), accept_publish=True,
                          on_session=sessions.put_nowait)
     catalog = Catalog()

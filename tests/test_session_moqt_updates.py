@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from kvsp_moq.moqt import session_events as ev
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import (
     FetchType,
@@ -16,6 +15,7 @@ from kvsp_moq.moqt.messages import (
     RequestError,
     SubscribeTracks,
 )
+from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.moqt.version import Version
 from tests.test_moqt_session import NS, Wire
 

@@ -1,6 +1,6 @@
 """kvsp_moq.pubsub — the asyncio MOQT application API (DESIGN.md §2; docs/pubsub.md).
 
-``await connect("moqt://host:port/path", config)`` → :class:`Session`;
+``await connect("moqt://host:port/path", config)`` → :class:`MoqtSession`;
 ``await serve(host, port, config, on_session=...)`` → :class:`MoqtServer`. Publish with a
 :class:`TrackPublisher` (``session.create_track`` or a shared :class:`Catalog`), subscribe
 with ``await session.subscribe(ns, name)``, fetch with ``await session.fetch(...)``.
@@ -10,7 +10,9 @@ Failures raise :class:`MoqtError` carrying the MOQT code.
 from .errors import DatagramTooLargeError, ErrorKind, MoqtError, SessionClosedError
 from .publish import Catalog, ObjectWriter, StoredObject, TrackPublisher
 from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Subscription
-from .session import IncomingPublish, MoqtServer, Session, connect, serve
+from .session import IncomingPublish, MoqtServer, MoqtSession, connect, serve, token_values
+
+Session = MoqtSession  # TEMP-ALIAS(issue14): bridge/, control/, cli/, bench/ and their tests
 
 __all__ = [
     "Catalog",
@@ -24,6 +26,7 @@ __all__ = [
     "ObjectWriter",
     "ReceiveStats",
     "ReceivedObject",
+    "MoqtSession",
     "Session",
     "SessionClosedError",
     "StoredObject",
@@ -31,4 +34,5 @@ __all__ = [
     "TrackPublisher",
     "connect",
     "serve",
+    "token_values",
 ]

@@ -27,7 +27,7 @@ from .errors import DatagramTooLargeError
 from .window import Window
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .session import Session
+    from .session import MoqtSession
 
 __all__ = ["Catalog", "ObjectWriter", "StoredObject", "TrackPublisher", "normalize_namespace"]
 
@@ -41,15 +41,15 @@ def normalize_namespace(ns: Sequence[str | bytes] | str | bytes) -> Namespace:
     return tuple(f.encode() if isinstance(f, str) else bytes(f) for f in ns)
 
 
-def _name(name: str | bytes) -> bytes:
+def track_name(name: str | bytes) -> bytes:
     return name.encode() if isinstance(name, str) else bytes(name)
 
 
 @dataclass(eq=False)
-class _Outgoing:
+class Outgoing:
     """One subscriber of a track on one session."""
 
-    session: Session
+    session: MoqtSession
     request_id: int
     track_alias: int
     group: int | None = None
@@ -100,12 +100,12 @@ class TrackPublisher:
     def __init__(self, namespace: Sequence[str | bytes] | str | bytes, name: str | bytes, *,
                  keep: bool = True, priority: int = 128) -> None:
         self.namespace = normalize_namespace(namespace)
-        self.name = _name(name)
+        self.name = track_name(name)
         self.keep = keep
         self.priority = priority
         self.store: dict[tuple[int, int], _Stored] = {}
         self.largest: tuple[int, int] | None = None
-        self._subs: list[_Outgoing] = []
+        self._subs: list[Outgoing] = []
         self._lock = asyncio.Lock()
         self.finished = False
         #: Set whenever a subscriber is added (tests and apps may await a subscriber).
@@ -131,13 +131,13 @@ class TrackPublisher:
     def subscriber_count(self) -> int:
         return sum(1 for s in self._subs if not s.dead)
 
-    # -- subscribers (called by Session) ---------------------------------------------------
-    def _add(self, out: _Outgoing) -> None:
+    # -- subscribers (called by MoqtSession) ---------------------------------------------------
+    def add_subscriber(self, out: Outgoing) -> None:
         self._subs.append(out)
         self.subscribed.set()
-        self._forward_changed()
+        self.forward_changed()
 
-    def _forward_changed(self) -> None:
+    def forward_changed(self) -> None:
         """Bring :attr:`forwarding` in line with the subscribers' Forward States (call after
         adding or removing one, or after an update changed one)."""
         if any(s.forward and not s.dead for s in self._subs):
@@ -145,20 +145,20 @@ class TrackPublisher:
         else:
             self.forwarding.clear()
 
-    def outgoing(self, session: Session, request_id: int) -> _Outgoing | None:
+    def outgoing(self, session: MoqtSession, request_id: int) -> Outgoing | None:
         """The live subscription ``request_id`` of ``session`` (None if gone)."""
         for s in self._subs:
             if s.session is session and s.request_id == request_id and not s.dead:
                 return s
         return None
 
-    def _remove(self, session: Session, request_id: int) -> None:
+    def remove_subscriber(self, session: MoqtSession, request_id: int) -> None:
         for s in self._subs:
             if s.session is session and s.request_id == request_id:
                 s.dead = True
                 self.unsubscribed.set()
         self._subs = [s for s in self._subs if not s.dead]
-        self._forward_changed()
+        self.forward_changed()
 
     # -- writing ---------------------------------------------------------------------------
     async def write_object(self, group: int, object_id: int, payload: Buffer, *,
@@ -183,7 +183,7 @@ class TrackPublisher:
         try:
             prio = self.priority if priority is None else priority
             props = tuple(properties)
-            targets: list[_Outgoing] = []
+            targets: list[Outgoing] = []
             for sub in list(self._subs):
                 if sub.dead or not sub.forward:
                     continue
@@ -202,13 +202,13 @@ class TrackPublisher:
             self._lock.release()
             raise
 
-    async def _object_header(self, sub: _Outgoing, group: int, object_id: int, length: int,
+    async def _object_header(self, sub: Outgoing, group: int, object_id: int, length: int,
                              props: tuple[tuple[int, int | bytes], ...], prio: int) -> None:
         if sub.group != group:
             self._end_stream(sub)
             header = SubgroupHeader(sub.track_alias, group, 0, prio, SubgroupIdMode.ZERO,
                                     has_properties=True)
-            sub.stream_id = sub.session._open_subgroup(sub.request_id, header)
+            sub.stream_id = sub.session.open_subgroup(sub.request_id, header)
             sub.encoder = SubgroupStreamEncoder(header, sub.session.version)
             sub.group = group
             sub.streams_opened += 1
@@ -216,7 +216,7 @@ class TrackPublisher:
         data = sub.encoder.object_header(object_id, length, properties=props)
         await sub.session.connection.write(sub.stream_id, data)
 
-    def _end_stream(self, sub: _Outgoing) -> None:
+    def _end_stream(self, sub: Outgoing) -> None:
         if sub.stream_id is None:
             return
         sid, sub.stream_id, sub.encoder, sub.group = sub.stream_id, None, None, None
@@ -224,7 +224,7 @@ class TrackPublisher:
             sub.session.connection.send(sid, b"", end_stream=True)
         except TransportError:
             pass
-        sub.session._data_stream_done(sid)
+        sub.session.data_stream_done(sid)
 
     async def write_datagram(self, group: int, object_id: int, payload: Buffer, *,
                              properties: PropertyList = (), priority: int | None = None,
@@ -244,7 +244,7 @@ class TrackPublisher:
         prio = self.priority if priority is None else priority
         props = tuple(properties)
         async with self._lock:
-            out: list[tuple[_Outgoing, bytes]] = []
+            out: list[tuple[Outgoing, bytes]] = []
             for sub in list(self._subs):
                 if sub.dead or not sub.forward:
                     continue
@@ -264,7 +264,7 @@ class TrackPublisher:
                     raise DatagramTooLargeError(len(data), limit)
                 out.append((sub, data))
             for sub, data in out:
-                sub.session._send_datagram(data)
+                sub.session.send_datagram(data)
             if self.keep:
                 self.store[(group, object_id)] = _Stored(bytes(payload), props, prio,
                                                          datagram=True)
@@ -281,17 +281,17 @@ class TrackPublisher:
             for sub in self._subs:
                 self._end_stream(sub)
 
-    def _complete(self, sub: _Outgoing, status: int = PublishDoneCode.SUBSCRIPTION_ENDED,
+    def _complete(self, sub: Outgoing, status: int = PublishDoneCode.SUBSCRIPTION_ENDED,
                   reason: str = "range delivered") -> None:
         """End one subscription (by default: its range is complete): FIN its stream, then
         PUBLISH_DONE with its Stream Count. Called with the track's lock held."""
         self._end_stream(sub)
-        sub.session._publish_done(sub.request_id, status, sub.streams_opened, reason)
+        sub.session.publish_done(sub.request_id, status, sub.streams_opened, reason)
         sub.dead = True
         self._subs = [s for s in self._subs if s is not sub]
-        self._forward_changed()
+        self.forward_changed()
 
-    def _complete_soon(self, sub: _Outgoing, status: int = PublishDoneCode.SUBSCRIPTION_ENDED,
+    def complete_soon(self, sub: Outgoing, status: int = PublishDoneCode.SUBSCRIPTION_ENDED,
                        reason: str = "range delivered") -> None:
         """:meth:`_complete` once no object is being written (never FIN mid-object)."""
         if not self._lock.locked():
@@ -303,7 +303,7 @@ class TrackPublisher:
                 if not sub.dead:
                     self._complete(sub, status, reason)
 
-        sub.session._spawn(later())
+        sub.session.spawn(later())
 
     async def finish(self, status: int = PublishDoneCode.TRACK_ENDED, reason: str = "") -> None:
         """End the track: close every data stream, then PUBLISH_DONE with the Stream Count
@@ -312,9 +312,9 @@ class TrackPublisher:
             self.finished = True
             for sub in self._subs:
                 self._end_stream(sub)
-                sub.session._publish_done(sub.request_id, status, sub.streams_opened, reason)
+                sub.session.publish_done(sub.request_id, status, sub.streams_opened, reason)
             self._subs.clear()
-            self._forward_changed()
+            self.forward_changed()
 
     def _stored(self, group: int, object_id: int, payload: bytes | bytearray,
                 props: tuple[tuple[int, int | bytes], ...], prio: int) -> None:
@@ -344,7 +344,7 @@ class ObjectWriter:
 
     def __init__(self, track: TrackPublisher, group: int, object_id: int, length: int,
                  props: tuple[tuple[int, int | bytes], ...], prio: int,
-                 targets: list[_Outgoing]) -> None:
+                 targets: list[Outgoing]) -> None:
         self.track = track
         self.group, self.object_id, self.length = group, object_id, length
         self._props, self._prio = props, prio
@@ -378,7 +378,7 @@ class ObjectWriter:
                     if sub.stream_id is not None and not sub.dead:
                         sub.session.connection.reset_stream(sub.stream_id,
                                                             StreamResetCode.INTERNAL_ERROR)
-                        sub.session._data_stream_done(sub.stream_id)
+                        sub.session.data_stream_done(sub.stream_id)
                         sub.stream_id, sub.group = None, None
                 raise ValueError(f"object closed after {self.written} of {self.length} bytes")
             if self._keep is not None:

@@ -28,7 +28,7 @@ from ..wire.kvp import KeyValuePair
 from .errors import ErrorKind, MoqtError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .session import Session
+    from .session import MoqtSession
 
 __all__ = ["FetchStream", "ObjectStream", "ReceiveStats", "ReceivedObject", "Subscription"]
 
@@ -79,7 +79,7 @@ _END = object()
 class ObjectStream:
     """Objects of one subscription or fetch, as an async iterator of :class:`ReceivedObject`."""
 
-    def __init__(self, session: Session, request_id: int) -> None:
+    def __init__(self, session: MoqtSession, request_id: int) -> None:
         self.session = session
         self.request_id = request_id
         self.on_object_begin: ObjectBeginCallback | None = None
@@ -140,7 +140,7 @@ class ObjectStream:
             self.request_id, replace(parameters or MessageParameters(), **changes))  # type: ignore[arg-type]
 
     # -- fed by the session ----------------------------------------------------------------
-    def _data_event(self, stream_id: int, ev: object) -> None:
+    def feed_data(self, stream_id: int, ev: object) -> None:
         if isinstance(ev, ObjectPayload):
             cur = self._current[stream_id]
             n = len(ev.data)
@@ -177,7 +177,7 @@ class ObjectStream:
                 self._open_streams.add(stream_id)
                 self.stats.data_streams += 1
 
-    def _datagram(self, dg: ObjectDatagram) -> None:
+    def feed_datagram(self, dg: ObjectDatagram) -> None:
         """An OBJECT_DATAGRAM of this subscription: one whole object, its payload copied once
         into its destination (``on_object_begin``'s buffer, or a bytearray)."""
         if self._done:
@@ -205,37 +205,37 @@ class ObjectStream:
                                               dg.properties, payload, dg.publisher_priority,
                                               dg.end_of_group))
 
-    def _stream_closed(self, stream_id: int, error_code: int | None) -> None:
+    def feed_stream_closed(self, stream_id: int, error_code: int | None) -> None:
         self._open_streams.discard(stream_id)
         cur = self._current.pop(stream_id, None)
         if cur is not None and cur.owned is not None:
             self.stats.buffered_bytes -= len(cur.owned)
         self._check_done()
 
-    def _response(self, msg: Message) -> None:
+    def feed_response(self, msg: Message) -> None:
         self.response = msg
 
     def _check_done(self) -> None:  # pragma: no cover - overridden
         pass
 
-    def _finish(self, error: MoqtError | None = None) -> None:
+    def feed_end(self, error: MoqtError | None = None) -> None:
         if self._done:
             return
         self._done = True
         if error is not None and self.error is None:
             self.error = error
         self._queue.put_nowait(_END)
-        self.session._stream_finished(self)
+        self.session.stream_finished(self)
 
-    def _cancelled(self, code: int) -> None:
-        self._finish(MoqtError(code, "request cancelled by the peer", ErrorKind.STREAM))
+    def feed_cancelled(self, code: int) -> None:
+        self.feed_end(MoqtError(code, "request cancelled by the peer", ErrorKind.STREAM))
 
 
 class Subscription(ObjectStream):
     """A SUBSCRIBE that was accepted; iterate it for objects. Ends after PUBLISH_DONE once
     all its data streams (PUBLISH_DONE's Stream Count) have ended."""
 
-    def __init__(self, session: Session, request_id: int) -> None:
+    def __init__(self, session: MoqtSession, request_id: int) -> None:
         super().__init__(session, request_id)
         self.publish_done: PublishDone | None = None
 
@@ -243,7 +243,7 @@ class Subscription(ObjectStream):
     def track_alias(self) -> int | None:
         return self.response.track_alias if isinstance(self.response, SubscribeOk) else None
 
-    def _publish_done(self, msg: PublishDone) -> None:
+    def feed_publish_done(self, msg: PublishDone) -> None:
         self.publish_done = msg
         self._check_done()
 
@@ -253,13 +253,13 @@ class Subscription(ObjectStream):
             return
         if done.stream_count < (1 << 62) - 1 and self.stats.data_streams < done.stream_count:
             return  # some data streams have not arrived yet
-        self._finish()
+        self.feed_end()
 
     async def cancel(self) -> None:
         """Unsubscribe: reset the request stream with CANCELLED (§"Request Streams")."""
         if not self._done:
-            self.session._cancel(self.request_id)
-            self._finish()
+            self.session.drop_request(self.request_id)
+            self.feed_end()
 
 
 class FetchStream(ObjectStream):
@@ -269,15 +269,15 @@ class FetchStream(ObjectStream):
     def end_location(self) -> tuple[int, int] | None:
         return tuple(self.response.end_location) if isinstance(self.response, FetchOk) else None  # type: ignore[return-value]
 
-    def _stream_closed(self, stream_id: int, error_code: int | None) -> None:
-        super()._stream_closed(stream_id, error_code)
+    def feed_stream_closed(self, stream_id: int, error_code: int | None) -> None:
+        super().feed_stream_closed(stream_id, error_code)
         if error_code is not None:
-            self._finish(MoqtError(error_code, "fetch stream reset", ErrorKind.STREAM))
+            self.feed_end(MoqtError(error_code, "fetch stream reset", ErrorKind.STREAM))
         else:
-            self._finish()
+            self.feed_end()
 
     async def cancel(self) -> None:
         if not self._done:
-            self.session._cancel(self.request_id)
-            self._finish()
+            self.session.drop_request(self.request_id)
+            self.feed_end()
 

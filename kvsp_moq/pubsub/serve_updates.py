@@ -1,4 +1,4 @@
-"""Answering the peer's REQUEST_UPDATEs on the requests a pubsub :class:`Session` serves.
+"""Answering the peer's REQUEST_UPDATEs on the requests a pubsub :class:`MoqtSession` serves.
 
 Draft-22 §"REQUEST_UPDATE": "The receiver of a REQUEST_UPDATE MUST respond with exactly one
 REQUEST_OK or REQUEST_ERROR". What an update changes (§"Updating Subscriptions"):
@@ -23,12 +23,12 @@ from ..moqt.messages import Location, Message, MessageParameters, RequestUpdate
 from .window import subscription_window
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .session import Session
+    from .session import MoqtSession
 
 __all__ = ["answer_update"]
 
 
-def answer_update(session: Session, request_id: int, msg: Message) -> None:
+def answer_update(session: MoqtSession, request_id: int, msg: Message) -> None:
     """Apply the peer's REQUEST_UPDATE ``msg`` on our request ``request_id`` and answer it."""
     moqt = session.moqt
     if moqt is None or moqt.closed or request_id not in moqt.requests:
@@ -46,17 +46,17 @@ def answer_update(session: Session, request_id: int, msg: Message) -> None:
         if window.empty:
             moqt.reject(request_id, RequestErrorCode.INVALID_RANGE,
                         "the filter's end precedes its start", end=False)
-            track._complete_soon(out, PublishDoneCode.UPDATE_FAILED,  # type: ignore[union-attr]
+            track.complete_soon(out, PublishDoneCode.UPDATE_FAILED,  # type: ignore[union-attr]
                                  "REQUEST_UPDATE failed")
             return
         out.window = window
     if p.forward is not None:
         out.forward = p.forward
-        track._forward_changed()  # type: ignore[union-attr]
+        track.forward_changed()  # type: ignore[union-attr]
     if p.subscriber_priority is not None:
         out.subscriber_priority = p.subscriber_priority
     largest = track.largest  # type: ignore[union-attr]
     moqt.request_ok(request_id, MessageParameters(
         largest_object=Location(*largest) if largest is not None else None))
     if largest is not None and out.window.passed(*largest):
-        track._complete_soon(out)  # type: ignore[union-attr]
+        track.complete_soon(out)  # type: ignore[union-attr]

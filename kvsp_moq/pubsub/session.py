@@ -2,7 +2,7 @@
 transport :class:`~kvsp_moq.transport.Connection` and offers the application API.
 
 The transport calls this handler's callbacks; each one feeds the sans-IO session and then
-:meth:`Session._pump` carries out the queued actions (open/send/reset/stop/datagram/close)
+:meth:`MoqtSession.pump` carries out the queued actions (open/send/reset/stop/datagram/close)
 and dispatches the events, until both queues are empty.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
-from ..moqt import session_events as ev
+from ..moqt.session import events as ev
 from ..moqt.data import FetchStreamEncoder
 from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionErrorCode, StreamResetCode
 from ..moqt.messages import (
@@ -33,19 +33,15 @@ from ..moqt.messages import (
     PublishNamespace,
     RequestError,
     RequestOk,
-    Setup,
     StandaloneFetch,
     Subscribe,
     SubscribeNamespace,
     Token,
     TrackStatus,
-    decode_message,
-    encode_message,
 )
 from ..moqt.objects import GroupOrder, SubgroupHeader
 from ..moqt.session import Role, SessionConfig
-from ..moqt.session import Session as MoqtSession
-from ..moqt.session_events import SendStream
+from ..moqt.session import SessionMachine
 from ..moqt.version import Version
 from ..transport import (
     Connection,
@@ -56,10 +52,10 @@ from ..transport import (
 )
 from ..transport import connect as transport_connect
 from ..transport import serve as transport_serve
-from .driver import SessionDriver, apply_action
+from .driver import ConnectionStreamIds, EventTable, SessionDriver, Tasks
 from .errors import ErrorKind, MoqtError, SessionClosedError
 from .window import subscription_window
-from .publish import Catalog, TrackPublisher, _Outgoing, _name, normalize_namespace
+from .publish import Catalog, TrackPublisher, Outgoing, track_name, normalize_namespace
 from .receive import (
     FetchStream,
     ObjectBeginCallback,
@@ -69,7 +65,7 @@ from .receive import (
 )
 from .serve_updates import answer_update
 
-__all__ = ["MoqtServer", "RequestGate", "Session", "connect", "serve", "token_values"]
+__all__ = ["MoqtServer", "RequestGate", "MoqtSession", "connect", "serve", "token_values"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,17 +91,17 @@ def _as_token(t: TokenLike) -> Token:
 
 
 class RequestGate(Protocol):
-    """Authorization of the requests a peer opens on a :class:`Session` (``serve(gate=...)``).
+    """Authorization of the requests a peer opens on a :class:`MoqtSession` (``serve(gate=...)``).
 
     ``allows`` runs before the catalog is consulted, so a refusal (REQUEST_ERROR
     UNAUTHORIZED) is the same whether or not the track exists. ``shows`` filters the
     NAMESPACE answers of an allowed SUBSCRIBE_NAMESPACE. The peer's credentials are
-    :attr:`Session.peer_setup_tokens` and ``token_values(message.parameters.authorization_tokens)``.
+    :attr:`MoqtSession.peer_setup_tokens` and ``token_values(message.parameters.authorization_tokens)``.
     """
 
-    def allows(self, session: Session, message: Message) -> bool: ...
+    def allows(self, session: MoqtSession, message: Message) -> bool: ...
 
-    def shows(self, session: Session, message: Message,
+    def shows(self, session: MoqtSession, message: Message,
               namespace: tuple[bytes, ...]) -> bool: ...
 
 
@@ -119,7 +115,7 @@ class IncomingPublish:
     subscription: Subscription
 
 
-class Session(SessionDriver):
+class MoqtSession(SessionDriver):
     """One MOQT session (client or server), asyncio side."""
 
     def __init__(self, role: Role, *, catalog: Catalog | None = None,
@@ -136,8 +132,14 @@ class Session(SessionDriver):
         self.accept_publish = accept_publish
         self.incoming_publishes: asyncio.Queue[IncomingPublish] = asyncio.Queue()
         self.catalog = catalog if catalog is not None else Catalog()
-        self._session_config = session_config or SessionConfig()
-        self.moqt: MoqtSession | None = None
+        cfg = session_config or SessionConfig()
+        if self.setup_tokens:
+            # Our SETUP carries them after any the config names (SessionConfig holds every
+            # Setup Option the sans-IO session encodes).
+            cfg = replace(cfg, authorization_tokens=(*cfg.authorization_tokens,
+                                                     *self.setup_tokens))
+        self._session_config = cfg
+        self.moqt: SessionMachine | None = None
         self.connection: Connection = None  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[None] = loop.create_future()
@@ -153,7 +155,8 @@ class Session(SessionDriver):
         self._serving: dict[int, TrackPublisher] = {}
         self._aliases = 0
         self._pumping = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks(logger, "pubsub task")
+        self.events = self._event_table()
         #: Namespaces the peer published (PUBLISH_NAMESPACE), and NAMESPACE notifications.
         self.peer_namespaces: set[tuple[bytes, ...]] = set()
         self.namespace_updates: asyncio.Queue[tuple[str, tuple[bytes, ...]]] = asyncio.Queue()
@@ -177,82 +180,66 @@ class Session(SessionDriver):
     # ConnectionHandler
     def connection_made(self, conn: Connection, alpn: str) -> None:
         self.connection = conn
-        self.moqt = MoqtSession(self.role, Version.from_alpn(alpn), self._session_config)
+        self.moqt = SessionMachine(self.role, Version.from_alpn(alpn), self._session_config,
+                                   streams=ConnectionStreamIds(conn, self.role is Role.CLIENT))
         self.moqt.start()
-        if self.setup_tokens:
-            self._add_setup_tokens()
-        self._pump()
-
-    def _add_setup_tokens(self) -> None:
-        """Put :attr:`setup_tokens` into the SETUP that ``start`` queued (``SessionConfig``
-        cannot carry known Setup Options): decode it, add the options, re-encode it."""
-        assert self.moqt is not None
-        actions = self.moqt.actions()
-        for i, a in enumerate(actions):
-            if not isinstance(a, SendStream):
-                continue
-            decoded = decode_message(self.version, a.data)
-            if decoded is None:
-                continue
-            setup, used = decoded
-            if not isinstance(setup, Setup):
-                continue
-            setup = replace(setup, authorization_tokens=tuple(setup.authorization_tokens)
-                            + self.setup_tokens)
-            actions[i] = SendStream(a.stream_id,
-                                    encode_message(self.version, setup) + bytes(a.data[used:]),
-                                    a.end_stream)
-            break
-        for a in actions:
-            apply_action(self.connection, a)
-
-    # The transport callbacks, the pump and the actions are the shared driver's
-    # (pubsub/driver.py); events are dispatched below.
-    def _pump(self) -> None:
         self.pump()
 
-    def _dispatch(self, e: ev.Event) -> None:
-        if isinstance(e, ev.DataEvent):
-            s = self._streams.get(e.request_id)
-            if s is not None:
-                s._data_event(e.stream_id, e.event)
-        elif isinstance(e, ev.DataStreamClosed):
-            s = self._streams.get(e.request_id)
-            if s is not None:
-                s._stream_closed(e.stream_id, e.error_code)
-        elif isinstance(e, ev.SetupComplete):
-            if not self.ready.done():
-                self.ready.set_result(None)
-        elif isinstance(e, ev.RequestReceived):
-            self._on_request(e.request_id, e.message)
-        elif isinstance(e, ev.ResponseReceived):
-            self._on_response(e.request_id, e.message)
-        elif isinstance(e, ev.RequestMessage):
-            self._on_request_message(e.request_id, e.message)
-        elif isinstance(e, ev.RequestCancelled):
-            self._on_cancelled(e.request_id, e.error_code)
-        elif isinstance(e, ev.DatagramReceived):
-            s = self._streams.get(e.request_id)
-            if s is not None:
-                s._datagram(e.datagram)
-        elif isinstance(e, ev.UpdateAnswered):
-            fut = self._update_waiters.pop(e.update_request_id, None)
-            if fut is not None and not fut.done():
-                if isinstance(e.message, RequestError):
-                    fut.set_exception(MoqtError(e.message.error_code, e.message.error_reason))
-                else:
-                    fut.set_result(e.message)
-        elif isinstance(e, ev.UpdateReceived):
-            answer_update(self, e.request_id, e.message)  # pubsub/serve_updates.py
-        elif isinstance(e, ev.DataStreamStopped):
-            track = self._serving.get(e.request_id)
-            if track is not None:
-                track._remove(self, e.request_id)
-        elif isinstance(e, ev.GoawayReceived):
-            if not self.goaway_received.done():
-                self.goaway_received.set_result(e.message.new_session_uri)
-        elif isinstance(e, ev.SessionClosed):
-            self._on_closed(e.error_code, e.reason)
+    # The transport callbacks, the pump and the actions are the shared driver's
+    # (pubsub/driver.py); events are dispatched by type to the handlers below.
+    def _event_table(self) -> EventTable:
+        t = EventTable()
+        t.on(ev.DataEvent, self._on_data)
+        t.on(ev.DataStreamClosed, self._on_data_stream_closed)
+        t.on(ev.SetupComplete, self._on_setup_complete)
+        t.on(ev.RequestReceived, lambda e: self._on_request(e.request_id, e.message))
+        t.on(ev.ResponseReceived, lambda e: self._on_response(e.request_id, e.message))
+        t.on(ev.RequestMessage, lambda e: self._on_request_message(e.request_id, e.message))
+        t.on(ev.RequestCancelled, lambda e: self._on_cancelled(e.request_id, e.error_code))
+        t.on(ev.DatagramReceived, self._on_datagram)
+        t.on(ev.UpdateAnswered, self._on_update_answered)
+        # pubsub/serve_updates.py
+        t.on(ev.UpdateReceived, lambda e: answer_update(self, e.request_id, e.message))
+        t.on(ev.DataStreamStopped, self._on_data_stream_stopped)
+        t.on(ev.GoawayReceived, self._on_goaway)
+        t.on(ev.SessionClosed, lambda e: self._on_closed(e.error_code, e.reason))
+        return t
+
+    def _on_data(self, e: ev.DataEvent) -> None:
+        s = self._streams.get(e.request_id)
+        if s is not None:
+            s.feed_data(e.stream_id, e.event)
+
+    def _on_data_stream_closed(self, e: ev.DataStreamClosed) -> None:
+        s = self._streams.get(e.request_id)
+        if s is not None:
+            s.feed_stream_closed(e.stream_id, e.error_code)
+
+    def _on_setup_complete(self, e: ev.SetupComplete) -> None:
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def _on_datagram(self, e: ev.DatagramReceived) -> None:
+        s = self._streams.get(e.request_id)
+        if s is not None:
+            s.feed_datagram(e.datagram)
+
+    def _on_update_answered(self, e: ev.UpdateAnswered) -> None:
+        fut = self._update_waiters.pop(e.update_request_id, None)
+        if fut is not None and not fut.done():
+            if isinstance(e.message, RequestError):
+                fut.set_exception(MoqtError(e.message.error_code, e.message.error_reason))
+            else:
+                fut.set_result(e.message)
+
+    def _on_data_stream_stopped(self, e: ev.DataStreamStopped) -> None:
+        track = self._serving.get(e.request_id)
+        if track is not None:
+            track.remove_subscriber(self, e.request_id)
+
+    def _on_goaway(self, e: ev.GoawayReceived) -> None:
+        if not self.goaway_received.done():
+            self.goaway_received.set_result(e.message.new_session_uri)
 
     # ======================================================================================
     # incoming requests
@@ -284,11 +271,11 @@ class Session(SessionDriver):
             if track.finished:
                 # subscribe_after_finish: nothing more will be published (past objects
                 # are read with FETCH): the subscription ends at once, with no data stream.
-                self._publish_done(rid, PublishDoneCode.TRACK_ENDED, 0, "track ended")
+                self.publish_done(rid, PublishDoneCode.TRACK_ENDED, 0, "track ended")
                 return
-            track._add(_Outgoing(self, rid, alias, window=window))
+            track.add_subscriber(Outgoing(self, rid, alias, window=window))
         elif isinstance(msg, Fetch | FetchWithType):
-            self._spawn(self._serve_fetch(rid, msg))
+            self.spawn(self._serve_fetch(rid, msg))
         elif isinstance(msg, PublishNamespace):
             self.peer_namespaces.add(msg.track_namespace)
             moqt.request_ok(rid)
@@ -336,13 +323,13 @@ class Session(SessionDriver):
         track = self.catalog.get(ns, name)
         if track is None:
             moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            self._pump()
+            self.pump()
             return
         objs = track.objects_in(start, end)
         if not objs:
             # §"FETCH": nothing published, or start beyond the Largest Object.
             moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "no objects in range")
-            self._pump()
+            self.pump()
             return
         largest = objs[-1][0]
         order = GroupOrder(msg.parameters.group_order or GroupOrder.ASCENDING)  # type: ignore[attr-defined]
@@ -352,7 +339,7 @@ class Session(SessionDriver):
         moqt.accept_fetch(rid, largest, end_of_track=track.finished,
                           track_properties=track.response_properties())
         sid = moqt.open_fetch_stream(rid)
-        self._pump()
+        self.pump()
         enc = FetchStreamEncoder(rid, self.version, order)
         conn = self.connection
         try:
@@ -377,15 +364,15 @@ class Session(SessionDriver):
         if self.moqt is not None and not self.moqt.closed:
             moqt.data_stream_done(sid)
             moqt.finish_request(rid)
-            self._pump()
+            self.pump()
 
     def _on_cancelled(self, rid: int, code: int) -> None:
         track = self._serving.pop(rid, None)
         if track is not None:
-            track._remove(self, rid)
+            track.remove_subscriber(self, rid)
         stream = self._streams.get(rid)
         if stream is not None:
-            stream._cancelled(code)
+            stream.feed_cancelled(code)
         self._answer_hooks.pop(rid, None)
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
@@ -399,9 +386,9 @@ class Session(SessionDriver):
             hook(msg)
         stream = self._streams.get(rid)
         if stream is not None:
-            stream._response(msg)
+            stream.feed_response(msg)
             if isinstance(msg, RequestError):
-                stream._finish(MoqtError(msg.error_code, msg.error_reason))
+                stream.feed_end(MoqtError(msg.error_code, msg.error_reason))
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_result(msg)
@@ -410,13 +397,13 @@ class Session(SessionDriver):
         if isinstance(msg, PublishDone):
             stream = self._streams.get(rid)
             if isinstance(stream, Subscription):
-                stream._publish_done(msg)
+                stream.feed_publish_done(msg)
         elif isinstance(msg, Namespace):
             self.namespace_updates.put_nowait(("namespace", msg.track_namespace_suffix))
         elif isinstance(msg, NamespaceDone):
             self.namespace_updates.put_nowait(("namespace_done", msg.track_namespace_suffix))
 
-    def _stream_finished(self, stream: ObjectStream) -> None:
+    def stream_finished(self, stream: ObjectStream) -> None:
         self._streams.pop(stream.request_id, None)
         if self.moqt is not None:
             self.moqt.release(stream.request_id)
@@ -430,9 +417,9 @@ class Session(SessionDriver):
         self._answer_hooks.clear()
         self._update_waiters.clear()
         for stream in list(self._streams.values()):
-            stream._finish(err)
+            stream.feed_end(err)
         for rid, track in list(self._serving.items()):
-            track._remove(self, rid)
+            track.remove_subscriber(self, rid)
         self._serving.clear()
         if not self.ready.done():
             self.ready.set_exception(err)
@@ -441,7 +428,7 @@ class Session(SessionDriver):
 
     # ======================================================================================
     # application API
-    def _check_open(self) -> MoqtSession:
+    def _check_open(self) -> SessionMachine:
         moqt = self.moqt
         if moqt is None or moqt.closed:
             code = moqt.close_code if moqt is not None and moqt.close_code is not None else 0
@@ -450,7 +437,7 @@ class Session(SessionDriver):
             raise MoqtError(RequestErrorCode.GOING_AWAY, "the peer sent GOAWAY", ErrorKind.LOCAL)
         return moqt
 
-    async def _request(self, start: Callable[[MoqtSession], int],
+    async def _request(self, start: Callable[[SessionMachine], int],
                        stream: Callable[[int], ObjectStream] | None = None,
                        timeout: float = GUARD,
                        on_answer: Callable[[int, Message], None] | None = None,
@@ -469,7 +456,7 @@ class Session(SessionDriver):
         if stream is not None:
             obj = stream(rid)
             self._streams[rid] = obj
-        self._pump()
+        self.pump()
         try:
             msg = await asyncio.wait_for(fut, timeout)
         except BaseException:
@@ -499,7 +486,7 @@ class Session(SessionDriver):
         rid = self._published_namespaces.pop(normalize_namespace(namespace), None)
         if rid is None or self.moqt is None or self.moqt.closed:
             return False
-        self._cancel(rid)
+        self.drop_request(rid)
         return True
 
     async def subscribe_namespace(self, prefix: NamespaceLike, *,
@@ -516,7 +503,7 @@ class Session(SessionDriver):
         """TRACK_STATUS; returns the REQUEST_OK (LARGEST_OBJECT, Track Properties).
         ``parameters``: request parameters, e.g. ``authorization_tokens``."""
         ns = normalize_namespace(namespace)
-        return (await self._request(lambda m: m.track_status(ns, _name(name), parameters)))[1]
+        return (await self._request(lambda m: m.track_status(ns, track_name(name), parameters)))[1]
 
     async def subscribe_tracks(self, prefix: NamespaceLike, *, forward: bool = True,
                                parameters: MessageParameters = MessageParameters()) -> int:
@@ -562,7 +549,7 @@ class Session(SessionDriver):
                 return
             forward_now = forward if ok.parameters.forward is None else ok.parameters.forward
             self._serving[rid] = track
-            track._add(_Outgoing(self, rid, alias,
+            track.add_subscriber(Outgoing(self, rid, alias,
                                  window=subscription_window(None, track.largest),
                                  forward=forward_now))
             served.append(rid)
@@ -588,7 +575,7 @@ class Session(SessionDriver):
         out = track.outgoing(self, request_id) if track is not None else None
         if track is None or out is None:
             raise KeyError(f"no subscription {request_id} served on this session")
-        track._complete_soon(out, status, reason)
+        track.complete_soon(out, status, reason)
 
     def cancel_request(self, request_id: int) -> None:
         """Cancel one of our requests by its Request ID (SUBSCRIBE_NAMESPACE,
@@ -598,9 +585,9 @@ class Session(SessionDriver):
             if rid == request_id:
                 del self._published_namespaces[ns]
         stream = self._streams.get(request_id)
-        self._cancel(request_id)
+        self.drop_request(request_id)
         if stream is not None:
-            stream._finish()
+            stream.feed_end()
 
     async def subscribe(self, namespace: NamespaceLike, name: str | bytes, *,
                         parameters: MessageParameters = MessageParameters(),
@@ -616,7 +603,7 @@ class Session(SessionDriver):
             s.on_object_progress = on_object_progress
             return s
 
-        _, _, sub = await self._request(lambda m: m.subscribe(ns, _name(name), parameters), make)
+        _, _, sub = await self._request(lambda m: m.subscribe(ns, track_name(name), parameters), make)
         assert isinstance(sub, Subscription)
         return sub
 
@@ -646,7 +633,7 @@ class Session(SessionDriver):
             return s
 
         _, _, f = await self._request(
-            lambda m: m.fetch(ns, _name(name), start, end, parameters=params), make)
+            lambda m: m.fetch(ns, track_name(name), start, end, parameters=params), make)
         assert isinstance(f, FetchStream)
         return f
 
@@ -690,7 +677,7 @@ class Session(SessionDriver):
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # may go unawaited
         self._update_waiters[upd] = fut
-        self._pump()
+        self.pump()
         return fut
 
     @property
@@ -709,7 +696,7 @@ class Session(SessionDriver):
         if moqt is None or moqt.closed:
             raise SessionClosedError(0, "session closed")
         moqt.goaway(new_session_uri, timeout_ms)
-        self._pump()
+        self.pump()
 
     async def drain(self) -> None:
         """Wait until the peer acknowledged everything sent on this session's streams (call
@@ -720,60 +707,54 @@ class Session(SessionDriver):
     async def close(self, error_code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
         if self.moqt is not None:
             self.moqt.close(error_code, reason)
-            self._pump()
+            self.pump()
         if self.connection is not None:
             await self.connection.wait_closed()
 
     async def wait_closed(self) -> tuple[int, str]:
         return await self.closed
 
-    async def __aenter__(self) -> Session:
+    async def __aenter__(self) -> MoqtSession:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     # -- used by TrackPublisher / streams ----------------------------------------------------
-    def _open_subgroup(self, rid: int, header: SubgroupHeader) -> int:
+    def open_subgroup(self, rid: int, header: SubgroupHeader) -> int:
         assert self.moqt is not None
         sid = self.moqt.open_subgroup_stream(rid, header)
-        self._pump()
+        self.pump()
         return sid
 
-    def _send_datagram(self, data: bytes) -> None:
+    def send_datagram(self, data: bytes) -> None:
         if self.moqt is not None and not self.moqt.closed:
             try:
                 self.connection.send_datagram(data)
             except TransportError:
                 pass  # the connection is going away: datagrams are unreliable anyway
 
-    def _data_stream_done(self, sid: int) -> None:
+    def data_stream_done(self, sid: int) -> None:
         if self.moqt is not None and not self.moqt.closed:
             self.moqt.data_stream_done(sid)
-            self._pump()
+            self.pump()
 
-    def _publish_done(self, rid: int, status: int, count: int, reason: str) -> None:
+    def publish_done(self, rid: int, status: int, count: int, reason: str) -> None:
         moqt = self.moqt
         if moqt is not None and not moqt.closed and rid in moqt.requests:
             moqt.publish_done(rid, status, count, reason)
             self._serving.pop(rid, None)
-            self._pump()
+            self.pump()
 
-    def _cancel(self, rid: int) -> None:
+    def drop_request(self, rid: int) -> None:
         if self.moqt is not None:
             self.moqt.cancel(rid)
-            self._pump()
+            self.pump()
         self._streams.pop(rid, None)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("pubsub task failed", exc_info=task.exception())
+    def spawn(self, coro: Awaitable[None]) -> None:
+        """Run ``coro`` as a task of this session (failures logged)."""
+        self._tasks.spawn(coro)
 
 
 def _fetch_range(msg: Message) -> tuple[tuple[bytes, ...], bytes, tuple[int, int],
@@ -807,7 +788,7 @@ async def connect(url: str, config: TransportConfig | None = None, *,
                   catalog: Catalog | None = None,
                   session_config: SessionConfig | None = None,
                   setup_timeout: float = GUARD, accept_publish: bool = False,
-                  setup_tokens: Sequence[TokenLike] = ()) -> Session:
+                  setup_tokens: Sequence[TokenLike] = ()) -> MoqtSession:
     """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
     The MOQT version is the ALPN negotiated from ``config.alpn_protocols``.
     ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options (a ``Token``, or bytes / str sent
@@ -818,10 +799,10 @@ async def connect(url: str, config: TransportConfig | None = None, *,
         cfg.path = parsed.path_and_query
     if cfg.authority is None:
         cfg.authority = parsed.authority
-    made: list[Session] = []
+    made: list[MoqtSession] = []
 
-    def factory() -> Session:
-        s = Session(Role.CLIENT, catalog=catalog, session_config=cfg,
+    def factory() -> MoqtSession:
+        s = MoqtSession(Role.CLIENT, catalog=catalog, session_config=cfg,
                     accept_publish=accept_publish, setup_tokens=setup_tokens)
         made.append(s)
         return s
@@ -842,7 +823,7 @@ class MoqtServer:
     def __init__(self) -> None:
         #: The transport server; set by :func:`serve` once it listens.
         self.server: Server | None = None
-        self.sessions: set[Session] = set()
+        self.sessions: set[MoqtSession] = set()
 
     def _listening(self) -> Server:
         if self.server is None:
@@ -868,7 +849,7 @@ class MoqtServer:
 
 
 async def serve(host: str, port: int, config: TransportConfig, *,
-                on_session: Callable[[Session], object] | None = None,
+                on_session: Callable[[MoqtSession], object] | None = None,
                 catalog: Catalog | None = None,
                 session_config: SessionConfig | None = None,
                 accept_publish: bool = False, gate: RequestGate | None = None) -> MoqtServer:
@@ -878,8 +859,8 @@ async def serve(host: str, port: int, config: TransportConfig, *,
     srv = MoqtServer()
     shared = catalog if catalog is not None else Catalog()
 
-    def factory() -> Session:
-        s = Session(Role.SERVER, catalog=shared, session_config=session_config,
+    def factory() -> MoqtSession:
+        s = MoqtSession(Role.SERVER, catalog=shared, session_config=session_config,
                     accept_publish=accept_publish, gate=gate)
         srv.sessions.add(s)
         s.closed.add_done_callback(lambda _f: srv.sessions.discard(s))
@@ -889,7 +870,7 @@ async def serve(host: str, port: int, config: TransportConfig, *,
                 return
             res = on_session(s)
             if asyncio.iscoroutine(res):
-                s._spawn(res)
+                s.spawn(res)
 
         s.ready.add_done_callback(on_ready)
         return s

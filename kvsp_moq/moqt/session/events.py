@@ -1,4 +1,4 @@
-"""Events and actions of the sans-IO MOQT session (:mod:`kvsp_moq.moqt.session`).
+"""Events and actions of the sans-IO MOQT session (:class:`~.machine.SessionMachine`).
 
 The session is fed transport input (``stream_data``, ``stream_reset``, ``stop_sending``,
 ``datagram_received``) and answers with two queues:
@@ -6,15 +6,17 @@ The session is fed transport input (``stream_data``, ``stream_reset``, ``stop_se
 * **events** — what happened at the MOQT level, for the application layer (``next_event``);
 * **actions** — what the I/O layer must do on the QUIC connection (``next_action``), in order.
 
-Every class here is a small frozen dataclass: transitions as data (h11 style).
+Every class here is a small frozen dataclass: transitions as data (h11 style). There is no
+"open a stream" action: the session asks the transport for each new stream's ID
+(:mod:`.streams`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .messages import GoAway, Message, Setup
-from .objects import ObjectDatagram
+from ..messages import GoAway, Message, Setup
+from ..objects import ObjectDatagram
 
 __all__ = [
     "Action",
@@ -25,7 +27,6 @@ __all__ = [
     "DatagramReceived",
     "Event",
     "GoawayReceived",
-    "OpenStream",
     "RequestCancelled",
     "RequestFinished",
     "RequestMessage",
@@ -181,15 +182,6 @@ class Action:
     """Base class of I/O actions."""
 
     __slots__ = ()
-
-
-@dataclass(frozen=True, slots=True)
-class OpenStream(Action):
-    """Open the next locally initiated stream; its QUIC ID is ``stream_id`` (RFC 9000 §2.1
-    numbering; the session allocates IDs in the order the transport will)."""
-
-    stream_id: int
-    bidirectional: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..wire.buffer import Reader
-from ..wire.varint import encode_vi64
-from ._data_common import violation
-from ._incremental import IncrementalParser
-from .objects import PADDING_DATAGRAM_TYPE, PADDING_STREAM_TYPE, PaddingStreamHeader
-from .version import DEFAULT_VERSION, Version
+from ...wire.buffer import Reader
+from ...wire.varint import encode_vi64
+from .common import violation
+from .incremental import IncrementalParser
+from ..objects import PADDING_DATAGRAM_TYPE, PADDING_STREAM_TYPE, PaddingStreamHeader
+from ..version import DEFAULT_VERSION, Version
 
 __all__ = ["PaddingStreamParser", "encode_padding_datagram", "encode_padding_stream_header"]
 

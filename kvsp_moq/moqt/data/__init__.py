@@ -28,10 +28,11 @@ everything on the data plane); Object Properties longer than ``max_properties_le
 Datagrams: :func:`parse_datagram` returns :class:`ObjectDatagram` (payload a memoryview of the
 datagram) or :class:`PaddingDatagram`.
 
-Layout: this module is the public face of the data plane (stream-type dispatch and
-:class:`DataStreamParser` live here); the codecs are in ``data_subgroup``, ``data_fetch``,
-``data_datagram`` and ``data_padding``, the event and header types in :mod:`.objects`, the
-chunk-driving machinery in ``_incremental``. Import from here.
+Layout: this package's ``__init__`` is the public face of the data plane (stream-type
+dispatch and :class:`DataStreamParser` live here); the codecs are in ``subgroup``, ``fetch``,
+``datagram`` and ``padding``, the helpers they share in ``common``, the event and header
+types in :mod:`kvsp_moq.moqt.objects`, the chunk-driving machinery in ``incremental``.
+Import from here.
 
 Sending
 -------
@@ -46,19 +47,19 @@ raise ``ValueError`` for input that cannot be sent.
 
 from __future__ import annotations
 
-from ..wire.buffer import Buffer, as_byte_view
-from ..wire.errors import BufferUnderflow
-from ..wire.varint import read_vi64
-from ._data_common import DEFAULT_MAX_PROPERTIES_LENGTH, Properties, violation
-from .data_datagram import encode_datagram, parse_datagram
-from .data_fetch import FetchStreamEncoder, FetchStreamParser, GroupOrderSource, encode_fetch_header
-from .data_padding import (
+from ...wire.buffer import Buffer, as_byte_view
+from ...wire.errors import BufferUnderflow
+from ...wire.varint import read_vi64
+from .common import DEFAULT_MAX_PROPERTIES_LENGTH, Properties, violation
+from .datagram import encode_datagram, parse_datagram
+from .fetch import FetchStreamEncoder, FetchStreamParser, GroupOrderSource, encode_fetch_header
+from .padding import (
     PaddingStreamParser,
     encode_padding_datagram,
     encode_padding_stream_header,
 )
-from .data_subgroup import SubgroupStreamEncoder, SubgroupStreamParser, encode_subgroup_header
-from .objects import (
+from .subgroup import SubgroupStreamEncoder, SubgroupStreamParser, encode_subgroup_header
+from ..objects import (
     FETCH_HEADER_TYPE,
     PADDING_STREAM_TYPE,
     SETUP_STREAM_TYPE,
@@ -78,7 +79,7 @@ from .objects import (
     SubgroupIdMode,
     is_subgroup_type,
 )
-from .version import DEFAULT_VERSION, Version
+from ..version import DEFAULT_VERSION, Version
 
 __all__ = [
     "DEFAULT_MAX_PROPERTIES_LENGTH",

@@ -3,7 +3,7 @@
 No asyncio, no QUIC library: the I/O layer (``kvsp_moq.pubsub``) feeds it what the
 transport delivered and carries out the actions it queues; see ``docs/moqt-session.md``.
 
-Inputs: :meth:`Session.start` (once, when the connection is up), :meth:`stream_data`,
+Inputs: :meth:`SessionMachine.start` (once, when the connection is up), :meth:`stream_data`,
 :meth:`stream_reset`, :meth:`stop_sending`, :meth:`datagram_received`,
 :meth:`connection_lost`; and the local API (``subscribe``, ``fetch``, ``accept_subscribe``,
 ``reject``, ``publish_done``, ``cancel``, ``goaway``, ``open_subgroup_stream``, ...).
@@ -20,23 +20,26 @@ Streams (draft-20 §"Session initialization", §"Request Streams"; same in 18):
 
 Every protocol error surfaces as a :class:`WireError` and is turned into a session close
 (or, for a local resource limit on one stream, a STOP_SENDING) in exactly one place,
-:meth:`Session._fail`.
+:meth:`SessionMachine._fail`.
+
+Layout of this package: the settings in :mod:`.config`, our SETUP and the checks of the
+peer's in :mod:`.setup`, the peer's unidirectional streams and datagrams in
+:mod:`.incoming`, stream numbering (the transport's, :class:`~.streams.StreamIdAllocator`)
+in :mod:`.streams`, events and actions in :mod:`.events`; requests, control streams and
+the local API here.
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 
-from ..wire.buffer import Buffer
-from ..wire.errors import LimitExceeded, SessionErrorCode, StreamResetCode, WireError
-from ..wire.kvp import KeyValuePair
-from .data import DataStreamParser, encode_fetch_header, encode_subgroup_header, parse_datagram
-from .data import encode_datagram as _encode_datagram
-from .messages import (
+from ...wire.buffer import Buffer
+from ...wire.errors import LimitExceeded, SessionErrorCode, StreamResetCode, WireError
+from ...wire.kvp import KeyValuePair
+from ..data import encode_fetch_header, encode_subgroup_header, parse_datagram
+from ..data import encode_datagram as _encode_datagram
+from ..messages import (
     ControlStreamReader,
     Fetch,
     FetchOk,
@@ -68,28 +71,19 @@ from .messages import (
     check_request_update,
     encode_message,
 )
-from .messages._base import FETCH_TYPE, PUBLISH_TYPE, REQUEST_TYPES, SUBSCRIBE_TYPE, Sender
-from .messages._fields import violation
-from .messages.params import ParamContext
-from .objects import (
-    FetchHeader,
-    GroupOrder,
-    ObjectDatagram,
-    PaddingStreamHeader,
-    StreamKind,
-    SubgroupHeader,
-)
-from .requests import INITIAL_RESPONSES, OK_CONTEXT, Request, RequestIdAllocator, RequestIdChecker
-from .session_events import (
+from ..messages._base import FETCH_TYPE, PUBLISH_TYPE, REQUEST_TYPES, SUBSCRIBE_TYPE, Sender
+from ..messages._fields import violation
+from ..messages.params import ParamContext
+from ..objects import GroupOrder, ObjectDatagram, SubgroupHeader
+from ..requests import INITIAL_RESPONSES, OK_CONTEXT, Request, RequestIdAllocator, RequestIdChecker
+from ..version import Version
+from .config import Role, SessionConfig, SessionState
+from .events import (
     Action,
     CloseSession,
-    DataEvent,
-    DatagramReceived,
-    DataStreamClosed,
     DataStreamStopped,
     Event,
     GoawayReceived,
-    OpenStream,
     RequestCancelled,
     RequestFinished,
     RequestMessage,
@@ -104,67 +98,13 @@ from .session_events import (
     UpdateAnswered,
     UpdateReceived,
 )
-from .version import Version
+from .incoming import IncomingStreams
+from .setup import build_setup, check_peer_setup
+from .streams import StreamCounter, StreamIdAllocator
 
-__all__ = ["Role", "Session", "SessionConfig", "SessionState"]
+__all__ = ["SessionMachine"]
 
 PV = SessionErrorCode.PROTOCOL_VIOLATION
-
-# RFC 3986 path-abempty [ "?" query ] (PATH option, §"PATH"): pchar / "/" and "?" in query.
-_PCHAR = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
-_PATH_RE = re.compile(rf"^(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?$")
-# RFC 3986 authority: [ userinfo "@" ] host [ ":" port ], loosely (no spaces, no "/?#").
-_AUTHORITY_RE = re.compile(r"^(?:[^@/?#\s]*@)?(?:\[[0-9A-Fa-f:.]+\]|[^:@/?#\s\[\]]+)(?::[0-9]*)?$")
-
-
-class Role(Enum):
-    CLIENT = "client"
-    SERVER = "server"
-
-
-class SessionState(Enum):
-    #: Our SETUP may be sent; the peer's has not arrived.
-    SETUP = "setup"
-    ESTABLISHED = "established"
-    #: GOAWAY sent or received: no new requests.
-    DRAINING = "draining"
-    CLOSED = "closed"
-
-
-@dataclass
-class SessionConfig:
-    """Local settings of a session."""
-
-    #: Client: the PATH / AUTHORITY options to send (native QUIC only, §"PATH", §"AUTHORITY").
-    path: str | None = None
-    authority: str | None = None
-    #: Server: decides whether a PATH / AUTHORITY is served (False → INVALID_PATH /
-    #: INVALID_AUTHORITY). None accepts any well-formed value.
-    accept_path: Callable[[str | None], bool] | None = None
-    accept_authority: Callable[[str | None], bool] | None = None
-    implementation: str | None = "kvsp-moq"
-    #: MAX_REQUEST_UPDATES we advertise (draft 19+; None: not sent = unlimited).
-    max_request_updates: int | None = None
-    #: Bytes held per data stream whose Track Alias is not known yet, and in total before the
-    #: peer's SETUP; beyond them the stream is stopped with EXCESSIVE_LOAD.
-    max_pending_stream_bytes: int = 1 << 20
-    extra_setup_options: Sequence[tuple[int, int | bytes]] = ()
-
-
-@dataclass(eq=False)
-class _UniIn:
-    """A peer-opened unidirectional stream."""
-
-    head: bytearray = field(default_factory=bytearray)
-    kind: StreamKind | None = None
-    control: ControlStreamReader | None = None
-    parser: DataStreamParser | None = None
-    request_id: int | None = None
-    #: Track Alias waiting for SUBSCRIBE_OK / PUBLISH; events held meanwhile.
-    pending_alias: int | None = None
-    pending: list[object] = field(default_factory=list)
-    pending_bytes: int = 0
-    pending_end: bool = False
 
 
 def _kvps(pairs: Sequence[tuple[int, int | bytes]]) -> tuple[KeyValuePair, ...]:
@@ -172,14 +112,14 @@ def _kvps(pairs: Sequence[tuple[int, int | bytes]]) -> tuple[KeyValuePair, ...]:
     return tuple(KeyValuePair(*kv) for kv in pairs)
 
 
-def _stream_id(index: int, is_client: bool, uni: bool) -> int:
-    return (index << 2) | (0 if is_client else 1) | (2 if uni else 0)
+class SessionMachine:
+    """The MOQT session state machine (client or server role) of one connection, sans-IO.
 
+    ``streams`` numbers the streams it opens: the transport's allocator (the I/O layer
+    passes one over its connection), by default an RFC 9000 :class:`StreamCounter`."""
 
-class Session:
-    """One MOQT session (client or server role), sans-IO."""
-
-    def __init__(self, role: Role, version: Version, config: SessionConfig | None = None) -> None:
+    def __init__(self, role: Role, version: Version, config: SessionConfig | None = None, *,
+                 streams: StreamIdAllocator | None = None) -> None:
         self.role = role
         self.version = version
         self.config = config or SessionConfig()
@@ -192,8 +132,8 @@ class Session:
         self.peer_goaway: GoAway | None = None
         self._events: deque[Event] = deque()
         self._actions: deque[Action] = deque()
-        self._next_bidi = 0
-        self._next_uni = 0
+        self._streams: StreamIdAllocator = (streams if streams is not None
+                                            else StreamCounter(self.is_client))
         self._control_out: int | None = None
         self._control_in: int | None = None
         self._control_goaway = False
@@ -201,27 +141,17 @@ class Session:
         self._peer_ids = RequestIdChecker(peer_is_client=not self.is_client)
         self.requests: dict[int, Request] = {}
         self._by_stream: dict[int, Request] = {}
-        self._uni_in: dict[int, _UniIn] = {}
-        #: Track Alias → request ID of the subscription receiving it.
-        self._alias_in: dict[int, int] = {}
-        self._alias_track: dict[int, tuple[tuple[bytes, ...], bytes]] = {}
-        #: Aliases / request IDs of ended subscriptions and fetches: late data is stopped.
-        self._retired_aliases: set[int] = set()
-        self._retired_requests: set[int] = set()
-        #: Our FETCH / SUBSCRIBE request IDs that fetch streams may name (kept after the
-        #: request stream ends, until :meth:`release` or :meth:`cancel`).
-        self._fetch_routes: set[int] = set()
-        #: Group order of each local FETCH, kept while its fetch stream may still arrive
-        #: (the request itself can be over by then: FETCH_OK and FIN come first).
-        self._fetch_orders: dict[int, GroupOrder] = {}
+        #: The peer's unidirectional streams and datagrams (data routing: .incoming).
+        self._in = IncomingStreams(self.version, self.config, self._events, self._actions,
+                                   established=lambda: self.peer_setup is not None,
+                                   hold=self._hold, control=self._control_opened,
+                                   control_data=self._control_data)
         self._finished_local: dict[int, int | None] = {}
         #: Our data streams → request ID.
         self._data_out: dict[int, int] = {}
         #: Input held before the peer's SETUP (§"Session initialization": SHOULD buffer).
         self._early: list[tuple[int, bytes, bool]] = []
         self._early_bytes = 0
-        #: Streams stopped or discarded: later bytes are ignored.
-        self._dead_streams: set[int] = set()
         #: Peer request streams whose first message is still incomplete.
         self._partial_first: dict[int, ControlStreamReader] = {}
 
@@ -253,35 +183,12 @@ class Session:
         """Open our control stream and send SETUP (either side sends it at once)."""
         if self._control_out is not None:
             raise RuntimeError("session already started")
-        cfg = self.config
-        setup = Setup(
-            path=cfg.path if self.is_client else None,
-            authority=cfg.authority if self.is_client else None,
-            moqt_implementation=cfg.implementation,
-            max_request_updates=(cfg.max_request_updates
-                                 if self.version.has_range_filters else None),
-            unknown_options=tuple(KeyValuePair(t, v) for t, v in cfg.extra_setup_options),
-        )
+        setup = build_setup(self.config, self.version, self.is_client)
         self._control_out = self._open(uni=True)
         self._send(self._control_out, encode_message(self.version, setup))
 
     def _on_setup(self, setup: Setup) -> None:
-        if self.is_client:
-            # PATH and AUTHORITY are sent by the client only (§"PATH", §"AUTHORITY").
-            if setup.path is not None or setup.authority is not None:
-                raise violation("server sent PATH or AUTHORITY")
-        else:
-            if setup.path is not None and not _PATH_RE.match(setup.path):
-                raise WireError(SessionErrorCode.MALFORMED_PATH, f"malformed PATH {setup.path!r}")
-            if setup.authority is not None and not _AUTHORITY_RE.match(setup.authority):
-                raise WireError(SessionErrorCode.MALFORMED_AUTHORITY,
-                                f"malformed AUTHORITY {setup.authority!r}")
-            if self.config.accept_path is not None and not self.config.accept_path(setup.path):
-                raise WireError(SessionErrorCode.INVALID_PATH, f"PATH {setup.path!r} not served")
-            if (self.config.accept_authority is not None
-                    and not self.config.accept_authority(setup.authority)):
-                raise WireError(SessionErrorCode.INVALID_AUTHORITY,
-                                f"AUTHORITY {setup.authority!r} not served")
+        check_peer_setup(setup, self.config, self.is_client)
         self.peer_setup = setup
         if self.state is SessionState.SETUP:
             self.state = SessionState.ESTABLISHED
@@ -309,7 +216,7 @@ class Session:
         if uni and local:
             raise violation(f"data on our own unidirectional stream {stream_id}")
         if uni:
-            self._uni_data(stream_id, data, end_stream)
+            self._in.stream_data(stream_id, data, end_stream)
             return
         req = self._by_stream.get(stream_id)
         if req is None:
@@ -318,7 +225,7 @@ class Session:
             if self.peer_setup is None:
                 self._hold(stream_id, data, end_stream)
                 return
-            if stream_id in self._dead_streams:
+            if stream_id in self._in.dead_streams:
                 return
             self._new_peer_request(stream_id, data, end_stream)
             return
@@ -335,9 +242,7 @@ class Session:
             if req is not None:
                 self._cancelled(req, error_code)
                 return
-            uni = self._uni_in.pop(stream_id, None)
-            if uni is not None and uni.request_id is not None:
-                self._events.append(DataStreamClosed(uni.request_id, stream_id, error_code))
+            self._in.stream_reset(stream_id, error_code)
         except WireError as exc:
             self._fail(exc, stream_id)
 
@@ -370,10 +275,7 @@ class Session:
             self._fail(exc)
             return
         if isinstance(dg, ObjectDatagram):
-            rid = self._alias_in.get(dg.track_alias)
-            if rid is not None:
-                self._events.append(DatagramReceived(rid, dg))
-            # Unknown alias: the draft allows dropping (MAY buffer briefly); we drop.
+            self._in.datagram(dg)
 
     def connection_lost(self, error_code: int = 0, reason: str = "") -> None:
         if self.closed:
@@ -388,10 +290,7 @@ class Session:
         if isinstance(exc, LimitExceeded) and stream_id is not None and stream_id & 2:
             # A local resource limit on one data stream: cancel just that stream
             # (draft-20 §"Resource Exhaustion").
-            uni = self._uni_in.pop(stream_id, None)
-            self._actions.append(StopSending(stream_id, exc.stream_code))
-            if uni is not None and uni.request_id is not None:
-                self._events.append(DataStreamClosed(uni.request_id, stream_id, exc.stream_code))
+            self._in.limit_exceeded(stream_id, exc.stream_code)
             return
         self.close(exc.code, exc.reason)
 
@@ -405,52 +304,20 @@ class Session:
         self._events.append(SessionClosed(int(error_code), reason, local=True))
 
     # ======================================================================================
-    # unidirectional streams: control and data
+    # input before the peer's SETUP, and the control stream
     def _hold(self, stream_id: int, data: Buffer, end_stream: bool) -> None:
         self._early_bytes += len(data)
         if self._early_bytes > self.config.max_pending_stream_bytes:
             self._actions.append(StopSending(stream_id, StreamResetCode.EXCESSIVE_LOAD))
-            self._dead_streams.add(stream_id)
+            self._in.dead_streams.add(stream_id)
             return
         self._early.append((stream_id, bytes(data), end_stream))
 
-    def _uni_data(self, stream_id: int, data: Buffer, end_stream: bool) -> None:
-        if stream_id in self._dead_streams:
-            return
-        st = self._uni_in.get(stream_id)
-        if st is None:
-            st = self._uni_in[stream_id] = _UniIn()
-        elif st.pending_end:
-            raise violation("data after the end of a stream")
-        if st.kind is None:
-            st.head += data
-            from .data import peek_stream_type
-
-            peeked = peek_stream_type(st.head, self.version)
-            if peeked is None:
-                if end_stream:
-                    raise violation("stream ended inside its type")
-                return
-            st.kind = peeked[0]
-            data, st.head = bytes(st.head), bytearray()
-            if st.kind is StreamKind.CONTROL:
-                if self._control_in is not None:
-                    raise violation("a second control stream")
-                self._control_in = stream_id
-                st.control = ControlStreamReader(self.version)
-            else:
-                if self.peer_setup is None:
-                    # Data before SETUP: hold the bytes (re-fed after SETUP).
-                    del self._uni_in[stream_id]
-                    self._hold(stream_id, data, end_stream)
-                    return
-                st.parser = DataStreamParser(self.version, group_order=self._fetch_order)
-        if st.control is not None:
-            self._control_data(st.control, data, end_stream)
-            return
-        assert st.parser is not None
-        events = st.parser.feed(data, end_stream)
-        self._route_data(stream_id, st, events, len(data), end_stream)
+    def _control_opened(self, stream_id: int) -> ControlStreamReader:
+        if self._control_in is not None:
+            raise violation("a second control stream")
+        self._control_in = stream_id
+        return ControlStreamReader(self.version)
 
     def _control_data(self, reader: ControlStreamReader, data: Buffer, end_stream: bool) -> None:
         for msg in reader.feed(data):
@@ -484,69 +351,6 @@ class Session:
         if self.state is SessionState.ESTABLISHED:
             self.state = SessionState.DRAINING
         self._events.append(GoawayReceived(msg, request_id))
-
-    def _fetch_order(self, request_id: int) -> GroupOrder:
-        return self._fetch_orders.get(request_id, GroupOrder.ASCENDING)
-
-    def _route_data(self, stream_id: int, st: _UniIn, events: list[object], nbytes: int,
-                    end_stream: bool) -> None:
-        for ev in events:
-            if st.request_id is None and st.pending_alias is None:
-                self._bind_data_stream(stream_id, st, ev)
-                if stream_id not in self._uni_in:
-                    return  # stopped
-            if st.request_id is None:
-                st.pending.append(ev)
-                continue
-            if not isinstance(ev, PaddingStreamHeader):
-                self._events.append(DataEvent(st.request_id, stream_id, ev))
-        if st.request_id is None and st.pending_alias is not None:
-            st.pending_bytes += nbytes
-            st.pending_end = st.pending_end or end_stream
-            if st.pending_bytes > self.config.max_pending_stream_bytes:
-                self._stop_data(stream_id, StreamResetCode.EXCESSIVE_LOAD)
-            return
-        if end_stream:
-            self._uni_in.pop(stream_id, None)
-            if st.request_id is not None:
-                self._events.append(DataStreamClosed(st.request_id, stream_id, None))
-
-    def _bind_data_stream(self, stream_id: int, st: _UniIn, header: object) -> None:
-        if isinstance(header, SubgroupHeader):
-            rid = self._alias_in.get(header.track_alias)
-            if rid is not None:
-                st.request_id = rid
-            elif header.track_alias in self._retired_aliases:
-                self._stop_data(stream_id, StreamResetCode.CANCELLED)
-            else:
-                # Unknown alias: SUBSCRIBE_OK / PUBLISH may still be on its way (MAY buffer).
-                st.pending_alias = header.track_alias
-        elif isinstance(header, FetchHeader):
-            if header.request_id in self._fetch_routes:
-                st.request_id = header.request_id
-            elif header.request_id in self._retired_requests:
-                self._stop_data(stream_id, StreamResetCode.CANCELLED)
-            else:
-                raise violation(f"fetch stream for unknown Request ID {header.request_id}")
-        elif isinstance(header, PaddingStreamHeader):
-            self._uni_in.pop(stream_id, None)
-            self._dead_streams.add(stream_id)  # discard the rest (§"Padding Streams")
-
-    def _stop_data(self, stream_id: int, code: int) -> None:
-        self._uni_in.pop(stream_id, None)
-        self._dead_streams.add(stream_id)
-        self._actions.append(StopSending(stream_id, code))
-
-    def _release_pending(self, alias: int, request_id: int) -> None:
-        for stream_id, st in list(self._uni_in.items()):
-            if st.pending_alias == alias and st.request_id is None:
-                st.request_id, st.pending_alias = request_id, None
-                pending, st.pending = st.pending, []
-                for ev in pending:
-                    self._events.append(DataEvent(request_id, stream_id, ev))
-                if st.pending_end:
-                    self._uni_in.pop(stream_id, None)
-                    self._events.append(DataStreamClosed(request_id, stream_id, None))
 
     # ======================================================================================
     # request streams (§"Request Streams")
@@ -660,16 +464,8 @@ class Session:
 
     def _register_alias(self, req: Request, alias: int, ns: tuple[bytes, ...],
                         name: bytes) -> None:
-        # §"Track Alias": one alias for two different tracks → DUPLICATE_TRACK_ALIAS.
-        track = self._alias_track.get(alias)
-        if track is not None and track != (tuple(ns), bytes(name)):
-            raise WireError(SessionErrorCode.DUPLICATE_TRACK_ALIAS,
-                            f"Track Alias {alias} already names another track")
-        self._alias_track[alias] = (tuple(ns), bytes(name))
-        self._alias_in[alias] = req.request_id
+        self._in.register_alias(req.request_id, alias, ns, name)
         req.track_alias = alias
-        self._retired_aliases.discard(alias)
-        self._release_pending(alias, req.request_id)
 
     def _peer_finished(self, req: Request) -> None:
         req.recv_finished = True
@@ -695,7 +491,7 @@ class Session:
         self.requests.pop(req.request_id, None)
         self._by_stream.pop(req.stream_id, None)
         if not req.local:
-            self._dead_streams.add(req.stream_id)  # late bytes are not a new request
+            self._in.dead_streams.add(req.stream_id)  # late bytes are not a new request
         if reset_code is None:
             if req.local:
                 self._finished_local[req.request_id] = req.track_alias
@@ -712,12 +508,7 @@ class Session:
         self._retire(req.request_id, req.track_alias)
 
     def _retire(self, request_id: int, alias: int | None) -> None:
-        self._retired_requests.add(request_id)
-        self._fetch_routes.discard(request_id)
-        self._fetch_orders.pop(request_id, None)
-        if alias is not None and self._alias_in.get(alias) == request_id:
-            del self._alias_in[alias]
-            self._retired_aliases.add(alias)
+        self._in.retire(request_id, alias)
 
     def release(self, request_id: int) -> None:
         """The application is done with a finished local request: drop its data routing
@@ -745,11 +536,9 @@ class Session:
         self.requests[rid] = req
         self._by_stream[stream_id] = req
         if msg.TYPE in (FETCH_TYPE, SUBSCRIBE_TYPE):
-            self._fetch_routes.add(rid)
-        order = (msg.parameters.group_order
-                 if isinstance(msg, Fetch | StandaloneFetch | JoiningFetch) else None)
-        if order is not None:
-            self._fetch_orders[rid] = GroupOrder(order)
+            order = (msg.parameters.group_order
+                     if isinstance(msg, Fetch | StandaloneFetch | JoiningFetch) else None)
+            self._in.add_fetch_route(rid, GroupOrder(order) if order is not None else None)
         self._send(stream_id, data)
         return rid
 
@@ -837,9 +626,7 @@ class Session:
         with CANCELLED (§"Request Streams": there are no cancel messages since 17)."""
         if self.closed:
             return
-        for sid, st in list(self._uni_in.items()):
-            if st.request_id == request_id:
-                self._stop_data(sid, StreamResetCode.CANCELLED)
+        self._in.stop_request(request_id, StreamResetCode.CANCELLED)
         req = self.requests.get(request_id)
         if req is None:
             self.release(request_id)
@@ -980,14 +767,8 @@ class Session:
     # ======================================================================================
     # helpers
     def _open(self, uni: bool) -> int:
-        if uni:
-            sid = _stream_id(self._next_uni, self.is_client, True)
-            self._next_uni += 1
-        else:
-            sid = _stream_id(self._next_bidi, self.is_client, False)
-            self._next_bidi += 1
-        self._actions.append(OpenStream(sid, not uni))
-        return sid
+        """A new stream of ours: its ID is the transport's (:mod:`.streams`)."""
+        return self._streams.open_uni() if uni else self._streams.open_bidi()
 
     def _send(self, stream_id: int, data: bytes, end: bool = False) -> None:
         self._actions.append(SendStream(stream_id, data, end))

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..wire.buffer import Buffer, Reader, Writer
-from ..wire.varint import VI64_MAX, encode_vi64
-from ._data_common import (
+from ...wire.buffer import Buffer, Reader, Writer
+from ...wire.varint import VI64_MAX, encode_vi64
+from .common import (
     DEFAULT_MAX_PROPERTIES_LENGTH,
     NORMAL,
     Properties,
@@ -23,8 +23,8 @@ from ._data_common import (
     pull_properties,
     violation,
 )
-from ._incremental import IncrementalParser
-from .objects import (
+from .incremental import IncrementalParser
+from ..objects import (
     FETCH_FLAG_DATAGRAM,
     FETCH_FLAG_GROUP_ID,
     FETCH_FLAG_OBJECT_ID,
@@ -39,7 +39,7 @@ from .objects import (
     ObjectBegin,
     ObjectEnd,
 )
-from .version import DEFAULT_VERSION, Version
+from ..version import DEFAULT_VERSION, Version
 
 __all__ = ["FetchStreamEncoder", "FetchStreamParser", "GroupOrderSource", "encode_fetch_header"]
 

@@ -1,14 +1,15 @@
-"""Helpers shared by the data-plane codecs (``data_*`` modules); see :mod:`.data`."""
+"""Helpers shared by the data-plane codecs (the modules of this package); see
+:mod:`kvsp_moq.moqt.data`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..wire.buffer import Buffer, Reader, Writer
-from ..wire.errors import LimitExceeded, SessionErrorCode, WireError
-from ..wire.kvp import KeyValuePair, read_kvps, write_kvps
-from ..wire.varint import VI64_MAX
-from .objects import ObjectStatus
+from ...wire.buffer import Buffer, Reader, Writer
+from ...wire.errors import LimitExceeded, SessionErrorCode, WireError
+from ...wire.kvp import KeyValuePair, read_kvps, write_kvps
+from ...wire.varint import VI64_MAX
+from ..objects import ObjectStatus
 
 __all__ = [
     "DEFAULT_MAX_PROPERTIES_LENGTH",

@@ -4,9 +4,9 @@ here too (§"Padding Datagrams"). Public API re-exported by :mod:`kvsp_moq.moqt.
 
 from __future__ import annotations
 
-from ..wire.buffer import Buffer, Reader, Writer
-from ..wire.errors import BufferUnderflow
-from ._data_common import (
+from ...wire.buffer import Buffer, Reader, Writer
+from ...wire.errors import BufferUnderflow
+from .common import (
     DEFAULT_MAX_PROPERTIES_LENGTH,
     NORMAL,
     check_priority,
@@ -17,7 +17,7 @@ from ._data_common import (
     pull_properties,
     violation,
 )
-from .objects import (
+from ..objects import (
     DATAGRAM_FLAG_DEFAULT_PRIORITY,
     DATAGRAM_FLAG_END_OF_GROUP,
     DATAGRAM_FLAG_PROPERTIES,
@@ -29,7 +29,7 @@ from .objects import (
     PaddingDatagram,
     is_datagram_type,
 )
-from .version import DEFAULT_VERSION, Version
+from ..version import DEFAULT_VERSION, Version
 
 __all__ = ["encode_datagram", "parse_datagram"]
 

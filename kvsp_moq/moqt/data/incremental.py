@@ -17,9 +17,9 @@ arbitrary chunks through a subclass's pure ``_parse_unit`` (which reads one unit
 
 from __future__ import annotations
 
-from ..wire.buffer import Buffer, Reader, as_byte_view
-from ..wire.errors import BufferUnderflow, SessionErrorCode, WireError
-from .objects import ObjectEnd, ObjectPayload
+from ...wire.buffer import Buffer, Reader, as_byte_view
+from ...wire.errors import BufferUnderflow, SessionErrorCode, WireError
+from ..objects import ObjectEnd, ObjectPayload
 
 __all__ = ["Event", "IncrementalParser"]
 

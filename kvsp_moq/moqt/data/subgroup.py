@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..wire.buffer import Buffer, Reader, Writer
-from ..wire.varint import VI64_MAX
-from ._data_common import (
+from ...wire.buffer import Buffer, Reader, Writer
+from ...wire.varint import VI64_MAX
+from .common import (
     DEFAULT_MAX_PROPERTIES_LENGTH,
     NORMAL,
     Properties,
@@ -21,8 +21,8 @@ from ._data_common import (
     pull_properties,
     violation,
 )
-from ._incremental import IncrementalParser
-from .objects import (
+from .incremental import IncrementalParser
+from ..objects import (
     SUBGROUP_FLAG_DEFAULT_PRIORITY,
     SUBGROUP_FLAG_END_OF_GROUP,
     SUBGROUP_FLAG_FIRST_OBJECT,
@@ -34,7 +34,7 @@ from .objects import (
     SubgroupIdMode,
     is_subgroup_type,
 )
-from .version import DEFAULT_VERSION, Version
+from ..version import DEFAULT_VERSION, Version
 
 __all__ = ["SubgroupStreamEncoder", "SubgroupStreamParser", "encode_subgroup_header"]
 

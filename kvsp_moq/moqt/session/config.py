@@ -1,0 +1,52 @@
+"""Roles, states and local settings of the sans-IO MOQT session (:mod:`.machine`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from ..messages import Token
+
+__all__ = ["Role", "SessionConfig", "SessionState"]
+
+
+class Role(Enum):
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class SessionState(Enum):
+    #: Our SETUP may be sent; the peer's has not arrived.
+    SETUP = "setup"
+    ESTABLISHED = "established"
+    #: GOAWAY sent or received: no new requests.
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+@dataclass
+class SessionConfig:
+    """Local settings of a session, including every Setup Option our SETUP carries."""
+
+    #: Client: the PATH / AUTHORITY options to send (native QUIC only, §"PATH", §"AUTHORITY").
+    path: str | None = None
+    authority: str | None = None
+    #: Server: decides whether a PATH / AUTHORITY is served (False → INVALID_PATH /
+    #: INVALID_AUTHORITY). None accepts any well-formed value.
+    accept_path: Callable[[str | None], bool] | None = None
+    accept_authority: Callable[[str | None], bool] | None = None
+    implementation: str | None = "kvsp-moq"
+    #: MAX_REQUEST_UPDATES we advertise (draft 19+; None: not sent = unlimited).
+    max_request_updates: int | None = None
+    #: AUTHORIZATION TOKEN Setup Options of our SETUP, in order (draft-20
+    #: §"AUTHORIZATION TOKEN"; USE_VALUE or REGISTER: nothing is registered before SETUP).
+    authorization_tokens: Sequence[Token] = ()
+    #: MAX_AUTH_TOKEN_CACHE_SIZE we advertise (§"MAX_AUTH_TOKEN_CACHE_SIZE"; None: not sent,
+    #: i.e. 0: the peer may not register token aliases).
+    max_auth_token_cache_size: int | None = None
+    #: Bytes held per data stream whose Track Alias is not known yet, and in total before the
+    #: peer's SETUP; beyond them the stream is stopped with EXCESSIVE_LOAD.
+    max_pending_stream_bytes: int = 1 << 20
+    #: Setup Options of types this layer does not know (e.g. GREASE), sent as they are.
+    extra_setup_options: Sequence[tuple[int, int | bytes]] = ()
