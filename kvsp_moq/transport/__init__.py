@@ -15,7 +15,7 @@ for a protocol object above it (the sans-IO MOQT session) and knows nothing of w
 * :mod:`.connection_core`, :mod:`.server_core` — what every backend's ``Connection`` and
   ``Server`` share (handler calls, close bookkeeping, waiters, the server's close sequence).
 * :mod:`.aioquic_backend`, :mod:`.qh3_backend` — the two libraries (imported on first use).
-* :mod:`.aiopquic_backend` — picoquic through aiopquic (Python >= 3.12): not sans-IO, so it
+* :mod:`.aiopquic.backend` — picoquic through aiopquic (Python >= 3.12): not sans-IO, so it
   implements the interface on aiopquic's own asyncio API instead of the engine.
 
 ``connect`` and ``serve`` pick the backend named by ``config.backend`` (default
@@ -84,7 +84,7 @@ __all__ = [
 
 #: backend name -> (our module, the package it needs)
 _MODULES = {"aioquic": ("aioquic_backend", "aioquic"), "qh3": ("qh3_backend", "qh3"),
-            "aiopquic": ("aiopquic_backend", "aiopquic")}
+            "aiopquic": ("aiopquic.backend", "aiopquic")}
 
 
 def load_backend(name: str) -> Backend:

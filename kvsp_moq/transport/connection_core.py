@@ -1,7 +1,7 @@
 """What the two :class:`~.api.Connection` implementations share: :class:`ConnectionCore`.
 
 :class:`~.engine.EngineConnection` (aioquic, qh3: a sans-IO ``QuicConnection`` driven by the
-engine) and :class:`~.aiopquic_connection.AiopquicConnection` (picoquic's own thread) differ
+engine) and :class:`~.aiopquic.connection.AiopquicConnection` (picoquic's own thread) differ
 in how they reach their QUIC library, not in what the interface promises. This class holds
 the promise: the state every backend keeps (handler, ALPN, peer, close bookkeeping, the
 established and terminated futures, the ``wait_writable`` waiters), the checks on the

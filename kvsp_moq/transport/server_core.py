@@ -1,7 +1,7 @@
 """What the two :class:`~.api.Server` implementations share: :class:`ServerCore`.
 
 :class:`~.endpoints.EngineServer` (one UDP socket demultiplexed by the library's
-``QuicServer``) and :class:`~.aiopquic_server.AiopquicServer` (one picoquic context) differ in
+``QuicServer``) and :class:`~.aiopquic.server.AiopquicServer` (one picoquic context) differ in
 how they listen and accept; what they do with the connections they accepted is the same:
 keep them until they end, report the established ones, and on ``close`` close or refuse each
 and wait, within a grace period, for their closing periods to end before the endpoint stops.

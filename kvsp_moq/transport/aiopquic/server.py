@@ -1,8 +1,8 @@
-"""The :class:`~.api.Server` of the aiopquic backend: :class:`AiopquicServer`.
+"""The :class:`~kvsp_moq.transport.api.Server` of the aiopquic backend: :class:`AiopquicServer`.
 
-One aiopquic ``QuicEngine`` (a :class:`~.aiopquic_stack.StackEngine`): one picoquic context
+One aiopquic ``QuicEngine`` (a :class:`~.stack.StackEngine`): one picoquic context
 and network thread with one UDP socket, demultiplexing packets to connections in C. Each
-connection it reports gets an :class:`~.aiopquic_connection.AiopquicConnection`.
+connection it reports gets an :class:`~.connection.AiopquicConnection`.
 
 picoquic binds the wildcard address of the family (``TransportConfig`` cannot narrow it to
 ``host``): serving on 127.0.0.1 listens on every IPv4 address of the machine. ``address``
@@ -19,12 +19,12 @@ import logging
 import socket
 from typing import Any
 
-from .aiopquic_config import TlsFiles, quic_configuration, stream_ring_cap
-from .aiopquic_connection import AiopquicConnection
-from .aiopquic_stack import StackEngine, StackProtocol
-from .api import HandlerFactory
-from .config import TransportConfig
-from .server_core import ServerCore
+from .config import TlsFiles, quic_configuration, stream_ring_cap
+from .connection import AiopquicConnection
+from .stack import StackEngine, StackProtocol
+from ..api import HandlerFactory
+from ..config import TransportConfig
+from ..server_core import ServerCore
 
 __all__ = ["AiopquicServer", "serve"]
 

@@ -6,14 +6,14 @@ thread with its own UDP socket (packets, timers, pacing, GSO in C), and hands ev
 asyncio thread over rings signalled by an eventfd. So this backend does not use the engine
 (``engine.py``/``udp.py``); it implements :mod:`.api` on aiopquic's own asyncio classes:
 
-* :mod:`.aiopquic_stack` — aiopquic's ``QuicConnection``/``QuicEngine``/``QuicConnectionProtocol``
+* :mod:`.stack` — aiopquic's ``QuicConnection``/``QuicEngine``/``QuicConnectionProtocol``
   with taps for what the interface needs and its events do not carry;
-* :mod:`.aiopquic_config` — ``TransportConfig`` → ``QuicConfiguration`` (TLS via files);
-* :mod:`.aiopquic_sending` — the send queues in front of aiopquic's per-stream rings;
-* :mod:`.aiopquic_connection` — the :class:`~.api.Connection` (on
-  :class:`~.connection_core.ConnectionCore`, shared with the engine);
-* :mod:`.aiopquic_server` — the :class:`~.api.Server` (on :class:`~.server_core.ServerCore`);
-* this module — the :class:`~.api.Backend` shape: :func:`connect` and :func:`serve`.
+* :mod:`.config` — ``TransportConfig`` → ``QuicConfiguration`` (TLS via files);
+* :mod:`.sending` — the send queues in front of aiopquic's per-stream rings;
+* :mod:`.connection` — the :class:`~kvsp_moq.transport.api.Connection` (on
+  :class:`~kvsp_moq.transport.connection_core.ConnectionCore`, shared with the engine);
+* :mod:`.server` — the :class:`~kvsp_moq.transport.api.Server` (on :class:`~kvsp_moq.transport.server_core.ServerCore`);
+* this module — the :class:`~kvsp_moq.transport.api.Backend` shape: :func:`connect` and :func:`serve`.
 
 A client connection owns a picoquic context (a thread and a socket), stopped once the
 connection has ended (``wait_closed``). What differs from the other backends is listed in
@@ -32,13 +32,13 @@ if not _SUPPORTED:  # pragma: no cover - depends on the interpreter
 import asyncio  # noqa: E402
 import socket  # noqa: E402
 
-from .aiopquic_config import TlsFiles, quic_configuration, stream_ring_cap  # noqa: E402
-from .aiopquic_connection import AiopquicConnection  # noqa: E402
-from .aiopquic_server import AiopquicServer, serve  # noqa: E402
-from .aiopquic_stack import StackConnection, StackProtocol  # noqa: E402
-from .api import HandlerFactory  # noqa: E402
-from .config import TransportConfig  # noqa: E402
-from .url import MoqtUrl, parse_moqt_url  # noqa: E402
+from .config import TlsFiles, quic_configuration, stream_ring_cap  # noqa: E402
+from .connection import AiopquicConnection  # noqa: E402
+from .server import AiopquicServer, serve  # noqa: E402
+from .stack import StackConnection, StackProtocol  # noqa: E402
+from ..api import HandlerFactory  # noqa: E402
+from ..config import TransportConfig  # noqa: E402
+from ..url import MoqtUrl, parse_moqt_url  # noqa: E402
 
 __all__ = ["AiopquicConnection", "AiopquicServer", "connect", "serve"]
 

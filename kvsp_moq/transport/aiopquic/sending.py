@@ -16,7 +16,7 @@ acknowledged (RFC 9000 §3.1 "Data Recvd"; ``_EVT_STREAM_DESTROY``). So a finish
 the FIN handed over, and (bidirectional) the peer's direction finished or reset — counts one
 byte (its FIN) until released: 0 then means acknowledged. Bytes of an unfinished stream that
 picoquic took into packets are not counted (its congestion and stream flow-control windows
-bound them); :meth:`~.aiopquic_connection.AiopquicConnection.drain` adds a connection-wide
+bound them); :meth:`~.connection.AiopquicConnection.drain` adds a connection-wide
 "nothing in flight" check for those.
 """
 
@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .api import StreamClosedError, is_unidirectional
+from ..api import StreamClosedError, is_unidirectional
 
 __all__ = ["SendStreams"]
 

@@ -1,9 +1,9 @@
-"""The :class:`~.api.Connection` of the aiopquic backend: :class:`AiopquicConnection`.
+"""The :class:`~kvsp_moq.transport.api.Connection` of the aiopquic backend: :class:`AiopquicConnection`.
 
 It sits on one aiopquic ``QuicConnection`` (a client's own, or one of a server's engine)
-through a :class:`~.aiopquic_stack.StackProtocol`, which hands it aiopquic's events and the
+through a :class:`~.stack.StackProtocol`, which hands it aiopquic's events and the
 raw ring entries, in order, on the loop thread; it calls the upper layer's handler from
-there. The send side of its streams is :class:`~.aiopquic_sending.SendStreams`.
+there. The send side of its streams is :class:`~.sending.SendStreams`.
 
 What picoquic (through aiopquic 0.6.1) cannot do, and what this class does instead:
 
@@ -22,7 +22,7 @@ What picoquic (through aiopquic 0.6.1) cannot do, and what this class does inste
   thread when nothing was.
 * **Acknowledgements.** picoquic reports none to the application; :meth:`drain` waits for
   every stream's queue and ring to empty, every finished stream to be released (acknowledged,
-  see :mod:`.aiopquic_sending`), then for nothing in flight (:meth:`ping`'s check). The
+  see :mod:`.sending`), then for nothing in flight (:meth:`ping`'s check). The
   in-flight figure comes from snapshots of picoquic's state that the network thread sends on
   request, so it is re-read on a timer (:data:`_TICK` .. :data:`_TICK_MAX`) while someone
   waits: picoquic has no "acknowledged" event to wait on.
@@ -37,16 +37,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .aiopquic_config import DATAGRAM_CEILING
-from .aiopquic_sending import SendStreams
-from .aiopquic_stack import (
+from .config import DATAGRAM_CEILING
+from .sending import SendStreams
+from .stack import (
     EVT_APP_CLOSE,
     EVT_CLOSE,
     EVT_STREAM_DESTROY,
     EVT_STREAM_TX_DRAINED,
     events,
 )
-from .api import (
+from ..api import (
     Address,
     CloseInfo,
     ConnectError,
@@ -54,15 +54,15 @@ from .api import (
     HandlerFactory,
     StreamClosedError,
 )
-from .config import TransportConfig
-from .connection_core import (
+from ..config import TransportConfig
+from ..connection_core import (
     CRYPTO_ERROR,
     DATAGRAM_MISSING_REASON,
     NO_APPLICATION_PROTOCOL,
     ConnectionCore,
     datagram_payload_limit,
 )
-from .url import MoqtUrl
+from ..url import MoqtUrl
 
 __all__ = ["AiopquicConnection"]
 
@@ -80,7 +80,7 @@ _LOCAL_CLOSE_REASON = ("closed by picoquic: idle timeout, an error detected here
 
 class AiopquicConnection(ConnectionCore):
     """A :class:`~kvsp_moq.transport.api.Connection` on an aiopquic ``QuicConnection``; what
-    does not depend on the library is :class:`~.connection_core.ConnectionCore`'s."""
+    does not depend on the library is :class:`~kvsp_moq.transport.connection_core.ConnectionCore`'s."""
 
     _log = logger
 

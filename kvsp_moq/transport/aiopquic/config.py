@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .aiopquic_stack import QuicConfiguration
-from .config import TransportConfig
+from .stack import QuicConfiguration
+from ..config import TransportConfig
 
 __all__ = ["DATAGRAM_CEILING", "DEFAULT_STREAM_RING", "TlsFiles", "quic_configuration",
            "stream_ring_cap"]
