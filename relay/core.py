@@ -177,9 +177,10 @@ class Relay:
         self.routing: RoutingTable[PeerSession] = RoutingTable()
         self.observers: list[Observer] = []
         self.upstreams = UpstreamManager(self.cache, self.stats, config.subscriber_queue_bytes,
-                                         self._emit)
-        self.fetches = FetchService(self.cache, self.stats, self._spawn)
-        self.fills = FillService(self)  # Joining FETCH, fill fetch streams (relay/fill.py)
+                                         self.emit)
+        self.fetches = FetchService(self.cache, self.stats, self.spawn)
+        # Joining FETCH, fill fetch streams (relay/fill.py)
+        self.fills = FillService(self.upstreams, self.fetches, self)
         self.sessions: set[PeerSession] = set()
         self.server: Server | None = None
         self._upstream: PeerSession | None = None
@@ -194,7 +195,7 @@ class Relay:
         self.closing = False
         self.propagation = NamespacePropagation(self)
         #: PUBLISHed tracks and SUBSCRIBE_TRACKS watchers; SUBSCRIBEs held for a publisher.
-        self.publishes = PublishRegistry(self)
+        self.publishes = PublishRegistry(self, self.upstreams)
         self.rendezvous = Rendezvous(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -287,11 +288,14 @@ class Relay:
                   request_id=getattr(obj, "request_id", None), namespace=format_namespace(ns),
                   track=name.decode("utf-8", "backslashreplace"))
 
-    def _emit(self, kind: str, obj: object) -> None:
+    def emit(self, kind: str, obj: object) -> None:
+        """Tell ``relay.observers`` (tests, tools) ``kind`` happened to ``obj``."""
         for fn in list(self.observers):
             fn(kind, obj)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def spawn(self, coro: Awaitable[None]) -> None:
+        """Run ``coro`` as a task of the relay (cancelled by :meth:`close`; failures
+        logged)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -302,7 +306,7 @@ class Relay:
             logger.error("relay task failed", exc_info=task.exception())
 
     # -- routes ------------------------------------------------------------------------------
-    async def _upstream_peer(self) -> PeerSession | None:
+    async def upstream_peer(self) -> PeerSession | None:
         """Our session to the upstream relay (connected on first use, again after it
         ended or sent GOAWAY)."""
         url = self.config.upstream
@@ -332,7 +336,7 @@ class Relay:
         peer = self.routing.lookup(ns)
         return peer if peer is not None and peer.is_open else None
 
-    def _route_then(self, down: PeerSession, rid: int, ns: Namespace,
+    def route_then(self, down: PeerSession, rid: int, ns: Namespace,
                     then: Callable[[PeerSession], None]) -> None:
         """Find where ``ns`` is served: an announced publisher (longest prefix), else the
         upstream relay, else REQUEST_ERROR DOES_NOT_EXIST. Calls ``then(route)``."""
@@ -342,30 +346,40 @@ class Relay:
             return
         if not self.config.upstream or down.upstream:
             # A request from the upstream relay is never sent back up (no loops).
-            self._reject(down, rid, RequestErrorCode.DOES_NOT_EXIST, "no route for namespace")
+            self.reject(down, rid, RequestErrorCode.DOES_NOT_EXIST, "no route for namespace")
             return
 
         async def via_upstream() -> None:
             try:
-                up = await self._upstream_peer()
+                up = await self.upstream_peer()
             except (ConnectError, TransportError, OSError, asyncio.TimeoutError,
                     ConnectionError) as exc:
                 logger.warning("relay: upstream %s unreachable: %s", self.config.upstream, exc)
-                self._reject(down, rid, RequestErrorCode.INTERNAL_ERROR, "upstream unreachable")
+                self.reject(down, rid, RequestErrorCode.INTERNAL_ERROR, "upstream unreachable")
                 return
             if up is None or up is down:
-                self._reject(down, rid, RequestErrorCode.DOES_NOT_EXIST, "no route")
+                self.reject(down, rid, RequestErrorCode.DOES_NOT_EXIST, "no route")
                 return
             then(up)
 
-        self._spawn(via_upstream())
+        self.spawn(via_upstream())
 
-    def _reject(self, peer: PeerSession, rid: int, code: int, reason: str) -> None:
+    def reject(self, peer: PeerSession, rid: int, code: int, reason: str) -> None:
+        """REQUEST_ERROR ``code`` for the peer's request ``rid`` (logged), if it is open."""
         moqt = peer.moqt
         event("request_error", peer=peer.address, request_id=rid, code=int(code), reason=reason)
         if moqt is not None and not moqt.closed and rid in moqt.requests:
             moqt.reject(rid, code, reason)
             peer.flush()
+
+    # -- what services tell the relay (relay/ports.py) ----------------------------------------
+    def publisher_appeared(self, namespace: Namespace, name: bytes | None = None) -> None:
+        """SUBSCRIBEs held for a publisher of ``namespace`` (or of the track) proceed."""
+        self.rendezvous.publisher_appeared(namespace, name)
+
+    def local_namespaces_changed(self, namespaces: list[Namespace]) -> None:
+        """Local announcements changed: the upstream relay is told (relay/namespaces.py)."""
+        self.propagation.local_changed(namespaces)
 
     # -- requests from peers -----------------------------------------------------------------
     def on_request(self, peer: PeerSession, rid: int, msg: Message) -> None:
@@ -373,7 +387,7 @@ class Relay:
         if principals is None:
             return  # refused UNAUTHORIZED (or the session closed for its tokens)
         if isinstance(msg, Subscribe):
-            self._on_subscribe(peer, rid, msg)
+            self.on_subscribe(peer, rid, msg)
         elif isinstance(msg, Fetch | FetchWithType):
             self._on_fetch(peer, rid, msg)
         elif isinstance(msg, PublishNamespace):
@@ -387,10 +401,12 @@ class Relay:
         elif isinstance(msg, SubscribeTracks):
             self.publishes.on_subscribe_tracks(peer, rid, msg, principals)
         else:
-            self._reject(peer, rid, RequestErrorCode.NOT_SUPPORTED,
+            self.reject(peer, rid, RequestErrorCode.NOT_SUPPORTED,
                          f"{msg.NAME} not supported by this relay")
 
-    def _on_subscribe(self, peer: PeerSession, rid: int, msg: Subscribe) -> None:
+    def on_subscribe(self, peer: PeerSession, rid: int, msg: Subscribe) -> None:
+        """Route a SUBSCRIBE: join the track's upstream subscription, else open one where
+        its namespace is served, else hold it for a publisher (RENDEZVOUS_TIMEOUT)."""
         track: TrackName = (tuple(msg.track_namespace), bytes(msg.track_name))
         if self.upstreams.get(track) is not None:
             self.upstreams.get(track).join(peer, rid, msg)  # type: ignore[union-attr]
@@ -404,7 +420,7 @@ class Relay:
                 and (not self.config.upstream or peer.upstream)
                 and self.rendezvous.hold(peer, rid, msg)):
             return  # RENDEZVOUS_TIMEOUT: wait for a publisher (relay/rendezvous.py)
-        self._route_then(peer, rid, track[0], go)
+        self.route_then(peer, rid, track[0], go)
 
     def _on_fetch(self, peer: PeerSession, rid: int, msg: Message) -> None:
         self.stats.fetches += 1
@@ -419,7 +435,7 @@ class Relay:
             if not self.fetches.try_cache(peer, rid, rng):  # it may have landed meanwhile
                 self.fetches.join_or_start(peer, rid, rng, route)
 
-        self._route_then(peer, rid, rng.track[0], go)
+        self.route_then(peer, rid, rng.track[0], go)
 
     def _on_publish_namespace(self, peer: PeerSession, rid: int, msg: PublishNamespace) -> None:
         assert peer.moqt is not None
@@ -466,7 +482,7 @@ class Relay:
             route.local[proxy.up_rid] = proxy
             route.flush()
 
-        self._route_then(peer, rid, track[0], go)
+        self.route_then(peer, rid, track[0], go)
 
     # -- session events ----------------------------------------------------------------------
     def on_setup(self, peer: PeerSession, setup: Setup) -> None:

@@ -200,10 +200,11 @@ class Subscriber(RequestHandler):
             else:
                 self.out.send(d.stream_id, b"", fin=True)
         self.streams.clear()
-        self.out.call(lambda: self._publish_done(status, reason))
+        self.out.call(lambda: self.publish_done(status, reason))
         self.fanout.remove(self)
 
-    def _publish_done(self, status: int, reason: str) -> None:
+    def publish_done(self, status: int, reason: str) -> None:
+        """PUBLISH_DONE now (its data streams are closed) with our Stream Count."""
         moqt = self.peer.moqt
         self.peer.served.pop(self.request_id, None)
         if moqt is None or moqt.closed or self.request_id not in moqt.requests:
@@ -220,7 +221,7 @@ class Subscriber(RequestHandler):
         queued = self.out.queued
         self.out.abort(StreamResetCode.TOO_FAR_BEHIND)  # every open stream, the fill too
         self.streams.clear()
-        self._publish_done(PublishDoneCode.TOO_FAR_BEHIND,
+        self.publish_done(PublishDoneCode.TOO_FAR_BEHIND,
                            f"subscriber queue exceeded {self.out.budget} bytes")
         logger.info("relay: subscriber %r too far behind (%d bytes queued)", self.peer, queued)
         self.fanout.remove(self)
@@ -394,6 +395,12 @@ class Fanout:
             if not sub.ended and w.end_object is not None and loc == (w.end_group, w.end_object):
                 sub.end(PublishDoneCode.SUBSCRIPTION_ENDED, "range delivered")
         st.targets = []
+
+    def close_upstream_streams(self) -> None:
+        """The upstream ended with subgroup streams still open: each ends as if FIN'd there
+        (objects cut short are reset downstream, the other streams FIN'd)."""
+        for usid in list(self._up):
+            self.on_stream_closed(usid, None)
 
     def on_stream_closed(self, usid: int, code: int | None) -> None:
         """An upstream subgroup stream ended: FIN ours for it (reset when it was reset or

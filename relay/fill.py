@@ -48,12 +48,12 @@ from kvsp_moq.wire.errors import StreamResetCode
 
 from .cache import CachedObject
 from .fanout import Subscriber
-from .fetch import WHOLE_GROUP, FetchRange, FetchSink, fetch_pieces
+from .fetch import WHOLE_GROUP, FetchRange, FetchService, FetchSink, fetch_pieces
 from .peer import PeerSession
+from .upstream import UpstreamManager, UpstreamSubscription
 
-if TYPE_CHECKING:
-    from .core import Relay
-    from .upstream import UpstreamSubscription
+if TYPE_CHECKING:  # pragma: no cover
+    from .ports import Requests
 
 __all__ = ["FillService", "fill_range", "joining_range"]
 
@@ -112,7 +112,7 @@ class _FillStream(FetchSink):
         sub.out.open_stream(sid, first.publisher_priority if first else 128,
                             first.group_id if first else self.start[0], fill=True)
         sub.out.feed(sid, fetch_pieces(FetchStreamEncoder(sub.request_id, sub.peer.version),
-                                       mine, self.service.relay.stats))
+                                       mine, self.service.fetches.stats))
 
     def fail(self, code: int, reason: str) -> None:
         if code == RequestErrorCode.INVALID_RANGE:
@@ -126,14 +126,19 @@ class _FillStream(FetchSink):
 
 
 class FillService:
-    """Joining FETCHes and fill fetch streams for a :class:`~relay.core.Relay`."""
+    """Joining FETCHes and fill fetch streams: served from the cache or an upstream FETCH
+    (``fetches``), for subscriptions of ``upstreams``; requests are routed and refused by
+    the relay (``requests``)."""
 
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
+    def __init__(self, upstreams: UpstreamManager, fetches: FetchService,
+                 requests: Requests) -> None:
+        self.upstreams = upstreams
+        self.fetches = fetches
+        self.requests = requests
         #: (session, SUBSCRIBE request ID) → Joining FETCHes waiting for its SUBSCRIBE_OK.
         self.waiting: dict[tuple[PeerSession, int], list[Callable[[Subscriber | None], None]]] = {}
-        relay.upstreams.on_accepted = self._accepted
-        relay.upstreams.on_refused = self._refused
+        upstreams.on_accepted = self._accepted
+        upstreams.on_refused = self._refused
 
     # -- subscriptions -----------------------------------------------------------------------
     def _accepted(self, up: UpstreamSubscription, sub: Subscriber, msg: Subscribe) -> None:
@@ -157,7 +162,7 @@ class FillService:
             fn(None)
 
     def _serve(self, sink: FetchSink, rng: FetchRange, route: PeerSession | None) -> None:
-        fetches = self.relay.fetches
+        fetches = self.fetches
         hit = fetches.cache.lookup_range(rng.track, rng.start, rng.end)
         if hit is not None:
             fetches.stats.cache_hits += 1
@@ -173,7 +178,7 @@ class FillService:
         h = peer.served.get(jrid)
         if isinstance(h, Subscriber) and not h.ended:
             self._join(peer, rid, msg, h)
-        elif self.relay.upstreams.is_pending(peer, jrid):
+        elif self.upstreams.is_pending(peer, jrid):
             def later(sub: Subscriber | None) -> None:
                 if sub is None:
                     self._reject(peer, rid, RequestErrorCode.INVALID_JOINING_REQUEST_ID,
@@ -197,18 +202,18 @@ class FillService:
                          "Joining Start after the Joining Location")
             return
         fetch = FetchRange(sub.fanout.track, *rng)
-        if self.relay.fetches.try_cache(peer, rid, fetch):
+        if self.fetches.try_cache(peer, rid, fetch):
             return
-        up = self.relay.upstreams.get(fetch.track)
+        up = self.upstreams.get(fetch.track)
         if up is not None and up.peer.is_open:
-            self.relay.fetches.join_or_start(peer, rid, fetch, up.peer)
+            self.fetches.join_or_start(peer, rid, fetch, up.peer)
             return
 
         def go(route: PeerSession) -> None:
-            if not self.relay.fetches.try_cache(peer, rid, fetch):
-                self.relay.fetches.join_or_start(peer, rid, fetch, route)
+            if not self.fetches.try_cache(peer, rid, fetch):
+                self.fetches.join_or_start(peer, rid, fetch, route)
 
-        self.relay._route_then(peer, rid, fetch.track[0], go)
+        self.requests.route_then(peer, rid, fetch.track[0], go)
 
     def _reject(self, peer: PeerSession, rid: int, code: int, reason: str) -> None:
-        self.relay._reject(peer, rid, code, reason)
+        self.requests.reject(peer, rid, code, reason)

@@ -19,7 +19,7 @@ Two directions, both over our one session to the upstream relay:
   of P: every track under P is then routed to that local publisher, never upstream, so the
   upstream's namespaces under P would not be reachable through us.
 
-Upstream sessions are connected on first use (:meth:`Relay._upstream_peer`); when that
+Upstream sessions are connected on first use (:meth:`Relay.upstream_peer`); when that
 session ends, what is still wanted is announced / subscribed again on a new one (one try;
 the next local change tries again). The upstream sees our ``upstream_token`` (SETUP).
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvsp_moq.moqt.messages import (
     Message,
@@ -44,17 +44,28 @@ from .names import Namespace, format_namespace
 from .peer import PeerSession, RequestHandler
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .core import Relay, _NamespaceSubscription
+    from .ports import RelayContext
 
-__all__ = ["NamespacePropagation", "UpstreamAnnouncement", "UpstreamInterest"]
+__all__ = ["NamespacePropagation", "NamespaceWatcher", "UpstreamAnnouncement",
+           "UpstreamInterest"]
 
 logger = logging.getLogger(__name__)
 _UNREACHABLE = (ConnectError, TransportError, OSError, asyncio.TimeoutError, ConnectionError)
 
 
-async def _connect(relay: Relay) -> PeerSession | None:
+class NamespaceWatcher(Protocol):
+    """A local SUBSCRIBE_NAMESPACE on ``prefix`` (the relay's handler of it, relay.core):
+    told NAMESPACE (``done`` False) / NAMESPACE_DONE of full namespaces under the prefix."""
+
+    @property
+    def prefix(self) -> Namespace: ...
+
+    def send(self, ns: Namespace, done: bool) -> None: ...
+
+
+async def _connect(relay: RelayContext) -> PeerSession | None:
     try:
-        return await relay._upstream_peer()
+        return await relay.upstream_peer()
     except _UNREACHABLE as exc:
         logger.warning("relay: upstream %s unreachable: %s", relay.config.upstream, exc)
         return None
@@ -129,7 +140,7 @@ class UpstreamInterest(RequestHandler):
 
     def __init__(self, prop: NamespacePropagation, prefix: Namespace) -> None:
         self.prop, self.prefix = prop, prefix
-        self.watchers: list[_NamespaceSubscription] = []
+        self.watchers: list[NamespaceWatcher] = []
         self.names: set[Namespace] = set()
         self.peer: PeerSession | None = None
         self.rid: int | None = None
@@ -145,7 +156,7 @@ class UpstreamInterest(RequestHandler):
             return
         self.active = True
         self._generation += 1
-        self.prop.relay._spawn(self._open(self._generation))
+        self.prop.relay.spawn(self._open(self._generation))
 
     async def _open(self, generation: int) -> None:
         peer = await _connect(self.prop.relay)
@@ -237,7 +248,7 @@ class UpstreamInterest(RequestHandler):
 class NamespacePropagation:
     """The relay's namespace state shared with its upstream relay."""
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: RelayContext) -> None:
         self.relay = relay
         #: namespace → our upstream PUBLISH_NAMESPACE of it.
         self.announced: dict[Namespace, UpstreamAnnouncement] = {}
@@ -266,7 +277,7 @@ class NamespacePropagation:
             if want and a is None:
                 a = UpstreamAnnouncement(self, ns)
                 self.announced[ns] = a
-                self.relay._spawn(a.open())
+                self.relay.spawn(a.open())
             elif not want and a is not None:
                 a.withdraw()
         for interest in list(self.interests.values()):
@@ -291,7 +302,7 @@ class NamespacePropagation:
         interest = self.interests.get(prefix)
         return interest.names if interest is not None else set()
 
-    def watch(self, watcher: _NamespaceSubscription) -> set[Namespace]:
+    def watch(self, watcher: NamespaceWatcher) -> set[Namespace]:
         """A local SUBSCRIBE_NAMESPACE; returns the upstream namespaces already known."""
         if not self.relay.config.upstream:
             return set()
@@ -302,7 +313,7 @@ class NamespacePropagation:
         self._sync_interest(interest)
         return set(interest.names)
 
-    def unwatch(self, watcher: _NamespaceSubscription) -> None:
+    def unwatch(self, watcher: NamespaceWatcher) -> None:
         interest = self.interests.get(watcher.prefix)
         if interest is None or watcher not in interest.watchers:
             return
@@ -317,7 +328,7 @@ class NamespacePropagation:
         if not self.enabled or self._resync_pending:
             return
         self._resync_pending = True
-        self.relay._spawn(self._resync())
+        self.relay.spawn(self._resync())
 
     async def _resync(self) -> None:
         try:

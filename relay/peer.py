@@ -1,7 +1,7 @@
 """The per-session handler: one :class:`PeerSession` per QUIC connection (downstream
 clients, publishers, and our own connection to an upstream relay).
 
-It drives a sans-IO :class:`kvsp_moq.moqt.session.Session` on a transport
+It drives a sans-IO :class:`kvsp_moq.moqt.session.SessionMachine` on a transport
 :class:`~kvsp_moq.transport.Connection` (as ``kvsp_moq.pubsub`` does), but gives the relay
 every request: requests the peer opens go to :meth:`Relay.on_request`; each request (ours
 or the peer's) that needs more than one answer has a :class:`RequestHandler` registered
@@ -14,28 +14,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from kvsp_moq.moqt import session_events as ev
+from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.moqt.errors import RequestErrorCode, SessionErrorCode
 from kvsp_moq.moqt.messages import Message, MessageParameters, RequestUpdate, Token
 from kvsp_moq.moqt.objects import ObjectDatagram
 from kvsp_moq.moqt.session import Role, SessionConfig
-from kvsp_moq.moqt.session import Session as MoqtSession
+from kvsp_moq.moqt.session import SessionMachine
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub.driver import SessionDriver, apply_action
+from kvsp_moq.pubsub.driver import ConnectionStreamIds, SessionDriver, apply_action
 from kvsp_moq.transport import Connection
 
 from .sender import SessionSender
-from .setup_options import amend_setup
 from .tokens import TokenCache
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .auth import Principal
-    from .core import Relay
-    from .solicit import Solicitation
+    from kvsp_moq.moqt.messages import Setup
 
-__all__ = ["HeldUpdates", "NamespaceRequestHandler", "PeerSession", "RequestHandler"]
+    from .auth import Principal
+    from .config import RelayConfig
+
+__all__ = ["HeldUpdates", "NamespaceRequestHandler", "PeerSession", "RequestHandler",
+           "SessionGate", "SessionOwner"]
 
 
 @dataclass(slots=True)
@@ -128,16 +129,43 @@ class NamespaceRequestHandler(RequestHandler):
         self.on_cancelled(RequestErrorCode.NOT_SUPPORTED)
 
 
+class SessionGate(Protocol):
+    """The authorization checks a session asks for (:class:`relay.gate.Gate`)."""
+
+    def on_setup(self, peer: PeerSession, setup: Setup) -> bool: ...
+
+    def on_request_update(self, peer: PeerSession, msg: RequestUpdate) -> None: ...
+
+
+class SessionOwner(Protocol):
+    """What a :class:`PeerSession` asks of the relay that owns it (:class:`relay.core.Relay`):
+    its configuration, its gate, and the session's requests and events."""
+
+    @property
+    def config(self) -> RelayConfig: ...
+
+    @property
+    def gate(self) -> SessionGate: ...
+
+    def on_request(self, peer: PeerSession, rid: int, msg: Message) -> None: ...
+
+    def on_setup(self, peer: PeerSession, setup: Setup) -> None: ...
+
+    def on_goaway(self, peer: PeerSession) -> None: ...
+
+    def on_session_closed(self, peer: PeerSession) -> None: ...
+
+
 class PeerSession(SessionDriver):
     """One MOQT session of the relay."""
 
-    def __init__(self, relay: Relay, role: Role, session_config: SessionConfig | None = None,
-                 *, upstream: bool = False) -> None:
+    def __init__(self, relay: SessionOwner, role: Role,
+                 session_config: SessionConfig | None = None, *, upstream: bool = False) -> None:
         self.relay = relay
         self.role = role
         self.upstream = upstream
         self._session_config = session_config or SessionConfig(implementation="kvsp-moq-relay")
-        self.moqt: MoqtSession | None = None
+        self.moqt: SessionMachine | None = None
         self.connection: Connection = None  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[None] = loop.create_future()
@@ -160,8 +188,8 @@ class PeerSession(SessionDriver):
         self.alpn = ""
         self.opened_at = 0.0
         #: Our SUBSCRIBE_NAMESPACE to this peer when the relay solicits its namespaces
-        #: (relay/solicit.py), else None.
-        self.solicitation: Solicitation | None = None
+        #: (a :class:`relay.solicit.Solicitation`), else None.
+        self.solicitation: RequestHandler | None = None
         self._sender: SessionSender | None = None
 
     def __repr__(self) -> str:
@@ -202,22 +230,22 @@ class PeerSession(SessionDriver):
         self.connection = conn
         self.alpn = alpn
         version = Version.from_alpn(alpn)
-        self.moqt = MoqtSession(self.role, version, self._session_config)
-        self.moqt.start()
         cfg = self.relay.config
+        setup = self._session_config
         if self.upstream:
             token = cfg.auth.upstream_token if cfg.auth is not None else None
-            actions = amend_setup(self.moqt.actions(), version, tokens=(
-                (Token.use_value(0, token),) if token else ()))
+            if token:
+                setup = replace(setup, authorization_tokens=(*setup.authorization_tokens,
+                                                             Token.use_value(0, token)))
         else:
-            actions = amend_setup(self.moqt.actions(), version,
-                                  max_auth_token_cache_size=cfg.auth_token_cache_size)
-        for a in actions:
-            apply_action(self.connection, a)
+            setup = replace(setup, max_auth_token_cache_size=cfg.auth_token_cache_size)
+        self.moqt = SessionMachine(self.role, version, setup, streams=ConnectionStreamIds(
+            conn, self.role is Role.CLIENT))
+        self.moqt.start()
         self.pump()
 
     # Transport callbacks, the pump and the actions: the shared driver (pubsub/driver.py).
-    def _dispatch(self, e: ev.Event) -> None:
+    def dispatch(self, e: ev.Event) -> None:
         try:
             self._dispatch_event(e)
         except Exception:  # a relay bug must not take the session's peers down

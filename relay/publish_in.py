@@ -41,11 +41,11 @@ from .names import format_namespace
 from .peer import NamespaceRequestHandler, PeerSession
 from .publish_out import PushedSubscriber, UpstreamPublishing, push_publish
 from .routing import is_prefix
-from .upstream import UpstreamSubscription
+from .upstream import UpstreamManager, UpstreamSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
     from .auth import Principal
-    from .core import Relay
+    from .ports import RelayContext
 
 __all__ = ["PublishRegistry", "PublishedTrack", "PushedSubscriber", "TracksSubscription"]
 
@@ -57,7 +57,7 @@ class PublishedTrack(UpstreamSubscription):
 
     def __init__(self, registry: PublishRegistry, track: TrackName, peer: PeerSession,
                  rid: int, msg: Publish) -> None:
-        super().__init__(registry.relay.upstreams, track, peer)
+        super().__init__(registry.upstreams, track, peer)
         self.registry = registry
         self.request_id = rid
         self.established = True
@@ -97,7 +97,7 @@ class PublishedTrack(UpstreamSubscription):
         moqt.request_update(self.request_id, MessageParameters(forward=True))
         self.peer.flush()
 
-    def _on_empty(self) -> None:
+    def on_empty(self) -> None:
         """The last subscriber left: the PUBLISH stays (the publisher owns it)."""
 
     # -- the publisher's side ----------------------------------------------------------------
@@ -120,12 +120,12 @@ class PublishedTrack(UpstreamSubscription):
 
     def on_finished(self) -> None:
         if self.done is None and not self.ended:
-            self._end_everything(PublishDoneCode.INTERNAL_ERROR,
+            self.end_all(PublishDoneCode.INTERNAL_ERROR,
                                  "publisher ended the PUBLISH without PUBLISH_DONE")
 
-    def _finish(self) -> None:
+    def retire(self) -> None:
         first = not self.ended
-        super()._finish()
+        super().retire()
         if first:
             self.registry.removed(self)
 
@@ -167,8 +167,10 @@ class TracksSubscription(NamespaceRequestHandler):
 class PublishRegistry:
     """Every PUBLISH the relay accepted, and the SUBSCRIBE_TRACKS watchers."""
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: RelayContext, upstreams: UpstreamManager) -> None:
         self.relay = relay
+        #: The relay's upstream subscriptions: a PUBLISH is the one of its track.
+        self.upstreams = upstreams
         #: full track name → its PUBLISHes, the active one first.
         self.tracks: dict[TrackName, list[PublishedTrack]] = {}
         self.watchers: list[TracksSubscription] = []
@@ -191,16 +193,16 @@ class PublishRegistry:
               namespace=format_namespace(track[0]),
               track=track[1].decode("utf-8", "backslashreplace"))
         self.tracks.setdefault(track, []).append(pt)
-        if self.relay.upstreams.get(track) is None:
+        if self.upstreams.get(track) is None:
             self._activate(pt)
-        self.relay._emit("publish", pt)  # observers (tests, tools): a PUBLISH was accepted
+        self.relay.emit("publish", pt)  # observers (tests, tools): a PUBLISH was accepted
 
     def _activate(self, pt: PublishedTrack) -> None:
         pt.activate()
         self.upstream.track_active(pt)  # chaining: PUBLISH it to the upstream relay
         # Held SUBSCRIBEs (RENDEZVOUS_TIMEOUT) proceed first; SUBSCRIBE_TRACKS watchers of
         # those sessions then get no PUBLISH (§"Publisher Interactions").
-        self.relay.rendezvous.publisher_appeared(pt.track[0], pt.track[1])
+        self.relay.publisher_appeared(pt.track[0], pt.track[1])
         for w in list(self.watchers):
             if w.matches(pt):
                 w.offer(pt)
@@ -217,7 +219,7 @@ class PublishRegistry:
             moqt.finish_request(pt.request_id)
             pt.peer.flush()
         was_active, pt.active = pt.active, False
-        while pts and was_active and self.relay.upstreams.get(pt.track) is None:
+        while pts and was_active and self.upstreams.get(pt.track) is None:
             nxt = pts[0]
             if nxt.peer.is_open and not nxt.ended:
                 self._activate(nxt)

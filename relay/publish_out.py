@@ -25,24 +25,51 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvsp_moq.moqt.messages import Location, Message, MessageParameters, RequestError, RequestOk
 from kvsp_moq.pubsub.window import subscription_window
 from kvsp_moq.transport import ConnectError, TransportError
 
-from .fanout import Subscriber
+from .cache import TrackName
+from .fanout import Fanout, Subscriber
 from .logs import event
 from .names import format_namespace
 from .peer import PeerSession
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .core import Relay
-    from .publish_in import PublishedTrack
+    from .ports import UpstreamLink
 
-__all__ = ["PushedSubscriber", "UpstreamPublishing", "push_publish"]
+__all__ = ["Publication", "PushedSubscriber", "UpstreamPublishing", "push_publish"]
 
 logger = logging.getLogger(__name__)
+
+
+class Publication(Protocol):
+    """A track PUBLISHed to the relay, as read here (:class:`relay.publish_in.PublishedTrack`):
+    its full track name, publisher session, fan-out and Track Properties; whether it is the
+    active PUBLISH of its name, has ended, and its Forward State."""
+
+    @property
+    def track(self) -> TrackName: ...
+
+    @property
+    def peer(self) -> PeerSession: ...
+
+    @property
+    def fanout(self) -> Fanout: ...
+
+    @property
+    def track_properties(self) -> tuple[tuple[int, int | bytes], ...]: ...
+
+    @property
+    def active(self) -> bool: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    @property
+    def forwarding(self) -> bool: ...
 
 
 class PushedSubscriber(Subscriber):
@@ -62,12 +89,12 @@ class PushedSubscriber(Subscriber):
             self.peer.local.pop(self.request_id, None)
             self.fanout.remove(self)
 
-    def _publish_done(self, status: int, reason: str) -> None:
-        super()._publish_done(status, reason)
+    def publish_done(self, status: int, reason: str) -> None:
+        super().publish_done(status, reason)
         self.peer.local.pop(self.request_id, None)
 
 
-def push_publish(relay: Relay, peer: PeerSession, track: PublishedTrack,
+def push_publish(relay: UpstreamLink, peer: PeerSession, track: Publication,
                  forward: bool) -> PushedSubscriber | None:
     """PUBLISH ``track`` on ``peer`` and add it to the track's fan-out (None if the session
     cannot take a request now)."""
@@ -97,20 +124,20 @@ def push_publish(relay: Relay, peer: PeerSession, track: PublishedTrack,
 class UpstreamPublishing:
     """PUBLISHes of downstream publishers, sent on to the upstream relay."""
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: UpstreamLink) -> None:
         self.relay = relay
 
-    def track_active(self, track: PublishedTrack) -> None:
+    def track_active(self, track: Publication) -> None:
         """``track`` became the active PUBLISH of its full track name here."""
         relay = self.relay
         if not relay.config.upstream or track.peer.upstream or relay.closing:
             return
-        relay._spawn(self._publish_up(track))
+        relay.spawn(self._publish_up(track))
 
-    async def _publish_up(self, track: PublishedTrack) -> None:
+    async def _publish_up(self, track: Publication) -> None:
         relay = self.relay
         try:
-            up = await relay._upstream_peer()
+            up = await relay.upstream_peer()
         except (ConnectError, TransportError, OSError, asyncio.TimeoutError,
                 ConnectionError) as exc:
             logger.warning("relay: upstream %s unreachable, PUBLISH stays local: %s",

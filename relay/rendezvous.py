@@ -23,7 +23,7 @@ from .peer import PeerSession, RequestHandler
 from .routing import is_prefix
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .core import Relay
+    from .ports import RelayContext
 
 __all__ = ["MAX_RENDEZVOUS_MS", "Rendezvous"]
 
@@ -40,28 +40,29 @@ class _Held(RequestHandler):
         self.name = bytes(msg.track_name)
         self.timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, self._expired)
 
-    def _drop(self) -> None:
+    def drop(self) -> None:
+        """No longer held (answered, re-routed, cancelled or its session gone)."""
         self.timer.cancel()
         self.holder.held = [h for h in self.holder.held if h is not self]
         if self.peer.served.get(self.rid) is self:
             del self.peer.served[self.rid]
 
     def _expired(self) -> None:
-        self._drop()
-        self.holder.relay._reject(self.peer, self.rid, RequestErrorCode.TIMEOUT,
+        self.drop()
+        self.holder.relay.reject(self.peer, self.rid, RequestErrorCode.TIMEOUT,
                                   "no publisher within RENDEZVOUS_TIMEOUT")
 
     def on_cancelled(self, code: int) -> None:
-        self._drop()
+        self.drop()
 
     def on_session_closed(self, peer: PeerSession) -> None:
-        self._drop()
+        self.drop()
 
 
 class Rendezvous:
     """The SUBSCRIBEs held for a publisher."""
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: RelayContext) -> None:
         self.relay = relay
         self.held: list[_Held] = []
 
@@ -73,7 +74,7 @@ class Rendezvous:
         h = _Held(self, peer, rid, msg, min(int(ms), MAX_RENDEZVOUS_MS))
         peer.served[rid] = h
         self.held.append(h)
-        self.relay._emit("rendezvous_hold", h)
+        self.relay.emit("rendezvous_hold", h)
         return True
 
     def publisher_appeared(self, namespace: Namespace, name: bytes | None = None) -> None:
@@ -83,7 +84,7 @@ class Rendezvous:
                  if (is_prefix(namespace, h.namespace) if name is None
                      else (h.namespace, h.name) == (tuple(namespace), name))]
         for h in ready:
-            h._drop()
+            h.drop()
             moqt = h.peer.moqt
             if moqt is not None and not moqt.closed and h.rid in moqt.requests:
-                self.relay._on_subscribe(h.peer, h.rid, h.msg)
+                self.relay.on_subscribe(h.peer, h.rid, h.msg)

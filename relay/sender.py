@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvsp_moq.moqt.objects import GroupOrder
 from kvsp_moq.transport import ConnectionClosedError, StreamClosedError, TransportError
@@ -35,13 +35,28 @@ from kvsp_moq.transport import ConnectionClosedError, StreamClosedError, Transpo
 from .schedule import DEFAULT_PRIORITY, Data, Flow, Piece, Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .peer import PeerSession
+    from kvsp_moq.moqt.session import SessionMachine
+    from kvsp_moq.transport import Connection
 
-__all__ = ["Piece", "RequestOut", "SessionSender"]
+__all__ = ["Piece", "RequestOut", "SenderSession", "SessionSender"]
 
 logger = logging.getLogger(__name__)
 #: How many of the fullest streams a wait for room watches.
 _WATCH = 8
+
+
+class SenderSession(Protocol):
+    """What a :class:`SessionSender` uses of its session (:class:`relay.peer.PeerSession`):
+    the QUIC connection, the sans-IO MOQT session told of finished data streams, and
+    ``flush`` to carry out what that queued."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+    @property
+    def moqt(self) -> SessionMachine | None: ...
+
+    def flush(self) -> None: ...
 
 
 class RequestOut:
@@ -116,13 +131,13 @@ class RequestOut:
             return
         self.dead_streams.add(sid)
         self.sender.reset(sid, code)
-        self._maybe_idle()
+        self.maybe_idle()
 
     def stopped(self, sid: int) -> None:
         """The peer sent STOP_SENDING on ``sid`` (QUIC resets it): drop what waits."""
         self.dead_streams.add(sid)
         self.sender.finished(sid)
-        self._maybe_idle()
+        self.maybe_idle()
 
     def call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once everything this request queued before it has been handed to QUIC
@@ -146,7 +161,9 @@ class RequestOut:
                 self.dead_streams.add(sid)
                 self.sender.reset(sid, reset_code)
 
-    def _maybe_idle(self) -> None:
+    def maybe_idle(self) -> None:
+        """Run the functions waiting for this request (:meth:`call`) once nothing of it
+        waits any more."""
         while self.calls and self.flow.idle and not self.flow.closed:
             self.calls.pop(0)()
 
@@ -154,7 +171,7 @@ class RequestOut:
 class SessionSender:
     """All data the relay sends on one session (see the module docstring)."""
 
-    def __init__(self, peer: PeerSession) -> None:
+    def __init__(self, peer: SenderSession) -> None:
         self.peer = peer
         self.schedule = Schedule()
         #: Upper bound of the bytes QUIC holds for our streams (re-measured when it reaches
@@ -273,7 +290,7 @@ class SessionSender:
                 assert isinstance(out, RequestOut)
                 self.hand(out, sid, data, fin)
                 if flow.idle:
-                    out._maybe_idle()
+                    out.maybe_idle()
         except ConnectionClosedError:
             self.close()
         except Exception:  # pragma: no cover - a bug: do not leave the session wedged

@@ -36,11 +36,10 @@ from kvsp_moq.moqt.messages import Namespace as NamespaceMsg
 
 from .logs import event
 from .names import format_namespace
-from .peer import RequestHandler
+from .peer import PeerSession, RequestHandler
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .core import Relay
-    from .peer import PeerSession
+    from .ports import RelayContext
 
 __all__ = ["Solicitation", "maybe_solicit"]
 
@@ -50,7 +49,7 @@ Namespace = tuple[bytes, ...]
 class Solicitation(RequestHandler):
     """Our SUBSCRIBE_NAMESPACE to one downstream publisher and the routes its answers made."""
 
-    def __init__(self, relay: Relay, peer: PeerSession, prefix: Namespace) -> None:
+    def __init__(self, relay: RelayContext, peer: PeerSession, prefix: Namespace) -> None:
         self.relay, self.peer, self.prefix = relay, peer, prefix
         self.rid: int | None = None
         #: full namespaces this publisher answered (and we accepted), each a route.
@@ -94,15 +93,15 @@ class Solicitation(RequestHandler):
                 event("solicited_namespace", logging.WARNING, peer=self.peer.address,
                       namespace=format_namespace(ns), decision="refused",
                       principals=[p.name for p in self.peer.principals])
-                self.relay._emit("solicited_namespace_refused", ns)
+                self.relay.emit("solicited_namespace_refused", ns)
                 return
             self.names.add(ns)
             event("solicited_namespace", peer=self.peer.address, namespace=format_namespace(ns),
                   decision="allowed", principals=[p.name for p in self.peer.principals])
             self.relay.routing.announce(ns, self.peer, self._key(ns))
-            self.relay.propagation.local_changed([ns])
-            self.relay.rendezvous.publisher_appeared(ns)
-            self.relay._emit("solicited_namespace", ns)
+            self.relay.local_namespaces_changed([ns])
+            self.relay.publisher_appeared(ns)
+            self.relay.emit("solicited_namespace", ns)
         elif isinstance(msg, NamespaceDone):
             ns = self.prefix + tuple(msg.track_namespace_suffix)
             if ns in self.names:
@@ -115,9 +114,9 @@ class Solicitation(RequestHandler):
             event("solicited_namespace_done", peer=self.peer.address,
                   namespace=format_namespace(ns))
         if names:
-            self.relay.propagation.local_changed(names)
+            self.relay.local_namespaces_changed(names)
             for ns in names:
-                self.relay._emit("solicited_namespace_done", ns)
+                self.relay.emit("solicited_namespace_done", ns)
 
     def _end(self) -> None:
         """The publisher ended our request: its namespaces are gone."""
@@ -142,7 +141,7 @@ class Solicitation(RequestHandler):
         self.names = set()
 
 
-def maybe_solicit(relay: Relay, peer: PeerSession, setup: Setup) -> Solicitation | None:
+def maybe_solicit(relay: RelayContext, peer: PeerSession, setup: Setup) -> Solicitation | None:
     """After a downstream session's SETUP: send it SUBSCRIBE_NAMESPACE when soliciting is
     on and its principals may publish under the solicited prefix."""
     cfg = relay.config

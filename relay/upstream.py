@@ -55,7 +55,7 @@ class UpstreamSubscription(RequestHandler):
         self.manager = manager
         self.track = track
         self.peer = peer
-        self.fanout = Fanout(track, manager.cache, manager.stats, self._on_empty, manager.emit)
+        self.fanout = Fanout(track, manager.cache, manager.stats, self.on_empty, manager.emit)
         self.pending: list[tuple[PeerSession, int, Subscribe]] = []
         self.request_id: int | None = None
         self.established = False
@@ -126,12 +126,12 @@ class UpstreamSubscription(RequestHandler):
                 down.flush()
             self.manager.refused(down, rid)
 
-    def _on_empty(self) -> None:
+    def on_empty(self) -> None:
         """The last subscriber left: cancel upstream (unless the upstream already ended)."""
         if self.ended or self.pending:
             return
         if self.established:
-            self._finish()
+            self.retire()
             if self.request_id is not None and self.peer.is_open:
                 self.peer.local.pop(self.request_id, None)
                 assert self.peer.moqt is not None
@@ -158,9 +158,9 @@ class UpstreamSubscription(RequestHandler):
             for down, rid, sub in pending:
                 self._accept(down, rid, sub)
             if not self.fanout.subscribers:
-                self._on_empty()
+                self.on_empty()
         elif isinstance(msg, RequestError):
-            self._finish()
+            self.retire()
             self._reject_pending(msg.error_code, msg.error_reason)
             if self.request_id is not None:
                 self.peer.release(self.request_id)
@@ -188,30 +188,32 @@ class UpstreamSubscription(RequestHandler):
             return
         if done.stream_count < UNKNOWN_STREAM_COUNT and self.streams_seen < done.stream_count:
             return  # some upstream streams have not arrived yet
-        self._finish()
+        self.retire()
         self.fanout.end_all(done.status_code, done.error_reason)
         if self.request_id is not None:
             self.peer.release(self.request_id)
 
     def on_cancelled(self, code: int) -> None:
-        self._end_everything(PublishDoneCode.INTERNAL_ERROR, f"upstream cancelled ({code})")
+        self.end_all(PublishDoneCode.INTERNAL_ERROR, f"upstream cancelled ({code})")
 
     def on_session_closed(self, peer: PeerSession) -> None:
         status = PublishDoneCode.GOING_AWAY if peer.goaway_received else \
             PublishDoneCode.INTERNAL_ERROR
-        self._end_everything(status, "upstream session closed")
+        self.end_all(status, "upstream session closed")
 
-    def _end_everything(self, status: int, reason: str) -> None:
+    def end_all(self, status: int, reason: str) -> None:
+        """The upstream ended without PUBLISH_DONE: waiting subscribers get REQUEST_ERROR,
+        the others PUBLISH_DONE ``status``."""
         if self.ended:
             return
-        self._finish()
+        self.retire()
         self._reject_pending(RequestErrorCode.INTERNAL_ERROR, reason)
-        for usid in list(self.fanout._up):
-            # streams still open upstream: objects cut short are reset downstream
-            self.fanout.on_stream_closed(usid, None)
+        # streams still open upstream: objects cut short are reset downstream
+        self.fanout.close_upstream_streams()
         self.fanout.end_all(status, reason)
 
-    def _finish(self) -> None:
+    def retire(self) -> None:
+        """Ended: no longer the track's upstream subscription (new SUBSCRIBEs open another)."""
         self.ended = True
         self.manager.drop(self)
 
