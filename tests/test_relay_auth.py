@@ -3,8 +3,9 @@ in SETUP and in request AUTHORIZATION_TOKEN parameters, REQUEST_ERROR UNAUTHORIZ
 listings filtered, token aliases. No sleeps: every wait is on a protocol event.
 
 The pubsub API takes request parameters only on ``subscribe``, so the other requests with a
-token go through ``Session._request`` here, and a SETUP token through a client whose SETUP
-is amended with :func:`relay.setup_options.amend_setup` (docs/relay.md "Clients").
+token go through ``MoqtSession._request`` here, and a SETUP token through a client whose SETUP
+carries it (``setup_tokens``: SessionConfig's AUTHORIZATION TOKEN options; docs/relay.md
+"Clients").
 """
 
 from __future__ import annotations
@@ -19,17 +20,12 @@ import pytest
 from kvsp_moq.moqt.errors import RequestErrorCode, SessionErrorCode
 from kvsp_moq.moqt.messages import MessageParameters, Token
 from kvsp_moq.moqt.session import Role, SessionConfig
-from kvsp_moq.moqt.session import Session as MoqtSession
-from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub.driver import apply_action
-from kvsp_moq.pubsub import Catalog, FetchStream, MoqtError, Session
-from kvsp_moq.transport import TransportConfig, parse_moqt_url
-from kvsp_moq.transport import connect as transport_connect
+from kvsp_moq.pubsub import Catalog, FetchStream, MoqtError, MoqtSession
+from kvsp_moq.transport import TransportConfig, connect as transport_connect, parse_moqt_url
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
 from relay.auth import AuthConfigError, Authorizer, parse_auth_config
 from relay.names import format_namespace, parse_namespace
-from relay.setup_options import amend_setup
 from relay.tokens import TokenCache, TokenError
 
 GUARD = 30.0
@@ -77,29 +73,15 @@ def client_config() -> TransportConfig:
     return TransportConfig(insecure=True, max_datagram_size=DGRAM)
 
 
-class TokenSession(Session):
-    """A pubsub client whose SETUP carries AUTHORIZATION_TOKEN options."""
-
-    setup_tokens: tuple[Token, ...] = ()
-
-    def connection_made(self, conn, alpn: str) -> None:
-        self.connection = conn
-        self.moqt = MoqtSession(self.role, Version.from_alpn(alpn), self._session_config)
-        self.moqt.start()
-        for a in amend_setup(self.moqt.actions(), self.moqt.version, tokens=self.setup_tokens):
-            apply_action(self.connection, a)
-        self._pump()
-
-
 async def connect_with(url: str, setup_tokens: tuple[Token, ...] = (),
-                       catalog: Catalog | None = None) -> Session:
+                       catalog: Catalog | None = None) -> MoqtSession:
     parsed = parse_moqt_url(url)
     cfg = SessionConfig(path=parsed.path_and_query, authority=parsed.authority)
-    made: list[Session] = []
+    made: list[MoqtSession] = []
 
-    def factory() -> Session:
-        s = TokenSession(Role.CLIENT, catalog=catalog, session_config=cfg)
-        s.setup_tokens = setup_tokens
+    def factory() -> MoqtSession:
+        s = MoqtSession(Role.CLIENT, catalog=catalog, session_config=cfg,
+                        setup_tokens=setup_tokens)
         made.append(s)
         return s
 
@@ -111,7 +93,7 @@ async def connect_with(url: str, setup_tokens: tuple[Token, ...] = (),
 class Net:
     def __init__(self) -> None:
         self.relay: Relay | None = None
-        self.sessions: list[Session] = []
+        self.sessions: list[MoqtSession] = []
 
     async def start(self, config_text: str | None = CONFIG) -> Relay:
         auth = parse_auth_config(__import__("tomllib").loads(config_text)) if config_text else None
@@ -120,7 +102,7 @@ class Net:
         self.relay = await Relay(RelayConfig(server_transport=server, auth=auth)).start()
         return self.relay
 
-    async def client(self, *setup_tokens: Token, catalog: Catalog | None = None) -> Session:
+    async def client(self, *setup_tokens: Token, catalog: Catalog | None = None) -> MoqtSession:
         assert self.relay is not None
         s = await connect_with(self.relay.url, setup_tokens, catalog)
         self.sessions.append(s)
@@ -143,19 +125,19 @@ async def net() -> AsyncIterator[Net]:
         await n.close()
 
 
-async def publish_namespace(s: Session, ns, *tokens: Token) -> None:
+async def publish_namespace(s: MoqtSession, ns, *tokens: Token) -> None:
     await within(s._request(lambda m: m.publish_namespace(ns, P(*tokens))))
 
 
-async def subscribe_namespace(s: Session, prefix, *tokens: Token) -> None:
+async def subscribe_namespace(s: MoqtSession, prefix, *tokens: Token) -> None:
     await within(s._request(lambda m: m.subscribe_namespace(prefix, P(*tokens))))
 
 
-async def track_status(s: Session, ns, name: bytes, *tokens: Token):
+async def track_status(s: MoqtSession, ns, name: bytes, *tokens: Token):
     return (await within(s._request(lambda m: m.track_status(ns, name, P(*tokens)))))[1]
 
 
-async def fetch(s: Session, ns, name: bytes, *tokens: Token,
+async def fetch(s: MoqtSession, ns, name: bytes, *tokens: Token,
                 start=(0, 0), end=None) -> FetchStream:
     _, _, f = await within(s._request(
         lambda m: m.fetch(ns, name, start, end, parameters=P(*tokens)),
@@ -169,7 +151,7 @@ async def refused(aw) -> int:
     return e.value.code
 
 
-async def publisher_a(net: Net) -> tuple[Session, Catalog]:
+async def publisher_a(net: Net) -> tuple[MoqtSession, Catalog]:
     catalog = Catalog()
     pub = await net.client(tok(T_PUB), catalog=catalog)  # token in SETUP
     await publish_namespace(pub, A)
@@ -270,9 +252,9 @@ async def test_setup_token_vs_request_token(net: Net) -> None:
     await within(by_request.subscribe(A, "raw", parameters=P(tok(T_SUBA))))
     # An unknown token in SETUP ends the session with UNAUTHORIZED (0x2).
     parsed = parse_moqt_url(net.relay.url)  # type: ignore[union-attr]
-    bad = TokenSession(Role.CLIENT, session_config=SessionConfig(
-        path=parsed.path_and_query, authority=parsed.authority))
-    bad.setup_tokens = (tok("nobody-knows-this-token"),)
+    bad = MoqtSession(Role.CLIENT, session_config=SessionConfig(
+        path=parsed.path_and_query, authority=parsed.authority),
+        setup_tokens=(tok("nobody-knows-this-token"),))
     await within(transport_connect(parsed, lambda: bad, client_config()))
     code, _reason = await within(bad.closed)
     assert code == SessionErrorCode.UNAUTHORIZED

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from interop.client_support import publish_done_now, publish_track, subscribe_tracks
-from kvsp_moq.moqt import session_events as ev
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import MessageParameters
+from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
 from tests.test_relay import Net, client_config, net, within  # noqa: F401 (fixture)
 
@@ -28,14 +28,14 @@ async def accepting(net: Net, relay) -> Session:  # noqa: ANN001
 def spy_updates(s: Session) -> asyncio.Queue:
     """REQUEST_UPDATEs the peer sends on our requests (pubsub does not surface them)."""
     q: asyncio.Queue = asyncio.Queue()
-    orig = s._dispatch
+    orig = s.dispatch
 
     def spy(e: ev.Event) -> None:
         if isinstance(e, ev.UpdateReceived):
             q.put_nowait(e)
         orig(e)
 
-    s._dispatch = spy  # type: ignore[method-assign]
+    s.dispatch = spy  # type: ignore[method-assign]
     return q
 
 

@@ -19,7 +19,7 @@ from test_relay import NS, Net, client_config, net, payload, within  # noqa: F40
 
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import LocationFilter, MessageParameters
-from kvsp_moq.moqt import session_events as ev
+from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
 from kvsp_moq.pubsub.errors import DatagramTooLargeError
 from relay import Relay
@@ -31,14 +31,14 @@ NSB = tuple(f.encode() for f in NS)
 def spy_updates(s: Session) -> asyncio.Queue:
     """REQUEST_UPDATEs the peer sends on ``s``'s requests (seen before pubsub answers)."""
     q: asyncio.Queue = asyncio.Queue()
-    orig = s._dispatch
+    orig = s.dispatch
 
     def spy(e: ev.Event) -> None:
         orig(e)
         if isinstance(e, ev.UpdateReceived):
             q.put_nowait(e)
 
-    s._dispatch = spy  # type: ignore[method-assign]
+    s.dispatch = spy  # type: ignore[method-assign]
     return q
 
 

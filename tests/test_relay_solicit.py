@@ -140,12 +140,12 @@ async def test_namespace_done_and_cancel_withdraw_one_route(net: Net) -> None:
     # NAMESPACE_DONE from the publisher withdraws exactly that namespace.
     assert pub.moqt is not None
     pub.moqt.namespace_done(sol.rid, NSB)
-    pub._pump()
+    pub.pump()
     assert await within(watcher.namespace_updates.get()) == ("namespace_done", NSB)
     assert relay.routing.namespaces() == [OTHERB]
     # Cancelling the solicitation withdraws its routes; the PUBLISH_NAMESPACE one stays.
     pub.moqt.cancel(sol.rid)
-    pub._pump()
+    pub.pump()
     gone = observed(relay, "solicited_namespace_done", OTHERB)
     await within(gone)
     assert relay.routing.namespaces() == [OTHERB]  # still announced by PUBLISH_NAMESPACE
