@@ -2,7 +2,7 @@
 (version 0.0.4) at ``GET /metrics``.
 
 A deliberately small HTTP/1.1 responder on :func:`asyncio.start_server` (the web framework
-is reserved to kvsp_moq.control.http): it reads one request head of at most
+is reserved to the control plane's HTTP modules): it reads one request head of at most
 :data:`MAX_HEAD` bytes within :data:`READ_TIMEOUT` seconds, answers ``GET /metrics`` with
 200 and anything else with 404 (an oversized or malformed head: 400), and closes the
 connection after every response (``Connection: close``).

@@ -27,8 +27,8 @@ from bridge_support import (
 )
 from kvsp_moq.bridge import MoqtHolder, SessionPool, load_block, load_by_namespace, sink_for_record
 from kvsp_moq.bridge.holder import ScopeGate
-from kvsp_moq.control.auth import Authorizer, Grant, Principal
-from kvsp_moq.control.moqt_auth import ControlScopeAuthorizer
+from kvsp_moq.control.common.auth import Authorizer, Grant, Principal
+from kvsp_moq.control.common.moqt_auth import ControlScopeAuthorizer
 from kvsp_moq.kvsp.naming import NAMESPACE_TAG, BlockName, scope_prefix
 from kvsp_moq.moqt.errors import RequestErrorCode
 from kvsp_moq.moqt.messages import MessageParameters, Token

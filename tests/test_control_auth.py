@@ -1,4 +1,4 @@
-"""Bearer tokens to principals, grants, and the configuration file (kvsp_moq/control/auth.py,
+"""Bearer tokens to principals, grants, and the configuration file (kvsp_moq/control/common/auth.py,
 config.py; DESIGN.md §5, kvsp-draft §6.1/§6.2 authorization)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsp_moq.control.auth import (
+from kvsp_moq.control.common.auth import (
     Authorizer,
     Grant,
     Principal,
@@ -18,8 +18,8 @@ from kvsp_moq.control.auth import (
     require_scope,
     token_digest,
 )
-from kvsp_moq.control.config import IndexConfig, config_from_mapping, load_config
-from kvsp_moq.control.errors import ConfigError, Forbidden, Unauthorized
+from kvsp_moq.control.common.config import IndexConfig, config_from_mapping, load_config
+from kvsp_moq.control.common.errors import ConfigError, Forbidden, Unauthorized
 from test_index_support import COMPAT, DESCRIPTOR, H1, H2, II7, SCOPE_A, SCOPE_B
 
 TOKEN = "k3Jm0Qv9-x_LtY2ab8Zr1wE4"
@@ -208,7 +208,7 @@ def test_bad_toml(tmp_path: Path) -> None:
 
 
 def test_configured_descriptors_are_known_to_the_service() -> None:
-    from kvsp_moq.control.index import IndexService
+    from kvsp_moq.control.index.service import IndexService
 
     service = IndexService.in_memory(IndexConfig(descriptors=(DESCRIPTOR,)))
     assert service.descriptors.get(COMPAT) is not None

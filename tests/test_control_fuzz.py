@@ -19,9 +19,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsp_moq.control.engine_records import GenerateRequest
-from kvsp_moq.control.http import parse_codec, parse_layers, parse_token_range
-from kvsp_moq.control.session_records import (
+from kvsp_moq.control.common.session_records import (
     CheckpointAck,
     ClientSessionRequest,
     DeliveryAnswer,
@@ -36,8 +34,18 @@ from kvsp_moq.control.session_records import (
     SessionOrder,
     SessionView,
 )
+from kvsp_moq.control.engine.records import GenerateRequest
+from kvsp_moq.control.holder.routes import parse_codec, parse_layers
+from kvsp_moq.control.instance.routes import parse_token_range
 from kvsp_moq.kvsp.errors import RecordError
-from kvsp_moq.kvsp.records import Record, SessionCheckpoint, ShardMap, dump_json, parse_json, parse_reshard_message
+from kvsp_moq.kvsp.records import (
+    Record,
+    SessionCheckpoint,
+    ShardMap,
+    dump_json,
+    parse_json,
+    parse_reshard_message,
+)
 
 #: More examples for a deeper run: KVSP_FUZZ_EXAMPLES=5000 pytest tests/test_control_fuzz.py
 FUZZ = settings(max_examples=int(os.environ.get("KVSP_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])

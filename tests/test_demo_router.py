@@ -12,8 +12,13 @@ from typing import Any
 import pytest
 
 from kvsp_moq.cli.demo_router import SessionClient, SessionFailed
-from kvsp_moq.control.frontend import StreamEnd, StreamFailed
-from kvsp_moq.control.session_records import ClientSession, ClientSessionRequest, OutputToken
+from kvsp_moq.control.common.session_records import (
+    ClientSession,
+    ClientSessionRequest,
+    OutputToken,
+    StreamEnd,
+    StreamFailed,
+)
 
 SESSION = uuid.UUID(int=7)
 

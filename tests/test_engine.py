@@ -21,14 +21,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsp_moq.control.auth import Authorizer, Grant, Principal  # noqa: E402
-from kvsp_moq.control.clock import MonotonicClock  # noqa: E402
-from kvsp_moq.control.config import ControlConfig, HolderConfig, IndexConfig, InstanceConfig, TierConfig  # noqa: E402
-from kvsp_moq.control.engine import InferenceEngine  # noqa: E402
-from kvsp_moq.control.engine_config import EngineConfig  # noqa: E402
-from kvsp_moq.control.engine_records import GenerateRequest  # noqa: E402
-from kvsp_moq.control.http import (  # noqa: E402
-    INSTANCE_SERVICE, HttpIndexClient, RunningServer, serve_holder, serve_index, serve_instance)
+from kvsp_moq.control.client.http import HttpIndexClient  # noqa: E402
+from kvsp_moq.control.common.auth import Authorizer, Grant, Principal  # noqa: E402
+from kvsp_moq.control.common.clock import MonotonicClock  # noqa: E402
+from kvsp_moq.control.common.config import (  # noqa: E402
+    ControlConfig, HolderConfig, IndexConfig, InstanceConfig, TierConfig)
+from kvsp_moq.control.common.engine_config import EngineConfig  # noqa: E402
+from kvsp_moq.control.engine.engine import InferenceEngine  # noqa: E402
+from kvsp_moq.control.engine.records import GenerateRequest  # noqa: E402
+from kvsp_moq.control.holder.serve import serve_holder  # noqa: E402
+from kvsp_moq.control.http.server import RunningServer  # noqa: E402
+from kvsp_moq.control.index.serve import serve_index  # noqa: E402
+from kvsp_moq.control.instance.serve import INSTANCE_SERVICE, serve_instance  # noqa: E402
 from kvsp_moq.kvsp import scope  # noqa: E402
 from kvsp_moq.kvsp.blockkeys import BlockKeyChain  # noqa: E402
 from kvsp_moq.kvsp.records import LookupRequest  # noqa: E402
@@ -184,7 +188,7 @@ async def test_a_dead_moqt_origin_falls_back_to_http(cluster: Cluster) -> None:
 
 
 async def test_a_draining_instance_takes_no_request(cluster: Cluster) -> None:
-    from kvsp_moq.control.errors import NotActive
+    from kvsp_moq.control.common.errors import NotActive
 
     a = await cluster.instance()
     service = a.app[INSTANCE_SERVICE]
@@ -194,8 +198,8 @@ async def test_a_draining_instance_takes_no_request(cluster: Cluster) -> None:
 
 
 def test_instance_engine_section_of_the_toml(tmp_path: Path) -> None:
-    from kvsp_moq.control.config import load_config
-    from kvsp_moq.control.errors import ConfigError
+    from kvsp_moq.control.common.config import load_config
+    from kvsp_moq.control.common.errors import ConfigError
 
     (tmp_path / "scope.key").write_text(SCOPE_KEY.hex() + "\n")
     (tmp_path / "short.key").write_text("00" * 16)

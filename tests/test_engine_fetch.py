@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from kvsp_moq.control.http import HttpBlockFetcher, serve_app
-from kvsp_moq.control.retrieval import retrieve_block
+from kvsp_moq.control.client.http import HttpBlockFetcher
+from kvsp_moq.control.client.retrieval import retrieve_block
+from kvsp_moq.control.http.server import serve_app
 from kvsp_moq.kvsp.container import DecodedLayer
 from kvsp_moq.kvsp.records import ReplicaRecord
 from test_holder_support import LAYERS, TOKENS, container, running_holder
@@ -85,8 +86,8 @@ async def test_a_holder_that_stops_mid_body_makes_the_next_replica_be_tried() ->
 
 
 def test_the_instance_setting(tmp_path: Path) -> None:
-    from kvsp_moq.control.config import load_config
-    from kvsp_moq.control.errors import ConfigError
+    from kvsp_moq.control.common.config import load_config
+    from kvsp_moq.control.common.errors import ConfigError
 
     (tmp_path / "ok.toml").write_text("[instance]\nblock_read_timeout_ms = 750\n")
     assert load_config(tmp_path / "ok.toml").instance.block_read_timeout_ms == 750

@@ -14,10 +14,12 @@ from typing import Any
 
 import aiohttp
 
-from kvsp_moq.control.config import ControlConfig, FrontEndConfig
-from kvsp_moq.control.frontend import FrontEnd
-from kvsp_moq.control.http import FRONTEND_SERVICE, HttpFrontEndClient, RunningServer, serve_frontend
-from kvsp_moq.control.frontend import StreamEnd
+from kvsp_moq.control.client.http import HttpFrontEndClient
+from kvsp_moq.control.common.config import ControlConfig, FrontEndConfig
+from kvsp_moq.control.common.session_records import StreamEnd
+from kvsp_moq.control.frontend.serve import FRONTEND_SERVICE, serve_frontend
+from kvsp_moq.control.frontend.service import FrontEnd
+from kvsp_moq.control.http.server import RunningServer
 from test_instance_support import AUTH, SCOPE_A, SCOPE_B, TOKENS, call
 from test_pc_cli import PRINCIPAL, TOKEN, start, stop
 from test_sessions_support import guarded, read_stream

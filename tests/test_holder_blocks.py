@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kvsp_moq.control.config import TierConfig
+from kvsp_moq.control.common.config import TierConfig
 from kvsp_moq.kvsp.container import encode_container, extract_layers
 from kvsp_moq.kvsp.records import ReplicaRecord
 from test_holder_support import (

@@ -11,8 +11,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kvsp_moq.control import cli_holder
-from kvsp_moq.control.config import ConfigError, load_config
+from kvsp_moq.control.common.config import load_config
+from kvsp_moq.control.common.errors import ConfigError
+from kvsp_moq.control.holder import cli as cli_holder
 
 TOKEN = "tok-cli-client-xxxxxxxxxxxxxxxxxx"
 SCOPE = "a1" * 16
@@ -56,7 +57,7 @@ async def test_kvsp_holder_serves_until_sigterm(tmp_path: Path) -> None:
     path = tmp_path / "kvsp.toml"
     path.write_text(CONFIG)
     script = (
-        "import argparse, sys; from kvsp_moq.control import cli_holder; p = argparse.ArgumentParser(); "
+        "import argparse, sys; from kvsp_moq.control.holder import cli as cli_holder; p = argparse.ArgumentParser(); "
         "cli_holder.register_cli(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))"
     )
     proc = await asyncio.create_subprocess_exec(

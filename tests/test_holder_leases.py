@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kvsp_moq.control.config import TierConfig
+from kvsp_moq.control.common.config import TierConfig
 from kvsp_moq.kvsp.records import LeaseGrant
 from kvsp_moq.storage import ReplicaPinned
 from test_holder_support import PRINCIPALS, BLOCK_SIZE, CONTAINER_SIZE, COMPAT, SCOPE_A, H, bkey, rkey, running_holder

@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-from kvsp_moq.control.config import ControlConfig, IndexConfig, TierConfig
-from kvsp_moq.control.http import serve_index
+from kvsp_moq.control.common.config import ControlConfig, IndexConfig, TierConfig
+from kvsp_moq.control.index.serve import serve_index
 from kvsp_moq.kvsp.container import decode_container
 from kvsp_moq.storage import ReplicaPinned
 from test_holder_support import AUTH, BLOCK_SIZE, RecordingIndexStore, bkey, container, rkey, running_holder
@@ -96,19 +96,19 @@ async def test_unreachable_index_is_retried(caplog: pytest.LogCaptureFixture) ->
     config = ControlConfig(auth=AUTH, index=IndexConfig(purge_interval_ms=0))
     async with await serve_index(config, "127.0.0.1", 0) as gone:
         dead_url, port = gone.url, gone.port
-    caplog.set_level(logging.WARNING, logger="kvsp_moq.control.publisher")
+    caplog.set_level(logging.WARNING, logger="kvsp_moq.control.client.publisher")
     async with running_holder(index_url=dead_url, withdraw_retry_ms=5, withdraw_retry_max_ms=20) as h:
         assert (await h.put_block(0)).status == 201  # stored, though not published
         assert "publishing" in caplog.text
         events: list[tuple[str, str]] = []
         store = RecordingIndexStore(h.clock, events)
         retrying = _LogEvent("retrying")
-        logging.getLogger("kvsp_moq.control.publisher").addHandler(retrying)
+        logging.getLogger("kvsp_moq.control.client.publisher").addHandler(retrying)
         try:
             h.service.store.remove(rkey(0))  # eviction while the IS is down: DELETE is retried
             await retrying.event.wait()
         finally:
-            logging.getLogger("kvsp_moq.control.publisher").removeHandler(retrying)
+            logging.getLogger("kvsp_moq.control.client.publisher").removeHandler(retrying)
         async with await serve_index(config, "127.0.0.1", port, clock=h.clock, store=store):
             await h.service.publisher.flush()
             assert events == [("is-delete", bkey(0).hex())]

@@ -14,8 +14,9 @@ from contextlib import asynccontextmanager
 import pytest
 from aiohttp import web
 
-from kvsp_moq.control.http import HttpBlockFetcher, serve_app
-from kvsp_moq.control.retrieval import RetrievalFailed, parse_repr_digest, retrieve_block
+from kvsp_moq.control.client.http import HttpBlockFetcher
+from kvsp_moq.control.client.retrieval import RetrievalFailed, parse_repr_digest, retrieve_block
+from kvsp_moq.control.http.server import serve_app
 from kvsp_moq.kvsp.container import DecodedLayer, extract_layers
 from kvsp_moq.kvsp.records import ReplicaRecord
 from test_holder_support import LAYERS, TOKENS, H, bkey, container, rkey, running_holder

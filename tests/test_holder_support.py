@@ -14,12 +14,15 @@ from typing import Any
 
 import aiohttp
 
-from kvsp_moq.control.auth import Authorizer, Grant, Principal
-from kvsp_moq.control.clock import ManualClock
-from kvsp_moq.control.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
-from kvsp_moq.control.holder import HolderService
-from kvsp_moq.control.http import HOLDER_SERVICE, KVSP_JSON, RunningServer, serve_holder, serve_index
-from kvsp_moq.control.index_store import BlockRef, MemoryIndexStore, ReplicaId
+from kvsp_moq.control.common.auth import Authorizer, Grant, Principal
+from kvsp_moq.control.common.clock import ManualClock
+from kvsp_moq.control.common.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
+from kvsp_moq.control.common.media import KVSP_JSON
+from kvsp_moq.control.holder.serve import HOLDER_SERVICE, serve_holder
+from kvsp_moq.control.holder.service import HolderService
+from kvsp_moq.control.http.server import RunningServer
+from kvsp_moq.control.index.serve import serve_index
+from kvsp_moq.control.index.store import BlockRef, MemoryIndexStore, ReplicaId
 from kvsp_moq.kvsp.container import encode_container
 from kvsp_moq.kvsp.records import Record, ReplicaRecord, dump_json
 from kvsp_moq.storage import RecordKey

@@ -25,11 +25,14 @@ import aiohttp
 import pytest
 
 from _hostile_support import Findings, JsonRoute, attack_json_route, send
-from kvsp_moq.control.config import ControlConfig, FrontEndConfig, InstanceConfig, PcConfig, TierConfig
-from kvsp_moq.control.frontend import FrontEnd
-from kvsp_moq.control.http import FRONTEND_SERVICE, INSTANCE_SERVICE, PC_SERVICE, RunningServer, serve_frontend, serve_instance
-from kvsp_moq.control.instance_reshard import MAX_ABORTED
-from kvsp_moq.control.pc import PlacementController
+from kvsp_moq.control.common.config import ControlConfig, FrontEndConfig, InstanceConfig, PcConfig, TierConfig
+from kvsp_moq.control.frontend.serve import FRONTEND_SERVICE, serve_frontend
+from kvsp_moq.control.frontend.service import FrontEnd
+from kvsp_moq.control.http.server import RunningServer
+from kvsp_moq.control.instance.reshard import MAX_ABORTED
+from kvsp_moq.control.instance.serve import INSTANCE_SERVICE, serve_instance
+from kvsp_moq.control.pc.serve import PC_SERVICE
+from kvsp_moq.control.pc.service import PlacementController
 from test_instance_support import AUTH, COMPAT, SCOPE_A, TOKENS, World, bkey, world
 from test_sessions_support import CountingEngine, client_request, guarded, sampler, status
 
@@ -364,7 +367,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def test_engine_routes_refuse_hostile_input(model_dir: Path) -> None:
-    from kvsp_moq.control.engine_config import EngineConfig
+    from kvsp_moq.control.common.engine_config import EngineConfig
     engine = EngineConfig(model_dir=str(model_dir), block_tokens=16, torch_threads=1)
     ic = InstanceConfig(token=TOKENS["inst"], tiers=(TierConfig("host", 1 << 20),), engine=engine,
                         max_body_octets=MAX_BODY)

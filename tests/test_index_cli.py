@@ -1,4 +1,4 @@
-"""``kvsp index`` (kvsp_moq/control/cli_index.py) as a real process on 127.0.0.1 port 0."""
+"""``kvsp index`` (kvsp_moq/control/index/cli.py) as a real process on 127.0.0.1 port 0."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kvsp_moq.control.cli_index import parse_listen
+from kvsp_moq.control.common.cli import parse_listen
 from kvsp_moq.kvsp.records import dump_json
 from test_index_support import DESCRIPTOR, H1, SCOPE_A, block_path, key, lookup_body, replica
 
@@ -21,7 +21,7 @@ TOKEN = "cli-test-token-0123456789abcdef"
 # The lead wires register_cli into kvsp_moq/cli/; until then, a parser of our own.
 RUNNER = (
     "import argparse, sys\n"
-    "from kvsp_moq.control.cli_index import register_cli\n"
+    "from kvsp_moq.control.index.cli import register_cli\n"
     "parser = argparse.ArgumentParser(prog='kvsp')\n"
     "register_cli(parser.add_subparsers(dest='command', required=True))\n"
     "args = parser.parse_args()\n"

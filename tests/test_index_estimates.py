@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsp_moq.control.config import IndexConfig
-from kvsp_moq.control.estimates import (
+from kvsp_moq.control.common.config import IndexConfig
+from kvsp_moq.control.common.estimates import (
     estimate_target,
     layer_count,
     needed_layers,

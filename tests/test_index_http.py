@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsp_moq.control.config import ControlConfig, IndexConfig
-from kvsp_moq.control.http import serve_index
-from kvsp_moq.control.index_store import BlockRef, MemoryIndexStore, StoredReplica
+from kvsp_moq.control.common.config import ControlConfig, IndexConfig
+from kvsp_moq.control.index.serve import serve_index
+from kvsp_moq.control.index.store import BlockRef, MemoryIndexStore, StoredReplica
 from kvsp_moq.kvsp.records import LookupRequest, LookupResponse, MatchedBlock, ReplicaRecord
 from test_index_support import (
     AUTH,

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsp_moq.control.clock import ManualClock
-from kvsp_moq.control.config import IndexConfig
-from kvsp_moq.control.errors import Forbidden, NotFound
-from kvsp_moq.control.index import IndexService
-from kvsp_moq.control.index_store import BlockRef, ReplicaId
+from kvsp_moq.control.common.clock import ManualClock
+from kvsp_moq.control.common.config import IndexConfig
+from kvsp_moq.control.common.errors import Forbidden, NotFound
+from kvsp_moq.control.index.service import IndexService
+from kvsp_moq.control.index.store import BlockRef, ReplicaId
 from kvsp_moq.kvsp.records import LookupRequest
 from test_index_support import COMPAT, H1, H2, PRINCIPALS, SCOPE_A, SCOPE_B, key, lookup_body, replica, running_index
 

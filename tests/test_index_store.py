@@ -1,12 +1,12 @@
-"""The embedded index store (kvsp_moq/control/index_store.py): TTLs on an injected clock, lazy
+"""The embedded index store (kvsp_moq/control/index/store.py): TTLs on an injected clock, lazy
 and bulk purge, refresh, withdrawal, and the prefix read of §6.2."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvsp_moq.control.clock import ManualClock
-from kvsp_moq.control.index_store import BlockRef, IndexStore, MemoryIndexStore, ReplicaId, StoredReplica
+from kvsp_moq.control.common.clock import ManualClock
+from kvsp_moq.control.index.store import BlockRef, IndexStore, MemoryIndexStore, ReplicaId, StoredReplica
 from test_index_support import COMPAT, H1, H2, RELAY, SCOPE_A, SCOPE_B, key, replica
 
 

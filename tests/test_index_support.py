@@ -12,11 +12,13 @@ from typing import Any
 
 import aiohttp
 
-from kvsp_moq.control.auth import Authorizer, Grant, Principal
-from kvsp_moq.control.clock import ManualClock
-from kvsp_moq.control.config import ControlConfig, IndexConfig
-from kvsp_moq.control.http import INDEX_SERVICE, KVSP_JSON, RunningServer, serve_index
-from kvsp_moq.control.index import IndexService
+from kvsp_moq.control.common.auth import Authorizer, Grant, Principal
+from kvsp_moq.control.common.clock import ManualClock
+from kvsp_moq.control.common.config import ControlConfig, IndexConfig
+from kvsp_moq.control.common.media import KVSP_JSON
+from kvsp_moq.control.http.server import RunningServer
+from kvsp_moq.control.index.serve import INDEX_SERVICE, serve_index
+from kvsp_moq.control.index.service import IndexService
 from kvsp_moq.kvsp.compat import compat_id
 from kvsp_moq.kvsp.container import replica_digest
 from kvsp_moq.kvsp.naming import BlockName

@@ -7,9 +7,9 @@ import asyncio
 import uuid
 from typing import Any
 
-from kvsp_moq.control.config import InstanceConfig
-from kvsp_moq.control.http import HOLDER_SERVICE
-from kvsp_moq.control.instance_reporter import persisted_epoch
+from kvsp_moq.control.common.config import InstanceConfig
+from kvsp_moq.control.holder.serve import HOLDER_SERVICE
+from kvsp_moq.control.instance.reporter import persisted_epoch
 from kvsp_moq.kvsp.records import PrefetchDirective
 from kvsp_moq.storage import RecordKey
 from test_instance_support import COMPAT, SCOPE_A, SCOPE_B, World, bkey, call, container, instance_service, record_for, slow_holder, world

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from kvsp_moq.bridge import MoqtHolder
-from kvsp_moq.control import prefetch
-from kvsp_moq.control.moqt_retrieval import MoqtBlockRetriever, retrieve_block
-from kvsp_moq.control.retrieval import RetrievalFailed
+from kvsp_moq.control.client.moqt import MoqtBlockRetriever, retrieve_block
+from kvsp_moq.control.client.retrieval import RetrievalFailed
+from kvsp_moq.control.client import retrieval
 from kvsp_moq.kvsp.container import decode_container
 from kvsp_moq.kvsp.records import ReplicaRecord
 from kvsp_moq.storage import BlockStore, HostTier, RecordKey
@@ -65,8 +65,8 @@ async def run_directive(w: World, ii: Any, body: dict[str, Any]) -> dict[str, An
 
 def test_the_hook_is_the_control_side_adapter() -> None:
     # bridge may not import control (tests/test_layering.py): the adapter lives in control
-    assert prefetch.BRIDGE_MODULE == "kvsp_moq.control.moqt_retrieval"
-    assert prefetch._bridge_retriever() is retrieve_block
+    assert retrieval.BRIDGE_MODULE == "kvsp_moq.control.client.moqt"
+    assert retrieval._bridge_retriever() is retrieve_block
 
 
 async def test_prefetch_from_a_moqt_holder_is_byte_identical_and_published() -> None:

@@ -16,25 +16,27 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvsp_moq.control.auth import Authorizer, Grant, Principal
-from kvsp_moq.control.clock import ManualClock
-from kvsp_moq.control.config import ControlConfig, HolderConfig, IndexConfig, InstanceConfig, LinkConfig, PcConfig, TierConfig
-from kvsp_moq.control.http import (
-    INDEX_SERVICE,
-    INSTANCE_SERVICE,
-    KVSP_JSON,
-    PC_SERVICE,
-    HttpPcClient,
-    RunningServer,
-    serve_app,
-    serve_holder,
-    serve_index,
-    serve_instance,
-    serve_pc,
+from kvsp_moq.control.client.http import HttpPcClient
+from kvsp_moq.control.common.auth import Authorizer, Grant, Principal
+from kvsp_moq.control.common.clock import ManualClock
+from kvsp_moq.control.common.config import (
+    ControlConfig,
+    HolderConfig,
+    IndexConfig,
+    InstanceConfig,
+    LinkConfig,
+    PcConfig,
+    TierConfig,
 )
-from kvsp_moq.control.index import IndexService
-from kvsp_moq.control.instance import InstanceService
-from kvsp_moq.control.pc import PlacementController
+from kvsp_moq.control.common.media import KVSP_JSON
+from kvsp_moq.control.holder.serve import serve_holder
+from kvsp_moq.control.http.server import RunningServer, serve_app
+from kvsp_moq.control.index.serve import INDEX_SERVICE, serve_index
+from kvsp_moq.control.index.service import IndexService
+from kvsp_moq.control.instance.serve import INSTANCE_SERVICE, serve_instance
+from kvsp_moq.control.instance.service import InstanceService
+from kvsp_moq.control.pc.serve import PC_SERVICE, serve_pc
+from kvsp_moq.control.pc.service import PlacementController
 from kvsp_moq.kvsp.compat import compat_id
 from kvsp_moq.kvsp.container import decode_container, encode_container
 from kvsp_moq.kvsp.records import Record, ReplicaRecord, Residency, dump_json

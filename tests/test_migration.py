@@ -2,7 +2,7 @@
 
 An IS, an HTTP holder, a PC and a front end on 127.0.0.1 (in this process, so the test sees
 each delivery and checkpoint as it happens), and two ``kvsp instance`` processes running the
-tiny reference model with model-backed sessions (``control/model_sessions.py``). The instance
+tiny reference model with model-backed sessions (``control/instance/model_sessions.py``). The instance
 serving a session is killed with SIGKILL mid-generation; the PC learns it (the test reports
 it as a supervisor would, or the instance's status expires), raises the session epoch and
 resumes the latest checkpoint on the other instance, which loads the published blocks,
@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsp_moq.control.session_records import DeliveryAnswer, OutputTokens  # noqa: E402
+from kvsp_moq.control.common.session_records import DeliveryAnswer, OutputTokens  # noqa: E402
 from kvsp_moq.kvsp.blockkeys import BlockKeyChain  # noqa: E402
 from kvsp_moq.kvsp.compat import compat_id as derive_compat_id  # noqa: E402
 from kvsp_moq.model import (  # noqa: E402
@@ -176,8 +176,8 @@ async def test_top_p_session_releases_nothing_unacknowledged_and_survives_status
 
 
 def test_the_session_engine_key_of_the_instance_section(tmp_path: Path) -> None:
-    from kvsp_moq.control.config import load_config
-    from kvsp_moq.control.errors import ConfigError
+    from kvsp_moq.control.common.config import load_config
+    from kvsp_moq.control.common.errors import ConfigError
 
     (tmp_path / "ok.toml").write_text('[instance]\nsession_engine = "none"\n')
     assert load_config(tmp_path / "ok.toml").instance.session_engine == "none"

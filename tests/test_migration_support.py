@@ -23,12 +23,23 @@ from typing import Any
 
 import aiohttp
 
-from kvsp_moq.control.auth import Authorizer, Grant, Principal
-from kvsp_moq.control.clock import MonotonicClock
-from kvsp_moq.control.config import ControlConfig, FrontEndConfig, HolderConfig, IndexConfig, PcConfig, TierConfig
-from kvsp_moq.control.frontend import FrontEnd
-from kvsp_moq.control.http import FRONTEND_SERVICE, PC_SERVICE, RunningServer, serve_frontend, serve_holder, serve_index, serve_pc
-from kvsp_moq.control.pc import PlacementController
+from kvsp_moq.control.common.auth import Authorizer, Grant, Principal
+from kvsp_moq.control.common.clock import MonotonicClock
+from kvsp_moq.control.common.config import (
+    ControlConfig,
+    FrontEndConfig,
+    HolderConfig,
+    IndexConfig,
+    PcConfig,
+    TierConfig,
+)
+from kvsp_moq.control.frontend.serve import FRONTEND_SERVICE, serve_frontend
+from kvsp_moq.control.frontend.service import FrontEnd
+from kvsp_moq.control.holder.serve import serve_holder
+from kvsp_moq.control.http.server import RunningServer
+from kvsp_moq.control.index.serve import serve_index
+from kvsp_moq.control.pc.serve import PC_SERVICE, serve_pc
+from kvsp_moq.control.pc.service import PlacementController
 from kvsp_moq.kvsp import scope
 
 GUARD = 60.0  # a safety net against hangs, never a way to wait for something

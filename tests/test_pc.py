@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from kvsp_moq.control.config import PcConfig
-from kvsp_moq.control.errors import NotActive
-from kvsp_moq.control.pc import StartRequest, sleep_policy
+from kvsp_moq.control.common.config import PcConfig
+from kvsp_moq.control.common.errors import NotActive
+from kvsp_moq.control.pc.service import StartRequest, sleep_policy
 from kvsp_moq.kvsp.records import InstanceStatusRecord, Link, PrefetchBlock, PrefetchDirective
 from test_instance_support import COMPAT, SCOPE_A, SCOPE_B, TOKENS, World, bkey, call, instance_service, world
 

@@ -12,11 +12,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kvsp_moq.control.config import ControlConfig, InstanceConfig, TierConfig
-from kvsp_moq.control.http import RunningServer, serve_instance
-from kvsp_moq.control.instance import InstanceService
-from kvsp_moq.control.reshard_plan import reshard_plans
-from kvsp_moq.control.shard_store import MemoryShardStore, RangeNotHeld, ShardSlice, TokenRange
+from kvsp_moq.control.common.config import ControlConfig, InstanceConfig, TierConfig
+from kvsp_moq.control.common.shard_store import MemoryShardStore, RangeNotHeld, ShardSlice, TokenRange
+from kvsp_moq.control.http.server import RunningServer
+from kvsp_moq.control.instance.serve import serve_instance
+from kvsp_moq.control.instance.service import InstanceService
+from kvsp_moq.control.pc.reshard_plan import reshard_plans
 from kvsp_moq.kvsp.records import ShardMap
 from test_instance_support import AUTH, TOKENS, World, call, instance_service, world
 from test_sessions_support import guarded

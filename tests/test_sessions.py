@@ -12,12 +12,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsp_moq.control.config import PcConfig
-from kvsp_moq.control.frontend import StreamFailed
-from kvsp_moq.control.http import PC_SERVICE, HttpFrontEndClient
-from kvsp_moq.control.instance_sessions import SessionOutput, SessionRefused
-from kvsp_moq.control.session_records import OutputToken, SessionOrder
-from kvsp_moq.control.pc import PlacementController
+from kvsp_moq.control.client.http import HttpFrontEndClient
+from kvsp_moq.control.common.config import PcConfig
+from kvsp_moq.control.common.errors import SessionRefused
+from kvsp_moq.control.common.session_records import OutputToken, SessionOrder, StreamFailed
+from kvsp_moq.control.instance.sessions import SessionOutput
+from kvsp_moq.control.pc.serve import PC_SERVICE
+from kvsp_moq.control.pc.service import PlacementController
 from kvsp_moq.kvsp.records import SessionCheckpoint
 from test_instance_support import COMPAT, SCOPE_A, TOKENS, call, instance_service
 from test_sessions_support import CountingEngine, SessionWorld, client_request, expect_output, guarded, read_stream, sampler, session_id, session_world, token_at

@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsp_moq.control.session_records import SessionFailed, SessionView  # noqa: E402
+from kvsp_moq.control.common.session_records import SessionFailed, SessionView  # noqa: E402
 from kvsp_moq.kvsp.compat import compat_id as derive_compat_id  # noqa: E402
 from kvsp_moq.model import ByteTokenizer, ReferenceModel, Sampler, build_descriptor, ensure_model_files, generate  # noqa: E402
 from test_migration_support import B, PROMPT, SCOPE_ID, Cluster, cluster, guarded, sampler_json  # noqa: E402

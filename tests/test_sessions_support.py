@@ -14,11 +14,13 @@ from typing import Any
 
 import aiohttp
 
-from kvsp_moq.control.config import ControlConfig, FrontEndConfig, InstanceConfig, PcConfig, TierConfig
-from kvsp_moq.control.frontend import FrontEnd
-from kvsp_moq.control.http import FRONTEND_SERVICE, RunningServer, serve_frontend, serve_instance
-from kvsp_moq.control.instance_sessions import SessionOutput
-from kvsp_moq.control.session_records import SessionOrder
+from kvsp_moq.control.common.config import ControlConfig, FrontEndConfig, InstanceConfig, PcConfig, TierConfig
+from kvsp_moq.control.common.session_records import SessionOrder
+from kvsp_moq.control.frontend.serve import FRONTEND_SERVICE, serve_frontend
+from kvsp_moq.control.frontend.service import FrontEnd
+from kvsp_moq.control.http.server import RunningServer
+from kvsp_moq.control.instance.serve import serve_instance
+from kvsp_moq.control.instance.sessions import SessionOutput
 from kvsp_moq.kvsp.records import InstanceStatusRecord
 from test_instance_support import AUTH, COMPAT, SCOPE_A, TOKENS, World, world
 

@@ -6,7 +6,11 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..control import cli_frontend, cli_holder, cli_index, cli_instance, cli_pc
+from ..control.frontend import cli as cli_frontend
+from ..control.holder import cli as cli_holder
+from ..control.index import cli as cli_index
+from ..control.instance import cli as cli_instance
+from ..control.pc import cli as cli_pc
 from . import bench, core, demo, moq, relay_cmd
 
 

@@ -1,0 +1,591 @@
+"""HTTP clients of the control-plane roles (DESIGN.md §5; docs/http-api.md), each behind the
+transport-neutral interface the service that calls it defines. An engine embeds them without
+importing any route code:
+
+- :class:`HttpIndexClient` — the Index Service (``client.publisher.IndexClient``, ``pc.service.PcIndex``,
+  ``instance.prefetch.ReplicaSource``): publish, withdraw, lookup, instance status, replicas;
+- :class:`HttpBlockFetcher` — blocks from holders (``client.retrieval.BlockFetcher``, §6.7);
+- :class:`HttpLeaseClient`, :class:`HttpBlockStorer` — a holder's leases (§6.6) and block PUT (§6.7);
+- :class:`HttpInstanceClient` — the PC's calls to instances (§6.3, §6.5, §6.8, §6.9);
+- :class:`HttpPcClient` — an instance's and a front end's calls to the PC (§6.3, §6.8);
+- :class:`HttpFrontEndClient` — output delivery and a client's session stream (§6.8);
+- :class:`HttpShardFetcher` — token ranges from a peer instance (§6.9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import quote, urljoin
+
+import aiohttp
+
+from ...kvsp import problems
+from ...kvsp.container import decode_container
+from ...kvsp.errors import KvspError, RecordError
+from ...kvsp.records import (
+    InstanceStatusRecord,
+    LeaseGrant,
+    LeaseRequest,
+    LookupRequest,
+    LookupResponse,
+    MatchedBlock,
+    PrefetchDirective,
+    Problem,
+    Record,
+    ReplicaRecord,
+    ReshardMessage,
+    ReshardPlan,
+    SessionCheckpoint,
+    StateChange,
+    decode_json,
+    dump_json,
+    parse_json,
+)
+from ...storage import RecordKey
+from ..common.errors import (
+    FrontEndUnreachable,
+    InstanceUnreachable,
+    LeaseRefused,
+    PeerUnreachable,
+    SessionOpenFailed,
+    ShardFetchFailed,
+    Superseded,
+)
+from ..common.media import BLOCK_MEDIA_TYPE, KVSP_JSON
+from ..common.records import StatusAnswer
+from ..common.session_records import (
+    MAX_OUTPUT_TOKENS,
+    CheckpointAck,
+    ClientSession,
+    ClientSessionRequest,
+    OutputToken,
+    OutputTokens,
+    ReshardAck,
+    SessionDone,
+    SessionFailed,
+    SessionOpen,
+    SessionOrder,
+    SessionView,
+    StreamEnd,
+    StreamFailed,
+)
+from ..common.shard_store import ShardSlice, TokenRange
+from .publisher import IndexRefused, IndexUnreachable
+from .retrieval import parse_repr_digest
+
+__all__ = [
+    "HttpBlockFetcher",
+    "HttpBlockResponse",
+    "HttpBlockStorer",
+    "HttpClient",
+    "HttpFrontEndClient",
+    "HttpIndexClient",
+    "HttpInstanceClient",
+    "HttpLeaseClient",
+    "HttpPcClient",
+    "HttpShardFetcher",
+    "PcRefused",
+]
+
+
+async def _problem_of(response: aiohttp.ClientResponse) -> tuple[str | None, str]:
+    """(KVSP problem name, detail) of an error response's problem details, if it has one."""
+    if response.content_type != problems.PROBLEM_MEDIA_TYPE:
+        return None, response.reason or ""
+    try:
+        body = await response.content.read(64 * 1024)
+        problem = Problem.from_json(json.loads(body))
+    except (ValueError, KvspError, aiohttp.ClientError):
+        return None, response.reason or ""
+    return problem.name, problem.detail or ""
+
+
+class HttpIndexClient:
+    """:class:`~.client.publisher.IndexClient` over HTTP (docs/http-api.md "Index Service")."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.base_url = base_url if base_url.endswith("/") else base_url + "/"
+        self._token = token
+        self._session = session
+        self._owned = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _url(self, key_path: str) -> str:
+        return f"{self.base_url}replicas/{key_path}"
+
+    async def publish(self, record: ReplicaRecord) -> ReplicaRecord:
+        path = f"{record.compat_id.hex()}/{record.scope_id.hex()}/{record.block_key.hex()}"
+        headers = self._headers() | {"Content-Type": KVSP_JSON}
+        try:
+            async with self._client().put(self._url(path), data=dump_json(record), headers=headers, timeout=self._timeout) as resp:
+                if resp.status in (200, 201):
+                    return parse_json(await resp.read(), ReplicaRecord)
+                await self._raise(resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError, KvspError) as exc:
+            raise IndexUnreachable(f"PUT {path}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def withdraw(self, key: RecordKey, holder: str, moqt_namespace: str | None) -> bool:
+        params = {"holder": holder}
+        if moqt_namespace is not None:
+            params["moqt_namespace"] = moqt_namespace
+        try:
+            async with self._client().delete(self._url(key.path), params=params, headers=self._headers(), timeout=self._timeout) as resp:
+                if resp.status == 204:
+                    return True
+                if resp.status == 404:
+                    return False  # already gone (expired, or withdrawn before)
+                await self._raise(resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise IndexUnreachable(f"DELETE {key.path}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def lookup(self, request: LookupRequest) -> LookupResponse:
+        """``POST {is}lookup`` (§6.2), for the PC (``pc.service.PcIndex``)."""
+        status, body, name, detail = await _call(self._client(), "POST", f"{self.base_url}lookup", self._token, request, self._timeout)
+        if status != 200:
+            raise IndexUnreachable(f"lookup: status {status} {name or ''}: {detail}")
+        return parse_json(body, LookupResponse)
+
+    async def report_status(self, record: InstanceStatusRecord) -> None:
+        """``PUT {is}instance-status``: the PC passes on the statuses it receives (§6.4 inputs)."""
+        status, _, name, detail = await _call(self._client(), "PUT", f"{self.base_url}instance-status", self._token, record, self._timeout)
+        if status != 200:
+            raise IndexRefused(status, name, detail)
+
+    async def replicas(self, key: RecordKey) -> list[ReplicaRecord]:
+        """``GET {is}replicas/{compat}/{scope}/{key}`` (ours): the unexpired records of a block,
+        for an instance executing a directive (``instance.prefetch.ReplicaSource``); [] on 404."""
+        status, body, name, detail = await _call(self._client(), "GET", self._url(key.path), self._token, None, self._timeout)
+        if status == 404:
+            return []
+        if status != 200:
+            raise IndexUnreachable(f"replicas of {key}: status {status} {name or ''}: {detail}")
+        return list(parse_json(body, MatchedBlock).replicas)
+
+    @staticmethod
+    async def _raise(resp: aiohttp.ClientResponse) -> None:
+        name, detail = await _problem_of(resp)
+        if 400 <= resp.status < 500 and resp.status not in (408, 429):
+            raise IndexRefused(resp.status, name, detail)
+        raise IndexUnreachable(f"status {resp.status} {name or ''}: {detail}")
+
+    async def close(self) -> None:
+        if self._owned and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+@dataclass
+class HttpBlockResponse:
+    """:class:`~.client.retrieval.BlockResponse` of an aiohttp response."""
+
+    response: aiohttp.ClientResponse
+    problem: str | None
+    chunk_octets: int
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    @property
+    def content_type(self) -> str | None:
+        return self.response.headers.get("Content-Type")
+
+    @property
+    def content_length(self) -> int | None:
+        return self.response.content_length
+
+    @property
+    def repr_digest(self) -> str | None:
+        return self.response.headers.get("Repr-Digest")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self.response.content.iter_chunked(self.chunk_octets):
+            yield chunk
+
+
+class HttpBlockFetcher:
+    """:class:`~.client.retrieval.BlockFetcher` over HTTP: GET with the client's bearer token.
+
+    ``read_timeout_s`` bounds the wait for each read from the holder (connecting, the status
+    line, every part of the body): a holder that stops sending mid-body fails this replica
+    with a timeout after that long, and ``client.retrieval.retrieve_block`` tries the next replica,
+    instead of the request waiting up to ``timeout_s`` (the bound on the whole transfer).
+    """
+
+    def __init__(
+        self,
+        token: str | None,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 60.0,
+        read_timeout_s: float | None = 5.0,
+        chunk_octets: int = 256 * 1024,
+    ) -> None:
+        self._token = token
+        self._session = session
+        self._owned = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=read_timeout_s, sock_read=read_timeout_s)
+        self.chunk_octets = chunk_octets
+
+    @contextlib.asynccontextmanager
+    async def get(self, url: str) -> AsyncIterator[HttpBlockResponse]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        # No automatic decompression: Repr-Digest covers the representation as sent.
+        async with self._session.get(url, headers=headers, timeout=self._timeout, auto_decompress=False) as resp:
+            problem = None
+            if resp.status >= 400:
+                problem, _ = await _problem_of(resp)
+            yield HttpBlockResponse(resp, problem, self.chunk_octets)
+
+    async def close(self) -> None:
+        if self._owned and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _call(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    token: str | None,
+    body: Record | None,
+    timeout: aiohttp.ClientTimeout,
+) -> tuple[int, bytes, str | None, str]:
+    """One JSON request: (status, body, problem name, problem detail). Transport errors raise
+    ``aiohttp.ClientError`` / ``asyncio.TimeoutError``."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data = dump_json(body)
+        headers["Content-Type"] = KVSP_JSON
+    async with session.request(method, url, data=data, headers=headers, timeout=timeout) as resp:
+        if resp.status >= 400:
+            name, detail = await _problem_of(resp)
+            return resp.status, b"", name, detail
+        return resp.status, await resp.read(), None, ""
+
+
+class HttpClient:
+    """A lazily created aiohttp session and a bearer token."""
+
+    def __init__(self, token: str | None, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0) -> None:
+        self._token = token
+        self._session = session
+        self._owned = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _call(self, method: str, url: str, body: Record | None = None) -> tuple[int, bytes, str | None, str]:
+        return await _call(self._client(), method, url, self._token, body, self._timeout)
+
+    async def close(self) -> None:
+        if self._owned and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _base(url: str) -> str:
+    return url if url.endswith("/") else url + "/"
+
+
+class HttpLeaseClient(HttpClient):
+    """:class:`~.instance.prefetch.LeaseClient` over HTTP (§6.6 ``POST``/``DELETE {holder}leases``)."""
+
+    async def lease(self, holder: str, request: LeaseRequest) -> LeaseGrant:
+        try:
+            status, body, name, detail = await self._call("POST", f"{_base(holder)}leases", request)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise LeaseRefused(f"{type(exc).__name__}: {exc}") from exc
+        if status != 201:
+            raise LeaseRefused(f"status {status} {name or ''}: {detail}")
+        return parse_json(body, LeaseGrant)
+
+    async def release(self, holder: str, lease: str) -> None:
+        status, _, name, detail = await self._call("DELETE", f"{_base(holder)}leases/{lease}")
+        if status not in (204, 404):  # 404: expired already
+            raise LeaseRefused(f"release: status {status} {name or ''}: {detail}")
+
+
+class HttpBlockStorer(HttpClient):
+    """:class:`~.engine.publish.BlockStorer` over HTTP: ``PUT {holder}blocks/...`` with
+    ``If-None-Match: *`` (§6.7); an instance storing the blocks it computed."""
+
+    async def put_block(self, holder: str, key: RecordKey, container: bytes) -> bool:
+        headers = {"Content-Type": BLOCK_MEDIA_TYPE, "If-None-Match": "*"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        url = f"{_base(holder)}blocks/{key.path}"
+        async with self._client().put(url, data=container, headers=headers, timeout=self._timeout) as resp:
+            if resp.status == 201:
+                return True
+            if resp.status == 412:
+                return False  # §6.7: the holder already has a replica and keeps it
+            name, detail = await _problem_of(resp)
+            raise IndexRefused(resp.status, name, f"PUT {url}: {detail}")
+
+
+class HttpInstanceClient(HttpClient):
+    """:class:`~.pc.service.InstanceClient` over HTTP: the PC's ``PUT state`` and ``POST prefetch``."""
+
+    async def put_state(self, instance: str, state: str) -> str:
+        try:
+            status, body, name, detail = await self._call("PUT", f"{_base(instance)}state", StateChange(state=state))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise InstanceUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            raise InstanceUnreachable(f"status {status} {name or ''}: {detail}")
+        return parse_json(body, StatusAnswer).state
+
+    async def prefetch(self, instance: str, directive: PrefetchDirective) -> str:
+        url = f"{_base(instance)}prefetch"
+        headers = {"Content-Type": KVSP_JSON} | ({"Authorization": f"Bearer {self._token}"} if self._token else {})
+        try:
+            async with self._client().post(url, data=dump_json(directive), headers=headers, timeout=self._timeout) as resp:
+                if resp.status != 202:
+                    name, detail = await _problem_of(resp)
+                    raise InstanceUnreachable(f"status {resp.status} {name or ''}: {detail}")
+                location = resp.headers.get("Location")
+                if not location:
+                    raise InstanceUnreachable("202 without Location")
+                return urljoin(url, location)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise InstanceUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _instance_call(self, method: str, url: str, body: Record | None, expect: int) -> bytes:
+        try:
+            status, data, name, detail = await self._call(method, url, body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise InstanceUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if status != expect:
+            raise InstanceUnreachable(f"{method} {url}: status {status} {name or ''}: {detail}")
+        return data
+
+    async def start_session(self, instance: str, order: SessionOrder) -> None:
+        """``POST {ii}sessions/{id}/start`` (``pc.sessions.SessionInstanceClient``)."""
+        await self._instance_call("POST", f"{_base(instance)}sessions/{order.session}/start", order, 202)
+
+    async def resume_session(self, instance: str, order: SessionOrder) -> None:
+        """``POST {ii}sessions/{id}/resume`` (§6.8)."""
+        await self._instance_call("POST", f"{_base(instance)}sessions/{order.session}/resume", order, 202)
+
+    async def reshard(self, instance: str, message: ReshardMessage) -> ReshardAck | None:
+        """``POST {ii}reshard`` (§6.9, ``pc.reshard.ReshardClient``): a plan waits for the
+        instance's fetches, so it gets no timeout of its own (the PC's deadline ends it)."""
+        url = f"{_base(instance)}reshard"
+        if isinstance(message, ReshardPlan):
+            try:
+                status, data, name, detail = await _call(self._client(), "POST", url, self._token, message,
+                                                         aiohttp.ClientTimeout(total=None))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise InstanceUnreachable(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+            if status != 200:
+                raise InstanceUnreachable(f"POST {url}: status {status} {name or ''}: {detail}")
+            try:
+                return parse_json(data, ReshardAck)
+            except RecordError as exc:
+                raise InstanceUnreachable(f"POST {url}: bad acknowledgement: {exc}") from None
+        await self._instance_call("POST", url, message, 200)
+        return None
+
+
+class PcRefused(Exception):
+    """The PC refused a status report (e.g. 409 ``kvsp-stale-epoch``)."""
+
+    def __init__(self, status: int, problem: str | None, detail: str) -> None:
+        self.status = status
+        self.problem = problem
+        super().__init__(f"{status} {problem or ''}: {detail}")
+
+
+class HttpPcClient(HttpClient):
+    """:class:`~.instance.reporter.PcClient` over HTTP: ``PUT {pc}instance-status``."""
+
+    def __init__(self, pc_url: str, token: str | None, **kw: object) -> None:
+        super().__init__(token, **kw)  # type: ignore[arg-type]
+        self.pc_url = _base(pc_url)
+
+    async def report(self, record: InstanceStatusRecord) -> StatusAnswer:
+        status, body, name, detail = await self._call("PUT", f"{self.pc_url}instance-status", record)
+        if status != 200:
+            raise PcRefused(status, name, detail)
+        return parse_json(body, StatusAnswer)
+
+    async def _session_call(self, method: str, path: str, body: Record, expect: int) -> bytes:
+        """For a running session (``instance.sessions.CheckpointSink``): ``Superseded`` on
+        ``kvsp-stale-epoch``, ``PeerUnreachable`` on anything else."""
+        try:
+            status, data, name, detail = await self._call(method, f"{self.pc_url}{path}", body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise PeerUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if status == 409 and name == problems.STALE_EPOCH:
+            raise Superseded(detail)
+        if status != expect:
+            raise PeerUnreachable(f"{method} {path}: status {status} {name or ''}: {detail}")
+        return data
+
+    async def checkpoint(self, checkpoint: SessionCheckpoint) -> CheckpointAck:
+        """``PUT {pc}sessions/{id}/checkpoint`` (§6.8)."""
+        data = await self._session_call("PUT", f"sessions/{checkpoint.session}/checkpoint", checkpoint, 200)
+        try:
+            return parse_json(data, CheckpointAck)
+        except RecordError as exc:
+            raise PeerUnreachable(f"bad checkpoint acknowledgement: {exc}") from None
+
+    async def session_done(self, session: uuid.UUID, done: SessionDone) -> None:
+        """``POST {pc}sessions/{id}/done`` (ours)."""
+        await self._session_call("POST", f"sessions/{session}/done", done, 204)
+
+    async def session_failed(self, session: uuid.UUID, failed: SessionFailed) -> None:
+        """``POST {pc}sessions/{id}/failed`` (ours): this instance cannot serve the session."""
+        await self._session_call("POST", f"sessions/{session}/failed", failed, 200)
+
+    async def open_session(self, body: SessionOpen) -> SessionView:
+        """``POST {pc}sessions`` (ours; ``frontend.service.SessionOpener``)."""
+        try:
+            status, data, name, detail = await self._call("POST", f"{self.pc_url}sessions", body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise SessionOpenFailed(f"{type(exc).__name__}: {exc}") from exc
+        if status != 201:
+            raise SessionOpenFailed(f"status {status} {name or ''}: {detail}")
+        try:
+            return parse_json(data, SessionView)
+        except RecordError as exc:
+            raise SessionOpenFailed(f"bad answer: {exc}") from None
+
+
+class HttpFrontEndClient(HttpClient):
+    """Front ends over HTTP: an instance delivering output (``instance.sessions.TokenSink``),
+    and a client starting a session and reading its stream."""
+
+    async def deliver(self, front_end: str, batch: OutputTokens) -> None:
+        """``POST {fe}sessions/{id}/tokens``; ``Superseded`` on ``kvsp-stale-epoch``."""
+        url = f"{_base(front_end)}sessions/{batch.session}/tokens"
+        try:
+            status, _, name, detail = await self._call("POST", url, batch)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise PeerUnreachable(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        if status == 409 and name == problems.STALE_EPOCH:
+            raise Superseded(detail)
+        if status != 200:
+            raise PeerUnreachable(f"POST {url}: status {status} {name or ''}: {detail}")
+
+    async def session_failed(self, front_end: str, session: uuid.UUID, notice: SessionFailed) -> None:
+        """``POST {fe}sessions/{id}/failed`` (ours; ``pc.sessions.FrontEndNotifier``): the PC
+        gave the session up. ``FrontEndUnreachable`` on anything but 204."""
+        url = f"{_base(front_end)}sessions/{session}/failed"
+        try:
+            status, _, name, detail = await self._call("POST", url, notice)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise FrontEndUnreachable(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        if status != 204:
+            raise FrontEndUnreachable(f"POST {url}: status {status} {name or ''}: {detail}")
+
+    async def start(self, front_end: str, request: ClientSessionRequest) -> ClientSession:
+        """``POST {fe}sessions``: a new session, placed and started; ``PeerUnreachable`` otherwise."""
+        status, data, name, detail = await self._call("POST", f"{_base(front_end)}sessions", request)
+        if status != 201:
+            raise PeerUnreachable(f"status {status} {name or ''}: {detail}")
+        return parse_json(data, ClientSession)
+
+    async def tokens(self, front_end: str, session: uuid.UUID,
+                     start: int = 0) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
+        """``GET {fe}sessions/{id}/tokens``: the output, in index order, then its end (or the
+        session's failure); ``PeerUnreachable`` for a line that is none of these."""
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        url = f"{_base(front_end)}sessions/{session}/tokens"
+        async with self._client().get(url, params={"from": str(start)}, headers=headers,
+                                      timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as resp:
+            if resp.status != 200:
+                name, detail = await _problem_of(resp)
+                raise PeerUnreachable(f"status {resp.status} {name or ''}: {detail}")
+            async for line in resp.content:
+                try:
+                    item = decode_json(line)
+                    if "failed" in item:
+                        reason = item["failed"]
+                        if not isinstance(reason, str):
+                            raise RecordError("failed", "must be a string")
+                        yield StreamFailed(reason=reason, next=_stream_count(item, "next"))
+                        return
+                    if "end" in item:
+                        yield StreamEnd(end=_stream_count(item, "end"))
+                        return
+                    token = OutputToken.from_json(item)
+                except RecordError as exc:
+                    raise PeerUnreachable(f"{url}: bad stream line: {exc}") from None
+                yield token
+
+
+def _stream_count(line: Mapping[str, object], name: str) -> int:
+    """``end`` or ``next`` of a token stream's last line: a number of output tokens."""
+    value = line.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OUTPUT_TOKENS:
+        raise RecordError(name, f"must be a number of output tokens, got {value!r:.40}")
+    return value
+
+
+class HttpShardFetcher(HttpClient):
+    """:class:`~.instance.reshard.ShardFetcher` over HTTP: ``GET {peer}shards/{map}/{v}?tokens=a-b``,
+    the container's Repr-Digest verified (RFC 9530) and its Token Count checked."""
+
+    def __init__(self, token: str | None, *, max_octets: int = 1 << 34, **kw: object) -> None:
+        super().__init__(token, **kw)  # type: ignore[arg-type]
+        self.max_octets = max_octets
+
+    async def fetch(self, source: str, map_id: str, version: int, tokens: TokenRange) -> ShardSlice:
+        url = f"{_base(source)}shards/{quote(map_id, safe='')}/{version}"
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            async with self._client().get(url, params={"tokens": f"{tokens[0]}-{tokens[1]}"}, headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False) as resp:
+                if resp.status != 200:
+                    name, detail = await _problem_of(resp)
+                    raise ShardFetchFailed(f"{url}: status {resp.status} {name or ''}: {detail}")
+                if resp.content_length is not None and resp.content_length > self.max_octets:
+                    raise ShardFetchFailed(f"{url}: {resp.content_length} octets exceed {self.max_octets}")
+                body = await resp.read()
+                announced = resp.headers.get("Repr-Digest")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ShardFetchFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
+        digest = parse_repr_digest(announced)
+        if digest is None or digest != hashlib.sha256(body).digest():
+            raise ShardFetchFailed(f"{url}: Repr-Digest missing or wrong")
+        try:
+            box = decode_container(body)
+        except KvspError as exc:
+            raise ShardFetchFailed(f"{url}: bad container: {exc}") from None
+        if box.header.token_count != tokens[1] - tokens[0] or box.header.first_layer != 0:
+            raise ShardFetchFailed(f"{url}: the container holds {box.header.token_count} tokens, not {tokens}")
+        try:
+            return ShardSlice(tokens, tuple((bytes(layer.k), bytes(layer.v)) for layer in box.layers()))
+        except ValueError as exc:
+            raise ShardFetchFailed(f"{url}: {exc}") from None

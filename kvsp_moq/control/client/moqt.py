@@ -1,0 +1,209 @@
+"""Retrieving a block from ``moqt://`` holders for a prefetch directive (kvsp-draft §6.5,
+§6.7; binding v1, docs/binding.md §4, §5, §10).
+
+The MOQT counterpart of :func:`.retrieval.retrieve_block`: it returns the same verified
+:class:`~.client.retrieval.Retrieved` (header, layers ascending, SHA-256 of the container) or raises
+:class:`~.client.retrieval.RetrievalFailed`, so :mod:`.instance.prefetch` places either result alike. It lives
+on the control side because ``Retrieved`` is control's type and ``kvsp_moq.bridge`` may not
+import ``kvsp_moq.control`` (tests/test_layering.py); the transfer itself is the bridge's
+:func:`~kvsp_moq.bridge.load_block`.
+
+For each record, in order (the next one after any failure, like §6.1 "continue with the next
+replica"):
+
+1. only a replica this consumer can verify is tried: a ``moqt://`` holder, codec ``raw``
+   (binding §2: the only payload v1 defines), ``layer_digests`` listed (§4.4: REQUIRED for
+   layer-wise transfer; binding §4.1 verifies against them) and every layer resident;
+2. the geometry comes from the record and the track: ``size`` = 20 + 16·L + L·2·S (KVB1
+   header, §4.3, for L layers of K and V sections of S octets each), and the Token Count from
+   the Track Properties of TRACK_STATUS (binding §3.2), which must hold layers 0..L-1 and, when
+   they list LAYER_DIGESTS, the record's. For codec raw a layer's payload is K || V with
+   ``len(K) == len(V) == S`` (binding §2), so the layers are received as octets: a
+   :class:`~kvsp_moq.sinks.NumpySink` of a one-octet element type, 1 head of S / tokens;
+3. :func:`~kvsp_moq.bridge.load_block` FETCHes layers 0..L-1 (binding §5); the sink verifies
+   every layer against the record's ``layer_digests`` before it is exposed (binding §4.1,
+   §6.7 "clients MUST also verify the layer digests");
+4. the verified layers are assembled into a KVB1 container (``encode_container``), which must
+   have the record's ``size``, and the record's ``digest`` must be the replica digest of its
+   layer digests (§4.3, §6.7: checked by :class:`ReplicaRecord` on construction and again
+   here). ``container_sha256`` is the SHA-256 of that container (what an HTTP holder's
+   ``Repr-Digest`` would carry).
+
+Failures are reported as :class:`~.client.retrieval.Attempt`\\ s: ``skipped`` (step 1), ``miss``
+(DOES_NOT_EXIST: the holder no longer has it, binding §5), ``rejected`` (a check or a layer
+digest failed) or ``error`` (unreachable, timeout, another MOQT error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Sequence
+
+from ...bridge import BindingError, SessionPool, TrackInfo, block_info, load_block
+from ...kvsp.container import (
+    FIXED_HEADER_SIZE,
+    LENGTH_ENTRY_SIZE,
+    DecodedLayer,
+    decode_container,
+    encode_container,
+    replica_digest,
+)
+from ...kvsp.layout import Geometry
+from ...kvsp.records import ReplicaRecord
+from ...kvsp.registries import CODEC_RAW, ELEMENT_TYPES
+from ...moqt.errors import RequestErrorCode
+from ...moqt.session import SessionConfig
+from ...pubsub import ErrorKind, MoqtError
+from ...sinks import LayerState, NumpySink
+from ...transport import TransportConfig
+from .retrieval import Attempt, RetrievalFailed, Retrieved
+
+__all__ = ["MoqtBlockRetriever", "retrieve_block"]
+
+#: Any registered one-octet element type: the payload is handled as octets (binding §2).
+_OCTET = ELEMENT_TYPES["fp8-e4m3"]
+
+
+class _Reject(Exception):
+    """One replica failed; ``outcome`` classifies it (:class:`~.client.retrieval.Attempt`)."""
+
+    def __init__(self, outcome: str, detail: str) -> None:
+        self.outcome = outcome
+        super().__init__(detail)
+
+
+class MoqtBlockRetriever:
+    """``await retriever(replicas) -> Retrieved``: the prefetch hook (:data:`.prefetch.MoqtRetriever`)
+    over one :class:`~kvsp_moq.bridge.SessionPool`, so sessions to a holder or relay are reused
+    across blocks. ``config`` is the QUIC/TLS client configuration (the bridge's default,
+    ``insecure=True``, when None: integrity rests on the record's digests, §6.7, not on TLS);
+    ``session_config`` a factory of SessionConfigs per connection; ``pool`` instead of both:
+    a pool of the caller's (e.g. one carrying the instance's AUTHORIZATION_TOKEN, binding §9),
+    which :meth:`close` leaves open. ``timeout``: seconds per request (TRACK_STATUS, each FETCH)."""
+
+    def __init__(self, config: TransportConfig | None = None, *, timeout: float = 30.0,
+                 connect_timeout: float = 5.0,
+                 session_config: Callable[[], SessionConfig] | None = None,
+                 pool: SessionPool | None = None) -> None:
+        self._own_pool = pool is None
+        self.pool = pool or SessionPool(config, connect_timeout=connect_timeout, session_config=session_config)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+
+    async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
+        attempts: list[Attempt] = []
+        for record in replicas:
+            try:
+                return await self._one(record, tuple(attempts))
+            except _Reject as exc:
+                attempts.append(Attempt(record.holder, exc.outcome, str(exc)))
+        block_key = replicas[0].block_key if replicas else b""
+        raise RetrievalFailed(block_key, _all_layers(replicas), attempts)
+
+    async def close(self) -> None:
+        if self._own_pool:
+            await self.pool.close()
+
+    # -- one replica ----------------------------------------------------------------------------
+
+    async def _one(self, record: ReplicaRecord, attempts: tuple[Attempt, ...]) -> Retrieved:
+        digests, section = _verifiable(record)
+        count = len(digests)
+        info = await self._track_info(record)
+        tokens = _check_track(info, digests, section)
+        # One octet per element, one head: section = tokens x head_dim octets (kvsp-layout-1).
+        head_dim = section // tokens if tokens else 1
+        sink = NumpySink(Geometry(1, head_dim, _OCTET), tokens, (0, count - 1), digests)
+        result = await load_block(record, sink, pool=self.pool, timeout=self.timeout,
+                                  connect_timeout=self.connect_timeout)
+        if not result.complete:
+            reasons = [a.error for a in result.attempts if a.error]
+            failed = [sink.failure_reason(layer) or "" for layer in result.recompute
+                      if sink.state(layer) is LayerState.FAILED]
+            outcome = "rejected" if any("digest" in r for r in failed) else "error"
+            raise _Reject(outcome, f"layers {list(result.recompute)} not delivered: {'; '.join(reasons)}"[:2000])
+        return _assemble(record, digests, tokens, [sink.layer(layer) for layer in range(count)], attempts)
+
+    async def _track_info(self, record: ReplicaRecord) -> TrackInfo:
+        name = record.block_name()
+        assert name is not None  # a moqt:// record carries moqt_namespace (checked on construction)
+        try:
+            session = await self.pool.get(record.holder)
+        except (OSError, TimeoutError, ConnectionError, MoqtError) as exc:
+            raise _Reject("error", f"cannot connect: {exc!r}") from None
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await block_info(session, name, CODEC_RAW.name)
+        except MoqtError as exc:
+            # binding §5: DOES_NOT_EXIST is a cache miss, like HTTP 404 (§6.1)
+            missing = exc.kind is ErrorKind.REQUEST and exc.code == RequestErrorCode.DOES_NOT_EXIST
+            outcome = "miss" if missing else "error"
+            raise _Reject(outcome, f"TRACK_STATUS: {exc}") from None
+        except BindingError as exc:
+            raise _Reject("rejected", f"track properties: {exc}") from None
+        except TimeoutError:
+            raise _Reject("error", f"TRACK_STATUS: no answer within {self.timeout} s") from None
+
+
+def _verifiable(record: ReplicaRecord) -> tuple[tuple[bytes, ...], int]:
+    """The record's layer digests and section size S, or ``_Reject("skipped")``."""
+    if not record.is_moqt:
+        raise _Reject("skipped", "not a moqt:// holder")
+    if record.codec != CODEC_RAW.value:
+        raise _Reject("skipped", f"codec {record.codec}: binding v1 defines only raw payloads")
+    digests = record.layer_digests
+    if digests is None:
+        raise _Reject("skipped", "the record lists no layer digests to verify with (§4.4)")
+    count = len(digests)
+    if not record.holds_layers(0, count - 1):
+        raise _Reject("skipped", f"the record does not list layers 0-{count - 1} as resident")
+    data = record.size - (FIXED_HEADER_SIZE + LENGTH_ENTRY_SIZE * count)
+    if data < 0 or data % (2 * count):
+        raise _Reject("rejected", f"size {record.size} is not a raw block of {count} layers (§4.3)")
+    if replica_digest(digests) != record.digest:
+        raise _Reject("rejected", "the record's digest is not the replica digest of its layer digests")
+    return digests, data // (2 * count)
+
+
+def _check_track(info: TrackInfo, digests: tuple[bytes, ...], section: int) -> int:
+    """The Token Count, once the Track Properties agree with the record (binding §3.2, §10)."""
+    if (info.first_layer, info.layer_count) != (0, len(digests)):
+        raise _Reject("rejected", f"the track holds layers {info.first_layer}+{info.layer_count}, "
+                                  f"the record lists 0-{len(digests) - 1}")
+    if info.layer_digests is not None and any(info.layer_digests.get(i) != d for i, d in enumerate(digests)):
+        raise _Reject("rejected", "the track's LAYER_DIGESTS differ from the record's (another replica)")
+    tokens = info.token_count
+    if (tokens == 0 and section != 0) or (tokens > 0 and (section == 0 or section % tokens)):
+        raise _Reject("rejected", f"{section}-octet sections cannot hold {tokens} tokens (kvsp-layout-1)")
+    return tokens
+
+
+def _assemble(record: ReplicaRecord, digests: tuple[bytes, ...], tokens: int,
+              layers: list[tuple[object, object]], attempts: tuple[Attempt, ...]) -> Retrieved:
+    """The verified layers as the KVB1 container an HTTP GET would have returned (§4.3)."""
+    container = encode_container(record.codec, 0, tokens, layers)  # type: ignore[arg-type]
+    if len(container) != record.size:
+        raise _Reject("rejected", f"{len(container)} octets, the record says {record.size}")
+    decoded = decode_container(container)
+    # The digests were verified by the sink on these very octets (binding §4.1).
+    out = tuple(DecodedLayer(lv.index, lv.k, lv.v, digests[lv.index]) for lv in decoded.layers())
+    return Retrieved(record, decoded.header, out, hashlib.sha256(container).digest(), attempts)
+
+
+def _all_layers(replicas: Sequence[ReplicaRecord]) -> tuple[int, int] | None:
+    for record in replicas:
+        if record.layer_digests is not None:
+            return (0, len(record.layer_digests) - 1)
+    return None
+
+
+async def retrieve_block(replicas: Sequence[ReplicaRecord], *, config: TransportConfig | None = None,
+                         timeout: float = 30.0, connect_timeout: float = 5.0) -> Retrieved:
+    """The prefetch hook with a session pool of its own (closed before returning):
+    :class:`MoqtBlockRetriever` for one call."""
+    retriever = MoqtBlockRetriever(config, timeout=timeout, connect_timeout=connect_timeout)
+    try:
+        return await retriever(replicas)
+    finally:
+        await retriever.close()

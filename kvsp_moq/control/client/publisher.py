@@ -1,0 +1,273 @@
+"""A holder's Replica Records at the Index Service (kvsp-draft §6.1).
+
+"A holder publishes each replica it is willing to serve with PUT, carrying a Replica Record
+[...] Holders refresh records before expiry with the same PUT [...] A holder MUST withdraw a
+record with DELETE before or immediately after evicting the replica" (§6.1).
+
+:class:`ReplicaPublisher` does that for one :class:`~kvsp_moq.storage.BlockStore`:
+
+- :meth:`~ReplicaPublisher.publish` PUTs the record of a stored replica (built by
+  ``ReplicaInfo.replica_record``) and remembers when the IS will expire it (the TTL the IS
+  granted, §6.1 "the IS caps ttl_ms"); that expiry is also the replica's remaining TTL used
+  for ``Cache-Control: max-age`` (§6.7).
+- :meth:`~ReplicaPublisher.refresh` republishes records a third of their TTL before they expire
+  (the period is configurable), publishes replicas that reached the store by other means (an
+  instance's :class:`~kvsp_moq.storage.BlockWriter`), and retries failed publications; the
+  holder's background loop calls it, tests call it with a manual clock.
+- Withdrawal on eviction: the publisher is an evict listener of the store, called *before*
+  the octets go. Listeners are synchronous and the IS is remote, so the listener starts the
+  DELETE at once (a task) and it reaches the IS immediately after the eviction; a holder that
+  evicts to make room for a PUT awaits :meth:`~ReplicaPublisher.flush` before it publishes the
+  new replica and answers, so the withdrawal is at the IS first. A failed DELETE (IS
+  unreachable, 5xx) is logged and retried with exponential backoff until it succeeds or the
+  record has expired at the IS anyway.
+- Withdrawal *before* eviction: :meth:`~ReplicaPublisher.withdraw` awaits the DELETE; the
+  holder calls it before removing a replica on purpose (``HolderService.evict``, including a
+  forced eviction of leased data after a fault, §6.6 "MUST first withdraw").
+- One asyncio lock per block key orders a publication and a withdrawal of the same key: an
+  HTTP holder's replicas of one block share one record identity (its holder URL), so a
+  pending DELETE must not overtake, or be overtaken by, a PUT of the next replica.
+
+The IS is reached through :class:`IndexClient`, a small transport-neutral interface
+(``client.http.HttpIndexClient`` implements it over HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ...kvsp.records import ReplicaRecord
+from ...storage import BlockStore, RecordKey, ReplicaInfo
+from ..common.clock import Clock
+
+__all__ = ["IndexClient", "IndexRefused", "IndexUnreachable", "ReplicaPublisher"]
+
+log = logging.getLogger(__name__)
+
+
+class IndexUnreachable(Exception):
+    """The IS could not be reached or failed (connection error, timeout, 5xx): retry later."""
+
+
+class IndexRefused(Exception):
+    """The IS refused the request (4xx): retrying the same request will not help."""
+
+    def __init__(self, status: int, problem: str | None, detail: str) -> None:
+        self.status = status
+        self.problem = problem
+        super().__init__(f"{status} {problem or ''}: {detail}")
+
+
+class IndexClient(Protocol):
+    """What a holder needs of the Index Service (§6.1)."""
+
+    async def publish(self, record: ReplicaRecord) -> ReplicaRecord:
+        """PUT the record; return it as stored (``ttl_ms`` = the granted TTL)."""
+        ...
+
+    async def withdraw(self, key: RecordKey, holder: str, moqt_namespace: str | None) -> bool:
+        """DELETE the record of the holder's replica of ``key``; False if the IS had none."""
+        ...
+
+
+@dataclass
+class _Published:
+    replica_id: bytes
+    expires_ms: int  # when the IS drops the record (and the replica's TTL ends, §6.7)
+    published_ms: int | None  # last successful PUT; None while never acknowledged
+    attempted: bool  # a PUT was sent (it may have reached the IS even if it failed)
+
+
+class ReplicaPublisher:
+    """Publishes, refreshes and withdraws the Replica Records of one store's replicas."""
+
+    def __init__(
+        self,
+        store: BlockStore,
+        client: IndexClient | None,
+        *,
+        holder_url: str | Callable[[], str],
+        clock: Clock,
+        ttl_ms: int = 60_000,
+        refresh_ms: int = 20_000,
+        retry_ms: int = 200,
+        retry_max_ms: int = 10_000,
+    ) -> None:
+        self.store = store
+        self.client = client
+        self._holder_url = holder_url
+        self.clock = clock
+        self.ttl_ms = ttl_ms
+        self.refresh_ms = refresh_ms
+        self.retry_ms = retry_ms
+        self.retry_max_ms = retry_max_ms
+        self._entries: dict[RecordKey, _Published] = {}
+        # Weak: a key's lock lives while a publication or withdrawal holds or awaits it.
+        self._locks: weakref.WeakValueDictionary[RecordKey, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._withdrawals: set[asyncio.Task[None]] = set()
+        store.add_evict_listener(self._on_evict)
+        store.add_residency_listener(self._on_residency)
+
+    @property
+    def holder_url(self) -> str:
+        return self._holder_url() if callable(self._holder_url) else self._holder_url
+
+    # -- TTL -----------------------------------------------------------------------------------
+
+    def remaining_ms(self, key: RecordKey, replica_id: bytes) -> int:
+        """The remaining TTL of the replica's record (0 if it has none): the bound on
+        ``Cache-Control: max-age`` (§6.7)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.replica_id != replica_id:
+            return 0
+        return max(0, entry.expires_ms - self.clock.now_ms())
+
+    # -- publication (§6.1 PUT) ----------------------------------------------------------------
+
+    def record(self, info: ReplicaInfo, ttl_ms: int | None = None) -> ReplicaRecord:
+        return info.replica_record(self.holder_url, self.ttl_ms if ttl_ms is None else ttl_ms)
+
+    async def publish(self, key: RecordKey) -> ReplicaRecord | None:
+        """Publish (or refresh) the record of the replica now stored under ``key``; the record
+        as the IS stored it, or None when it was not published (no IS, the replica is gone or
+        incomplete, the IS failed: logged, retried by :meth:`refresh`)."""
+        async with self._lock(key):
+            info = self.store.get(key)
+            if info is None or not info.complete:
+                return None
+            now = self.clock.now_ms()
+            entry = self._entries.get(key)
+            if entry is None or entry.replica_id != info.replica_id:
+                # Known from now on; with no IS the TTL is local: it bounds max-age all the same.
+                entry = _Published(info.replica_id, now + self.ttl_ms, None, False)
+                self._entries[key] = entry
+            record = self.record(info)
+            if self.client is None:
+                entry.expires_ms = now + self.ttl_ms
+                entry.published_ms = now
+                return record
+            entry.attempted = True
+            try:
+                stored = await self.client.publish(record)
+            except (IndexUnreachable, IndexRefused) as exc:
+                log.warning("publishing %s to the index failed: %s", key, exc)
+                return None
+            current = self.store.get(key)
+            if current is None or current.replica_id != info.replica_id:
+                return None  # evicted meanwhile: its withdrawal is queued behind this lock
+            entry.expires_ms = now + stored.ttl_ms
+            entry.published_ms = now
+            return stored
+
+    async def refresh(self) -> int:
+        """Republish what is due (§6.1 "refresh records before expiry"): records published
+        ``refresh_ms`` ago or more, never-acknowledged ones, and complete replicas not yet
+        known. Returns how many were published."""
+        now = self.clock.now_ms()
+        due: list[RecordKey] = []
+        for info in self.store.replicas():
+            if not info.complete:
+                continue
+            entry = self._entries.get(info.key)
+            if (
+                entry is None
+                or entry.replica_id != info.replica_id
+                or entry.published_ms is None
+                or now - entry.published_ms >= self.refresh_ms
+            ):
+                due.append(info.key)
+        done = 0
+        for key in due:
+            if await self.publish(key) is not None:
+                done += 1
+        return done
+
+    # -- withdrawal (§6.1 DELETE) -----------------------------------------------------------------
+
+    async def withdraw(self, key: RecordKey, replica_id: bytes | None = None) -> bool:
+        """Withdraw the record of the replica of ``key`` *before* evicting it, retrying until
+        it is withdrawn or has expired at the IS. Afterwards the replica counts as
+        unpublished: its eviction sends nothing more. Whether a record had been published."""
+        entry = self._entries.get(key)
+        if entry is None or (replica_id is not None and entry.replica_id != replica_id):
+            return False
+        del self._entries[key]
+        if entry.attempted:
+            await self._withdraw_until_done(key, entry)
+        return entry.attempted
+
+    async def flush(self) -> None:
+        """Wait until every withdrawal started so far has reached the IS (or given up)."""
+        while self._withdrawals:
+            await asyncio.gather(*list(self._withdrawals), return_exceptions=True)
+
+    def _on_evict(self, key: RecordKey, replica_id: bytes) -> None:
+        """Store evict listener (before the octets go): start the withdrawal now."""
+        entry = self._entries.get(key)
+        if entry is None or entry.replica_id != replica_id:
+            return
+        del self._entries[key]
+        if not entry.attempted:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            log.error("%s evicted outside the event loop: its record stays until it expires", key)
+            return
+        task = loop.create_task(self._withdraw_until_done(key, entry))
+        self._withdrawals.add(task)
+        task.add_done_callback(self._withdrawals.discard)
+
+    def _on_residency(self, key: RecordKey, replica_id: bytes) -> None:
+        """Store residency listener: the record's ``residency`` changed; republish soon."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.replica_id == replica_id:
+            entry.published_ms = None  # due at the next refresh
+
+    async def _withdraw_until_done(self, key: RecordKey, entry: _Published) -> None:
+        assert self.client is not None
+        delay = self.retry_ms
+        holder = self.holder_url
+        namespace = key.block_name(entry.replica_id).moqt_namespace() if holder.startswith("moqt:") else None
+        async with self._lock(key):
+            while True:
+                try:
+                    await self.client.withdraw(key, holder, namespace)
+                    return
+                except IndexRefused as exc:
+                    log.error("the index refused to withdraw %s: %s", key, exc)
+                    return
+                except IndexUnreachable as exc:
+                    if self.clock.now_ms() >= entry.expires_ms:
+                        log.warning("withdrawal of %s abandoned: its record has expired at the index", key)
+                        return
+                    log.warning("withdrawal of %s failed (%s); retrying in %d ms", key, exc, delay)
+                await asyncio.sleep(delay / 1000)
+                delay = min(delay * 2, self.retry_max_ms)
+
+    def _lock(self, key: RecordKey) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[key] = lock
+        return lock
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Refresh forever, every ``refresh_ms / 4`` (for the holder's background task)."""
+        while True:
+            await asyncio.sleep(max(self.refresh_ms / 4, 10) / 1000)
+            try:
+                await self.refresh()
+            except Exception:  # must not stop the loop
+                log.exception("refreshing replica records failed")
+
+    def close(self) -> None:
+        self.store.remove_evict_listener(self._on_evict)
+        self.store.remove_residency_listener(self._on_residency)

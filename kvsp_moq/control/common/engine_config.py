@@ -1,0 +1,116 @@
+"""Settings of the inference engine an instance runs (``[instance.engine]``; docs/http-api.md
+"Inference Instance", "Generation").
+
+Pure: no torch, no I/O beyond reading the scope key files named in the configuration. The
+engine itself (:mod:`.engine`) imports the model only when it is built, so an instance without
+``[instance.engine]`` never imports torch.
+
+```toml
+[instance.engine]
+model_dir = "/var/lib/kvsp/model/kvsp-ref-tiny-1"   # default: ensure_model_files' directory
+block_tokens = 64                                  # B of the Compatibility Descriptor (§4.1)
+device = "cpu"                                     # or "cuda", "cuda:1"
+torch_threads = 1                                  # 0: leave torch's default
+relay_url = "moqt://relay.rack7.example:4443/moq"  # publish computed blocks here over MOQT
+holder_url = "https://h1.example/kvsp/"            # and PUT them here over HTTP
+scope_key_files = ["shared-prompts.key"]           # hex of >= 32 octets each (§4.2)
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ...kvsp.scope import scope_id as derive_scope_id
+from .errors import ConfigError
+
+__all__ = ["EngineConfig", "engine_config_from_mapping", "read_scope_key"]
+
+#: The least number of octets of a Scope Key (§4.2 "at least 32 random octets").
+MIN_SCOPE_KEY_OCTETS = 32
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine loads and where it publishes (see the module notes)."""
+
+    #: The reference model's files (``kvsp_moq.model.ensure_model_files``); None: the default
+    #: directory (``$KVSP_MODEL_DIR/<name>``, else the user cache).
+    model_dir: str | None = None
+    block_tokens: int = 64
+    device: str = "cpu"
+    #: torch intra-op threads (process-wide); 0 leaves torch's default.
+    torch_threads: int = 1
+    #: A ``moqt://`` relay the instance publishes its computed blocks through (binding v1), and
+    #: from which it loads blocks the IS lists under ``moqt://`` holders.
+    relay_url: str | None = None
+    #: An HTTP holder the computed blocks are stored at (``PUT blocks/...``, §6.7).
+    holder_url: str | None = None
+    #: Scope keys (§4.2), by Scope ID: the scopes this instance computes Block Keys for.
+    scope_keys: Mapping[bytes, bytes] = field(default_factory=dict)
+    #: Longest output of one request, and seconds per MOQT request (TRACK_STATUS, FETCH).
+    max_tokens: int = 4096
+    moqt_timeout_s: float = 10.0
+    #: Verify the relay's TLS certificate (off on loopback and in the demo: integrity rests on
+    #: the layer digests of the records, §6.7).
+    verify_tls: bool = False
+    #: TTL of the Replica Records the engine publishes for the MOQT replicas it serves (§6.1).
+    record_ttl_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("block_tokens", 1), ("torch_threads", 0), ("max_tokens", 1), ("record_ttl_ms", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"instance.engine.{name}", f"must be an integer >= {minimum}")
+        if not isinstance(self.device, str) or not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError("instance.engine.device", 'must be "cpu", "cuda" or "cuda:N"')
+        if self.relay_url is not None and (not isinstance(self.relay_url, str) or not self.relay_url.startswith("moqt://")):
+            raise ConfigError("instance.engine.relay_url", "must be a moqt:// URL")
+        if self.holder_url is not None and (
+            not isinstance(self.holder_url, str) or "://" not in self.holder_url or not self.holder_url.endswith("/")
+        ):
+            raise ConfigError("instance.engine.holder_url", "must be an absolute URL ending in '/'")
+        if isinstance(self.moqt_timeout_s, bool) or not isinstance(self.moqt_timeout_s, (int, float)) or self.moqt_timeout_s <= 0:
+            raise ConfigError("instance.engine.moqt_timeout_s", "must be a number > 0")
+
+    def scope_key(self, scope_id: bytes) -> bytes | None:
+        return self.scope_keys.get(scope_id)
+
+
+def read_scope_key(path: Path, key: str) -> bytes:
+    """A Scope Key file: hex digits (whitespace ignored) of at least 32 octets (§4.2)."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(key, f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        secret = bytes.fromhex("".join(text.split()))
+    except ValueError:
+        raise ConfigError(key, f"{path}: must hold the scope key in hex") from None
+    if len(secret) < MIN_SCOPE_KEY_OCTETS:
+        raise ConfigError(key, f"{path}: a scope key has at least {MIN_SCOPE_KEY_OCTETS} octets (§4.2), got {len(secret)}")
+    return secret
+
+
+def engine_config_from_mapping(section: object, base_dir: Path) -> EngineConfig:
+    """``[instance.engine]`` as decoded from TOML; paths are relative to ``base_dir``."""
+    if not isinstance(section, dict):
+        raise ConfigError("instance.engine", "must be a table")
+    known = {f.name for f in fields(EngineConfig)} - {"scope_keys"} | {"scope_key_files"}
+    unknown = set(section) - known
+    if unknown:
+        raise ConfigError(f"instance.engine.{sorted(unknown)[0]}", "unknown key")
+    values: dict[str, Any] = dict(section)
+    files = values.pop("scope_key_files", [])
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ConfigError("instance.engine.scope_key_files", "must be an array of file names")
+    keys: dict[bytes, bytes] = {}
+    for i, name in enumerate(files):
+        secret = read_scope_key(base_dir / name, f"instance.engine.scope_key_files[{i}]")
+        keys[derive_scope_id(secret)] = secret
+    if isinstance(values.get("model_dir"), str):
+        values["model_dir"] = str(base_dir / values["model_dir"])
+    return EngineConfig(**values, scope_keys=keys)

@@ -1,0 +1,1 @@
+"""The inference engine an instance runs (docs/engine.md)."""

@@ -1,0 +1,175 @@
+"""What an instance's engine did, counted (``GET {ii}engine``; docs/http-api.md "Generation").
+
+Two paths bring KV into an instance: prefetch directives (§6.5, before a request) and the
+requests themselves (on demand, §6.7, with recomputation of what no replica covers). Both are
+counted per transport, in blocks and in KV octets (the K and V sections of every layer: what
+both MOQT objects and HTTP containers carry, without the container header), so that a report
+can be checked against the relay's and holder's own counters.
+
+:class:`CountingRetriever` and :class:`CountingFetcher` wrap the prefetch executor's MOQT
+retriever and HTTP fetcher to count what directives load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...kvsp.container import FIXED_HEADER_SIZE, LENGTH_ENTRY_SIZE
+from ...kvsp.records import ReplicaRecord
+from ..client.retrieval import BlockFetcher, MoqtRetriever, Retrieved, retrieve_via_moqt
+
+__all__ = ["CountingFetcher", "CountingRetriever", "EngineCounters", "Transfer", "kv_octets"]
+
+
+def kv_octets(retrieved: Retrieved) -> int:
+    """The K and V octets of a verified container."""
+    return sum(len(layer.k) + len(layer.v) for layer in retrieved.layers)
+
+
+def container_kv_octets(size: int, layers: int) -> int:
+    """K and V octets of a raw container of ``size`` octets and ``layers`` layers (§4.3)."""
+    return size - FIXED_HEADER_SIZE - LENGTH_ENTRY_SIZE * layers
+
+
+@dataclass
+class Transfer:
+    blocks: int = 0
+    octets: int = 0
+
+    def add(self, octets: int) -> None:
+        self.blocks += 1
+        self.octets += octets
+
+    def to_json(self) -> dict[str, int]:
+        return {"blocks": self.blocks, "octets": self.octets}
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counts since the instance started."""
+
+    requests: int = 0
+    failed_requests: int = 0
+    #: §6.8 sessions run here (starts and resumes; ``instance/model_sessions.py``) and those that failed.
+    sessions: int = 0
+    failed_sessions: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    #: Complete prompt blocks (§4.2) of all requests, and how many the IS lookup matched.
+    prompt_blocks: int = 0
+    lookup_matched: int = 0
+    #: Prompt blocks reused, by where the KV came from (request path).
+    local: Transfer = field(default_factory=Transfer)
+    moqt: Transfer = field(default_factory=Transfer)
+    http: Transfer = field(default_factory=Transfer)
+    #: Complete prompt blocks computed here (misses), and the tokens prefilled in all.
+    recomputed_blocks: int = 0
+    prefill_tokens: int = 0
+    #: Blocks loaded by prefetch directives (§6.5), by transport.
+    prefetch_moqt: Transfer = field(default_factory=Transfer)
+    prefetch_http: Transfer = field(default_factory=Transfer)
+    #: MOQT loads that failed for some layer and fell back (HTTP, then recomputation).
+    moqt_fallbacks: int = 0
+    #: New complete blocks published: own store + IS, HTTP holder, MOQT via the relay.
+    published_store: int = 0
+    published_holder: int = 0
+    published_moqt: int = 0
+    publish_errors: int = 0
+    #: Time to first token of each request (ms), in order.
+    ttft_ms: list[float] = field(default_factory=list)
+    #: Seconds spent in prefill and decode, for the measured rates of the status record (§6.3).
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+
+    @property
+    def hits(self) -> int:
+        return self.local.blocks + self.moqt.blocks + self.http.blocks
+
+    @property
+    def misses(self) -> int:
+        return self.recomputed_blocks
+
+    def prefill_rate(self) -> float | None:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 and self.prefill_tokens else None
+
+    def decode_rate(self) -> float | None:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 and self.decode_tokens else None
+
+    def to_json(self) -> dict[str, Any]:
+        reused = self.hits + self.misses
+        return {
+            "requests": self.requests,
+            "failed_requests": self.failed_requests,
+            "sessions": self.sessions,
+            "failed_sessions": self.failed_sessions,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "prompt_blocks": self.prompt_blocks,
+            "lookup_matched": self.lookup_matched,
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_ratio": round(self.hits / reused, 4) if reused else None,
+            "request_blocks": {"local": self.local.to_json(), "moqt": self.moqt.to_json(), "http": self.http.to_json(),
+                               "recomputed": {"blocks": self.recomputed_blocks}},
+            "prefetch_blocks": {"moqt": self.prefetch_moqt.to_json(), "http": self.prefetch_http.to_json()},
+            "moqt_fallbacks": self.moqt_fallbacks,
+            "prefill_tokens": self.prefill_tokens,
+            "published": {"store": self.published_store, "holder": self.published_holder, "moqt": self.published_moqt,
+                          "errors": self.publish_errors},
+            "ttft_ms": [round(t, 3) for t in self.ttft_ms],
+            "prefill_tokens_per_s": _round(self.prefill_rate()),
+            "decode_tokens_per_s": _round(self.decode_rate()),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+class CountingRetriever:
+    """The prefetch executor's MOQT hook (:data:`.prefetch.MoqtRetriever`), counting what it
+    loads into ``counters.prefetch_moqt``. ``inner`` None: a
+    :class:`~.client.moqt.MoqtBlockRetriever` of its own, whose session pool keeps one QUIC
+    connection per relay or holder across blocks and directives (closed by :meth:`close`)."""
+
+    def __init__(self, counters: EngineCounters, inner: MoqtRetriever | None = None) -> None:
+        self.counters = counters
+        self.inner = inner
+        self._own: Any = None
+
+    async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
+        if self.inner is None and self._own is None:
+            from ..client.moqt import MoqtBlockRetriever
+
+            self._own = MoqtBlockRetriever()
+        retrieved = await retrieve_via_moqt(replicas, self.inner if self.inner is not None else self._own)
+        self.counters.prefetch_moqt.add(kv_octets(retrieved))
+        return retrieved
+
+    async def close(self) -> None:
+        if self._own is not None:
+            await self._own.close()
+            self._own = None
+
+
+class CountingFetcher:
+    """The prefetch executor's HTTP :class:`~.client.retrieval.BlockFetcher`, counting each complete
+    block response (200 to a GET without ``layers=``) into ``counters.prefetch_http``: its
+    ``Content-Length`` less the KVB1 header of ``layers`` layers (§4.3). The executor verifies
+    the body (Repr-Digest, layer digests) before it stores it (§6.7)."""
+
+    def __init__(self, counters: EngineCounters, inner: BlockFetcher, layers: int) -> None:
+        self.counters = counters
+        self.inner = inner
+        self.layers = layers
+
+    @contextlib.asynccontextmanager
+    async def get(self, url: str) -> AsyncIterator[Any]:
+        async with self.inner.get(url) as response:
+            yield response
+            if response.status == 200 and response.content_length is not None and "layers=" not in url:
+                self.counters.prefetch_http.add(container_kv_octets(response.content_length, self.layers))

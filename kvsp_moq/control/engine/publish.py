@@ -1,0 +1,128 @@
+"""Publishing the complete blocks an instance computed (kvsp-draft §6.1, §6.7; binding v1).
+
+Each new block (a KVB1 container, codec raw, §4.3) goes, independently of the others:
+
+- **store** — into the instance's own tiers, and its Replica Record (holder = the instance
+  URL) to the IS through the instance's :class:`~.client.publisher.ReplicaPublisher`, so that the IS
+  counts the block as resident here (§6.4) and later requests reuse it locally;
+- **holder** — to an HTTP holder with ``PUT blocks/... If-None-Match: *`` (§6.7); the holder
+  publishes its own record (§6.1). 412 means the holder already has a replica (kept);
+- **moqt** — over MOQT: the instance's :class:`~kvsp_moq.bridge.MoqtHolder`, attached to the
+  relay as a publisher, announces the block's track (PUBLISH_NAMESPACE), and a ``moqt://``
+  record naming the relay and the replica's namespace goes to the IS (§4.4), so consumers
+  FETCH it through the relay, which caches it (binding §7).
+
+A failure of one destination is logged and counted; it never fails the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from ...bridge import MoqtHolder
+from ...storage import BlockStore, RecordKey, ReplicaExists
+from ..client.publisher import IndexClient, ReplicaPublisher
+from .counters import EngineCounters
+
+__all__ = ["BlockStorer", "ComputedBlockPublisher"]
+
+log = logging.getLogger(__name__)
+
+
+class BlockStorer(Protocol):
+    """An HTTP holder's block resource, as the engine writes it (``client.http.HttpBlockStorer``)."""
+
+    async def put_block(self, holder: str, key: RecordKey, container: bytes) -> bool:
+        """``PUT {holder}blocks/{key}`` with ``If-None-Match: *``: True when stored (201),
+        False when the holder already had a replica (412); raises on any other outcome."""
+        ...
+
+
+class ComputedBlockPublisher:
+    """Sends computed blocks to the destinations configured (see the module notes)."""
+
+    def __init__(
+        self,
+        *,
+        store: BlockStore,
+        counters: EngineCounters,
+        publisher: ReplicaPublisher | None = None,
+        holder_url: str | None = None,
+        storer: BlockStorer | None = None,
+        moqt_holder: MoqtHolder | None = None,
+        relay_url: str | None = None,
+        index: IndexClient | None = None,
+        record_ttl_ms: int = 60_000,
+    ) -> None:
+        self.store = store
+        self.counters = counters
+        self.publisher = publisher
+        self.holder_url = holder_url
+        self.storer = storer
+        self.moqt_holder = moqt_holder
+        self.relay_url = relay_url
+        self.index = index
+        self.record_ttl_ms = record_ttl_ms
+
+    async def publish(self, key: RecordKey, container: bytes) -> list[str]:
+        """Publish one block; the destinations it reached."""
+        done: list[str] = []
+        held = await self._store(key, container)
+        if held:
+            done.append("store")
+        if self.storer is not None and self.holder_url is not None:
+            try:
+                if await self.storer.put_block(self.holder_url, key, container):
+                    self.counters.published_holder += 1
+                done.append("holder")
+            except Exception as exc:
+                self.counters.publish_errors += 1
+                log.warning("PUT of block %s at %s failed: %s", key.block_key.hex()[:12], self.holder_url, exc)
+        if held and self.moqt_holder is not None and self.relay_url is not None and self.index is not None:
+            try:
+                self.moqt_holder.publish(key)
+                await self.moqt_holder.wait_announced()
+                record = self.moqt_holder.replica_record(key, holder=self.relay_url, ttl_ms=self.record_ttl_ms)
+                await self.index.publish(record)
+                self.counters.published_moqt += 1
+                done.append("moqt")
+            except Exception as exc:
+                self.counters.publish_errors += 1
+                log.warning("MOQT publication of block %s via %s failed: %s", key.block_key.hex()[:12], self.relay_url, exc)
+        return done
+
+    async def _store(self, key: RecordKey, container: bytes) -> bool:
+        """Into the own tiers (and the IS through the replica publisher); True when held."""
+        try:
+            self.store.put(key, container)
+        except ReplicaExists:
+            return True  # computed or loaded meanwhile: the replica there is kept
+        except Exception as exc:  # a full store: the block is still served by the holder
+            self.counters.publish_errors += 1
+            log.warning("storing block %s failed: %s", key.block_key.hex()[:12], exc)
+            return False
+        self.counters.published_store += 1
+        if self.publisher is not None:
+            try:
+                await self.publisher.publish(key)
+            except Exception as exc:
+                self.counters.publish_errors += 1
+                log.warning("publishing the record of block %s failed: %s", key.block_key.hex()[:12], exc)
+        return True
+
+    async def keep(self, key: RecordKey, layers: list[tuple[object, object]], tokens: int) -> None:
+        """A block loaded on demand (MOQT or HTTP, verified): kept in the own tiers and
+        published with the instance as holder, like a prefetched block (§6.5)."""
+        try:
+            self.store.put_layers(key, layers, token_count=tokens)
+        except ReplicaExists:
+            return
+        except Exception as exc:
+            log.warning("keeping block %s failed: %s", key.block_key.hex()[:12], exc)
+            return
+        if self.publisher is not None:
+            try:
+                await self.publisher.publish(key)
+            except Exception as exc:
+                log.warning("publishing the record of block %s failed: %s", key.block_key.hex()[:12], exc)

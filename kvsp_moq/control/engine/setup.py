@@ -1,0 +1,73 @@
+"""Assembling an instance's :class:`~.engine.engine.InferenceEngine` from ``[instance.engine]``.
+
+``instance.serve.serve_instance`` calls :func:`start_engine` with the instance's store, lifecycle,
+replica publisher and HTTP clients; this module adds what is MOQT: a
+:class:`~kvsp_moq.bridge.SessionPool` for on-demand loads through the relay, and a
+:class:`~kvsp_moq.bridge.MoqtHolder` on the instance's store attached to the relay as a
+publisher (binding v1), both presenting the instance's token (binding §9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from ...bridge import MoqtHolder, SessionPool
+from ...storage import BlockStore
+from ...transport import TransportConfig
+from ..client.publisher import IndexClient, ReplicaPublisher
+from ..client.retrieval import BlockFetcher
+from ..common.engine_config import EngineConfig
+from ..common.lifecycle import Lifecycle
+from .counters import EngineCounters
+from .engine import Closeable, DirectiveFinder, InferenceEngine, load_model
+from .loader import Lookup
+from .publish import BlockStorer, ComputedBlockPublisher
+
+__all__ = ["start_engine"]
+
+
+async def start_engine(
+    config: EngineConfig,
+    *,
+    store: BlockStore,
+    lifecycle: Lifecycle,
+    url: Callable[[], str],
+    index: (Lookup | None),
+    index_publisher: IndexClient | None,
+    fetcher: BlockFetcher,
+    storer: BlockStorer | None,
+    replica_publisher: ReplicaPublisher | None,
+    directives: DirectiveFinder | None,
+    token: str | None,
+    counters: EngineCounters | None = None,
+    owned: Sequence[Closeable] = (),
+) -> InferenceEngine:
+    """Load the model (in a thread: reading the weights and importing torch take a while)
+    and connect to the relay when one is configured. ``owned`` are closed with the engine
+    (the prefetch executor's counting MOQT retriever and its session pool)."""
+    bundle = await asyncio.to_thread(load_model, config)
+    counters = counters if counters is not None else EngineCounters()
+    transport = TransportConfig(insecure=not config.verify_tls)
+    pool: SessionPool | None = None
+    moqt_holder: MoqtHolder | None = None
+    if config.relay_url is not None:
+        tokens = (token,) if token else ()
+        pool = SessionPool(transport, connect_timeout=config.moqt_timeout_s, setup_tokens=tokens)
+        moqt_holder = MoqtHolder(store, ttl_ms=config.record_ttl_ms)
+        try:
+            await moqt_holder.attach_relay(config.relay_url, transport, setup_tokens=tokens)
+        except BaseException:
+            await moqt_holder.close()
+            await pool.close()
+            raise
+    publisher = ComputedBlockPublisher(
+        store=store, counters=counters, publisher=replica_publisher, holder_url=config.holder_url, storer=storer,
+        moqt_holder=moqt_holder, relay_url=config.relay_url, index=index_publisher, record_ttl_ms=config.record_ttl_ms,
+    )
+    return InferenceEngine(
+        config=config, bundle=bundle, store=store, lifecycle=lifecycle, index=index, fetcher=fetcher,
+        publisher=publisher, url=url, pool=pool, moqt_holder=moqt_holder, directives=directives, counters=counters,
+        owned=owned,
+    )
+

@@ -1,0 +1,1 @@
+"""The holder role (kvsp-draft §6.6, §6.7)."""

@@ -1,0 +1,130 @@
+"""HTTP routes of the holder (kvsp-draft §6.6, §6.7; docs/http-api.md "Holder")."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ...kvsp.errors import RecordError
+from ...kvsp.records import LeaseRenewal, LeaseRequest
+from ...storage import RecordKey, StoreFull
+from ..common.config import HolderConfig
+from ..common.media import BLOCK_MEDIA_TYPE, repr_digest
+from ..http.server import BLOCK_PATH, HttpProblem, authenticate, read_block_body, read_record, record_response
+from .service import HolderService
+
+__all__ = ["LEASE_SEGMENT", "HolderRoutes", "parse_codec", "parse_layers", "record_key"]
+
+#: A lease identifier in a path (records/lease.py LEASE_ID).
+LEASE_SEGMENT = "{lease:[A-Za-z0-9._~-]{1,128}}"
+#: The largest layer index (``layers=a-b``): a KVB1 field is 32 bits (§4.3).
+_MAX_LAYER = (1 << 32) - 1
+
+
+def record_key(request: web.Request) -> RecordKey:
+    """The block resource named by the ``{compat}/{scope}/{key}`` segments (§6.7)."""
+    info = request.match_info
+    return RecordKey.from_hex(info["compat"], info["scope"], info["key"])
+
+
+def parse_layers(value: str | None) -> tuple[int, int] | None:
+    """``layers=a-b`` (§6.7: the inclusive range a..b); ``RecordError`` at ``layers`` (400)
+    unless two decimal integers with a <= b."""
+    if value is None:
+        return None
+    first, sep, last = value.partition("-")
+    if not (sep and first.isascii() and last.isascii() and first.isdigit() and last.isdigit()
+            and len(first) <= 10 and len(last) <= 10):  # int() refuses > 4300 digits: a 500 before
+        raise RecordError("layers", f"must be a-b, two decimal layer indices, got {value[:40]!r}")
+    a, b = int(first), int(last)
+    if a > b or b > _MAX_LAYER:
+        raise RecordError("layers", f"must be an inclusive range a-b with a <= b <= {_MAX_LAYER}, got {value!r}")
+    return a, b
+
+
+def parse_codec(value: str | None) -> int | None:
+    """``codec=n`` (§6.7), a decimal KVSP codec value (0..65535); ``RecordError`` otherwise."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 5) or int(value) > 0xFFFF:
+        raise RecordError("codec", f"must be a decimal codec value 0..65535, got {value[:40]!r}")
+    return int(value)
+
+
+class HolderRoutes:
+    """Routes of the holder under ``config.base_path`` (docs/http-api.md "Holder")."""
+
+    def __init__(self, service: HolderService, config: HolderConfig) -> None:
+        self.service = service
+        self.base = config.base_path
+        self.config = config
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        return [
+            web.get(f"{base}blocks/{BLOCK_PATH}", self.get_block),  # HEAD too
+            web.put(f"{base}blocks/{BLOCK_PATH}", self.put_block),
+            web.post(f"{base}leases", self.post_lease),
+            web.put(f"{base}leases/{LEASE_SEGMENT}", self.put_lease),
+            web.delete(f"{base}leases/{LEASE_SEGMENT}", self.delete_lease),
+        ]
+
+    async def get_block(self, request: web.Request) -> web.StreamResponse:
+        """§6.7 GET: the container, streamed from the store, with Repr-Digest (MUST) and
+        ``Cache-Control: private, immutable, max-age`` no longer than the replica's TTL."""
+        principal = authenticate(request)
+        key = record_key(request)
+        layers = parse_layers(request.query.get("layers"))
+        codec = parse_codec(request.query.get("codec"))
+        read = self.service.open_block(principal, key, layers, codec)
+        digest = await self.service.container_sha256(read)
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Repr-Digest": repr_digest(digest),
+                "Cache-Control": f"private, immutable, max-age={read.max_age_s}",
+            },
+        )
+        response.content_type = BLOCK_MEDIA_TYPE
+        response.content_length = read.reader.size
+        await response.prepare(request)
+        if request.method != "HEAD":
+            for chunk in read.reader:
+                await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    async def put_block(self, request: web.Request) -> web.Response:
+        """§6.7 PUT with ``If-None-Match: *``: 201 and the Replica Record as published."""
+        principal = authenticate(request)
+        key = record_key(request)
+        if request.headers.get("If-None-Match", "").strip() != "*":
+            # RFC 6585 §3: the holder requires the conditional form (§6.7).
+            raise HttpProblem(428, "PUT on a block requires If-None-Match: *")
+        self.service.check_store(principal, key)  # 403, then 412 before reading the body
+        body = await read_block_body(request, self.config.max_block_octets)
+        try:
+            record = await self.service.store_block(principal, key, body)
+        except StoreFull as exc:
+            raise HttpProblem(507, f"no room: {exc}") from None
+        location = f"{self.base}blocks/{key.path}"
+        return record_response(record, status=201, headers={"Location": location})
+
+    async def post_lease(self, request: web.Request) -> web.Response:
+        """§6.6 POST leases: 201 with a LeaseGrant and Location ``leases/{id}``."""
+        principal = authenticate(request)
+        lease_request = await read_record(request, LeaseRequest, self.config.max_body_octets)
+        grant = self.service.leases.grant(principal, lease_request)
+        return record_response(grant, status=201, headers={"Location": f"{self.base}leases/{grant.lease}"})
+
+    async def put_lease(self, request: web.Request) -> web.Response:
+        """§6.6 renewal: 200 with the new LeaseGrant."""
+        principal = authenticate(request)
+        renewal = await read_record(request, LeaseRenewal, self.config.max_body_octets)
+        grant = self.service.leases.renew(principal, request.match_info["lease"], renewal.ttl_ms)
+        return record_response(grant)
+
+    async def delete_lease(self, request: web.Request) -> web.Response:
+        """§6.6 release: 204."""
+        principal = authenticate(request)
+        self.service.leases.release(principal, request.match_info["lease"])
+        return web.Response(status=204)

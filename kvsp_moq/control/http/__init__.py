@@ -1,0 +1,1 @@
+"""The web-framework glue of the control-plane roles (aiohttp): application, body readers, problems."""

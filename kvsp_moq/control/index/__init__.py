@@ -1,0 +1,1 @@
+"""The Index Service role (kvsp-draft §6.1, §6.2)."""

@@ -1,0 +1,98 @@
+"""HTTP routes of the Index Service (kvsp-draft §6.1, §6.2; docs/http-api.md "Index Service")."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from aiohttp import web
+
+from ...kvsp.errors import RecordError
+from ...kvsp.records import InstanceStatusRecord, LookupRequest, ReplicaRecord
+from ..http.server import (
+    BLOCK_PATH,
+    HEX32_SEGMENT,
+    ServiceRoutes,
+    authenticate,
+    read_json_object,
+    read_record,
+    record_response,
+)
+from .service import IndexService
+from .store import BlockRef, ReplicaId
+
+__all__ = ["IndexRoutes", "block_ref"]
+
+
+def block_ref(request: web.Request) -> BlockRef:
+    """The block named by the ``{compat}/{scope}/{key}`` segments (already matched as hex)."""
+    info = request.match_info
+    return BlockRef(bytes.fromhex(info["compat"]), bytes.fromhex(info["scope"]), bytes.fromhex(info["key"]))
+
+
+class IndexRoutes(ServiceRoutes[IndexService]):
+    """Routes of the Index Service under ``service.config.base_path`` (docs/http-api.md)."""
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        return [
+            web.put(f"{base}replicas/{BLOCK_PATH}", self.put_replica),
+            web.delete(f"{base}replicas/{BLOCK_PATH}", self.delete_replica),
+            web.get(f"{base}replicas/{BLOCK_PATH}", self.get_replicas, allow_head=False),
+            web.post(f"{base}lookup", self.lookup),
+            web.put(f"{base}instance-status", self.put_instance_status),
+            web.put(f"{base}descriptors/{{compat:{HEX32_SEGMENT}}}", self.put_descriptor),
+        ]
+
+    def replica_location(self, block: BlockRef, replica: ReplicaId) -> str:
+        path = f"{self.base}replicas/{block.compat_id.hex()}/{block.scope_id.hex()}/{block.block_key.hex()}"
+        query = f"?holder={quote(replica.holder, safe='')}"
+        if replica.moqt_namespace is not None:
+            query += f"&moqt_namespace={quote(replica.moqt_namespace, safe='')}"
+        return path + query
+
+    async def put_replica(self, request: web.Request) -> web.Response:
+        """§6.1 publish or refresh: 201 (new replica, with Location) or 200 (refresh)."""
+        principal = authenticate(request)
+        record = await read_record(request, ReplicaRecord, self.max_body)
+        published = await self.service.publish(principal, record, at=block_ref(request))
+        if not published.created:
+            return record_response(published.record)
+        location = self.replica_location(BlockRef.of(published.record), ReplicaId.of(published.record))
+        return record_response(published.record, status=201, headers={"Location": location})
+
+    async def delete_replica(self, request: web.Request) -> web.Response:
+        """§6.1 withdraw: ``?holder=URL[&moqt_namespace=NS]`` names the replica; 204."""
+        principal = authenticate(request)
+        holder = request.query.get("holder")
+        if not holder:
+            raise RecordError("holder", "query parameter is required: the holder URL of the replica")
+        replica = ReplicaId(holder, request.query.get("moqt_namespace"))
+        await self.service.withdraw(principal, block_ref(request), replica)
+        return web.Response(status=204)
+
+    async def get_replicas(self, request: web.Request) -> web.Response:
+        """Ours: the unexpired replicas of one block, as a lookup's matched block."""
+        principal = authenticate(request)
+        return record_response(await self.service.replicas(principal, block_ref(request)))
+
+    async def lookup(self, request: web.Request) -> web.Response:
+        """§6.2 ``POST {is-base}lookup``."""
+        principal = authenticate(request)
+        body = await read_json_object(request, self.max_body)
+        lookup = LookupRequest.from_json(body, max_block_keys=self.service.config.max_block_keys)
+        return record_response(await self.service.lookup(principal, lookup))
+
+    async def put_instance_status(self, request: web.Request) -> web.Response:
+        """Ours: an Instance Status Record (§4.4, §6.3) for the estimates; 200 with the
+        record as kept (ttl_ms capped)."""
+        principal = authenticate(request)
+        record = await read_record(request, InstanceStatusRecord, self.max_body)
+        return record_response(self.service.report_instance_status(principal, record))
+
+    async def put_descriptor(self, request: web.Request) -> web.Response:
+        """Ours: a Compatibility Descriptor (§4.1) whose computed ID must be the path's; 201
+        when new, 204 when already known."""
+        authenticate(request)
+        document = await read_json_object(request, self.max_body)
+        _, created = self.service.register_descriptor(document, expect=bytes.fromhex(request.match_info["compat"]))
+        return web.Response(status=201 if created else 204)

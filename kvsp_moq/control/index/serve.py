@@ -1,0 +1,65 @@
+"""Serving an Index Service (kvsp-draft §6.1, §6.2) over HTTP: :func:`serve_index`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from ..common.clock import Clock
+from ..common.config import ControlConfig
+from ..http.server import RunningServer, build_app, serve_app
+from .routes import IndexRoutes
+from .service import IndexService
+from .status_table import InstanceStatusTable
+from .store import IndexStore
+
+__all__ = ["INDEX_SERVICE", "serve_index"]
+
+log = logging.getLogger(__name__)
+
+INDEX_SERVICE = web.AppKey("kvsp_index_service", IndexService)
+
+
+async def _purge_periodically(app: web.Application) -> AsyncIterator[None]:
+    """Reclaim expired records in the background (reads never return them anyway)."""
+    service = app[INDEX_SERVICE]
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(service.config.purge_interval_ms / 1000)
+            try:
+                await service.purge()
+            except Exception:  # a failing store must not stop the loop
+                log.exception("purge of the index failed")
+
+    task = asyncio.create_task(loop())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def serve_index(
+    config: ControlConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    clock: Clock | None = None,
+    store: IndexStore | None = None,
+) -> RunningServer:
+    """Run an Index Service per ``config`` on ``host:port`` (0: any free port, reported in
+    the result). ``store`` defaults to the embedded store; ``clock`` drives every TTL."""
+    if store is None:
+        service = IndexService.in_memory(config.index, clock=clock)
+    else:
+        statuses = InstanceStatusTable(clock, max_ttl_ms=config.index.max_status_ttl_ms)
+        service = IndexService(store, config=config.index, statuses=statuses)
+    app = build_app(auth=config.auth, routes=IndexRoutes(service).routes())
+    app[INDEX_SERVICE] = service
+    if service.config.purge_interval_ms > 0:
+        app.cleanup_ctx.append(_purge_periodically)
+    return await serve_app(app, host, port, base_path=config.index.base_path)

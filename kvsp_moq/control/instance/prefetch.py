@@ -1,0 +1,275 @@
+"""Executing prefetch directives at an inference instance (kvsp-draft §6.5, §6.6, §6.7, §6.1).
+
+:class:`PrefetchExecutor` accepts a :class:`PrefetchDirective`, answers at once (the caller
+returns 202 with the status resource), and runs the directive as a background task, so a
+directive never blocks requests already admitted (§6.5 MUST): the loop only awaits network
+I/O, and storing a block is one synchronous copy per section.
+
+For each block in the directive's order that the instance does not already hold (§6.5):
+
+1. the Replica Records of the block are read from the IS (:class:`ReplicaSource`), and the
+   directive's sources are tried in their order, each with its record (digests to verify);
+   a source the IS has no record of cannot be verified and is skipped;
+2. a lease of ``lease_ms`` is taken at that source (§6.6, ``POST leases``) *before* the
+   retrieval, so it cannot evict the block meanwhile; a refused lease (404, 429, ...) moves
+   on to the next source;
+3. the block is retrieved and verified (§6.7: ``client.retrieval.retrieve_block`` over HTTP —
+   Repr-Digest, layer digests, replica digest — or, for a ``moqt://`` holder,
+   :func:`retrieve_via_moqt`: ``client.moqt.retrieve_block``, binding v1 FETCH through the
+   bridge with the same verification, when the MOQT stack is installed); layers arrive in ascending order
+   (``layer_order: "ascending"``, the only order defined) and are stored in that order;
+   a failed verification moves on to the next source;
+4. the block is placed in the instance's own tiers (:class:`~kvsp_moq.storage.BlockStore`)
+   and its new replica is published to the IS (§6.1, :class:`~.client.publisher.ReplicaPublisher`);
+5. the lease is released (``DELETE leases/{id}``), whatever happened.
+
+``deadline_ms`` runs on the injectable timer: when it passes, loading stops (the task is
+cancelled, its lease still released) and the directive is ``partial`` with the keys loaded so
+far (§6.5 MUST-like "stops loading and reports partial"). Otherwise the end state is
+``complete`` (every block held), ``failed`` (nothing could be loaded) or ``partial``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ...kvsp.errors import ContainerError
+from ...kvsp.records import LeaseGrant, LeaseRequest, PrefetchDirective, PrefetchStatus, ReplicaRecord
+from ...kvsp.records.prefetch import COMPLETE, FAILED, PARTIAL, PENDING
+from ...storage import BlockStore, RecordKey, ReplicaExists, StorageError
+from ..client.publisher import ReplicaPublisher
+from ..client.retrieval import (
+    BlockFetcher,
+    MoqtRetriever,
+    RetrievalFailed,
+    Retrieved,
+    retrieve_block,
+    retrieve_via_moqt,
+)
+from ..common.clock import Timer
+from ..common.errors import LeaseRefused
+
+__all__ = ["LeaseClient", "PrefetchExecutor", "ReplicaSource"]
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaSource(Protocol):
+    """The IS, as the instance reads it: the unexpired records of one block."""
+
+    async def replicas(self, key: RecordKey) -> list[ReplicaRecord]:
+        ...
+
+
+class LeaseClient(Protocol):
+    """Leases at holders (§6.6)."""
+
+    async def lease(self, holder: str, request: LeaseRequest) -> LeaseGrant:
+        """``POST {holder}leases``; :class:`LeaseRefused` if not granted."""
+        ...
+
+    async def release(self, holder: str, lease: str) -> None:
+        """``DELETE {holder}leases/{lease}`` (errors are the caller's to log)."""
+        ...
+
+
+@dataclass
+class DirectiveRun:
+    """One directive's progress: what GET on its status resource returns."""
+
+    directive: PrefetchDirective
+    state: str = PENDING
+    loaded: list[bytes] = field(default_factory=list)
+    error: str | None = None
+    task: asyncio.Task[None] | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def status(self) -> PrefetchStatus:
+        return PrefetchStatus(directive=self.directive.directive, state=self.state, loaded=tuple(self.loaded), error=self.error)
+
+
+class PrefetchExecutor:
+    """Runs directives in the background and keeps their status (the last ``max_directives``)."""
+
+    def __init__(
+        self,
+        *,
+        store: BlockStore,
+        publisher: ReplicaPublisher | None,
+        replicas: ReplicaSource,
+        leases: LeaseClient,
+        fetcher: BlockFetcher,
+        timer: Timer,
+        max_directives: int = 1024,
+        moqt_retriever: MoqtRetriever | None = None,
+        blocks_in_flight: int = 4,
+    ) -> None:
+        if blocks_in_flight < 1:
+            raise ValueError(f"blocks_in_flight must be at least 1, got {blocks_in_flight}")
+        self.store = store
+        self.publisher = publisher
+        self.replicas = replicas
+        self.leases = leases
+        self.fetcher = fetcher
+        self.timer = timer
+        self.max_directives = max_directives
+        self.moqt_retriever = moqt_retriever
+        #: Blocks of one directive retrieved at once: each retrieval waits a round trip or
+        #: more before its first byte, so a few in flight keep the path busy.
+        self.blocks_in_flight = blocks_in_flight
+        self._runs: OrderedDict[uuid.UUID, DirectiveRun] = OrderedDict()
+
+    def get(self, directive: uuid.UUID) -> DirectiveRun | None:
+        return self._runs.get(directive)
+
+    def by_request_ref(self, request_ref: str) -> list[DirectiveRun]:
+        """The kept directives carrying ``request_ref`` (§6.5: it lets the PC associate the
+        directive with the request it routes), oldest first."""
+        return [run for run in self._runs.values() if run.directive.request_ref == request_ref]
+
+    @property
+    def running(self) -> int:
+        return sum(1 for r in self._runs.values() if not r.done.is_set())
+
+    def start(self, directive: PrefetchDirective) -> DirectiveRun:
+        """Accept ``directive`` and start it; the same directive id again is the same run."""
+        run = self._runs.get(directive.directive)
+        if run is not None:
+            return run
+        run = DirectiveRun(directive)
+        self._runs[directive.directive] = run
+        self._forget_old()
+        run.task = asyncio.get_running_loop().create_task(self._run(run), name=f"prefetch {directive.directive}")
+        return run
+
+    def _forget_old(self) -> None:
+        while len(self._runs) > self.max_directives:
+            oldest = next((k for k, r in self._runs.items() if r.done.is_set()), None)
+            if oldest is None:
+                return
+            del self._runs[oldest]
+
+    async def close(self) -> None:
+        tasks = [r.task for r in self._runs.values() if r.task is not None and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one directive ---------------------------------------------------------------------------
+
+    async def _run(self, run: DirectiveRun) -> None:
+        work = asyncio.create_task(self._load_all(run))
+        deadline = asyncio.create_task(self.timer.sleep_ms(run.directive.deadline_ms))
+        try:
+            await asyncio.wait({work, deadline}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():  # §6.5: the deadline expired: stop loading, report partial
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                run.state, run.error = PARTIAL, f"deadline of {run.directive.deadline_ms} ms expired"
+                return
+            failures = work.result()
+            if not failures:
+                run.state = COMPLETE
+            else:
+                run.state = FAILED if not run.loaded else PARTIAL
+                run.error = "; ".join(failures)[:4000]
+        except asyncio.CancelledError:
+            work.cancel()
+            run.state, run.error = PARTIAL, "the instance stopped"
+            raise
+        except Exception as exc:  # a bug: report it rather than stay pending forever
+            log.exception("prefetch directive %s failed", run.directive.directive)
+            run.state, run.error = FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            deadline.cancel()
+            run.done.set()
+
+    async def _load_all(self, run: DirectiveRun) -> list[str]:
+        """Load every block of the directive not already held (§6.5 "each block it does not
+        already hold"), ``blocks_in_flight`` at a time; ``run.loaded`` keeps directive order."""
+        d = run.directive
+        gate = asyncio.Semaphore(self.blocks_in_flight)
+
+        async def one(block_key: bytes, sources: Sequence[str]) -> str | None:
+            key = RecordKey(d.compat_id, d.scope_id, block_key)
+            if self.store.get(key) is None:
+                async with gate:
+                    error = await self._load_block(d, key, sources)
+                if error is not None:
+                    return error
+            run.loaded.append(block_key)  # progress, visible in the directive's status
+            return None
+
+        errors = await asyncio.gather(*(one(b.block_key, b.sources) for b in d.blocks))
+        order = {b.block_key: i for i, b in enumerate(d.blocks)}
+        run.loaded.sort(key=order.__getitem__)
+        return [f"{b.block_key.hex()}: {e}" for b, e in zip(d.blocks, errors) if e is not None]
+
+    async def _load_block(self, d: PrefetchDirective, key: RecordKey, sources: Sequence[str]) -> str | None:
+        """Load one block from the first source that works; ``None`` or why it failed."""
+        records = {r.holder: r for r in await self.replicas.replicas(key)}
+        reasons: list[str] = []
+        for source in sources:
+            record = records.get(source)
+            if record is None:
+                reasons.append(f"{source}: no replica record at the index")
+                continue
+            if source.startswith("moqt:"):
+                # MOQT sources have no HTTP lease endpoint; the bridge retrieves and verifies.
+                try:
+                    retrieved = await retrieve_via_moqt([record], self.moqt_retriever)
+                except RetrievalFailed as exc:
+                    reasons.append(f"{source}: {exc}")
+                    continue
+                error = await self._place(key, retrieved)
+                if error is None:
+                    return None
+                reasons.append(f"{source}: {error}")
+                continue
+            request = LeaseRequest(block_keys=(key.block_key,), compat_id=key.compat_id, scope_id=key.scope_id, ttl_ms=d.lease_ms)
+            try:
+                grant = await self.leases.lease(source, request)  # §6.6: before the retrieval
+            except LeaseRefused as exc:
+                reasons.append(f"{source}: lease refused: {exc}")
+                continue
+            try:
+                try:
+                    retrieved = await retrieve_block(self.fetcher, [record])  # §6.7, verified
+                except RetrievalFailed as exc:
+                    reasons.append(f"{source}: {exc}")
+                    continue
+                error = await self._place(key, retrieved)
+                if error is None:
+                    return None
+                reasons.append(f"{source}: {error}")
+            finally:
+                await self._release(source, grant.lease)
+        return "; ".join(reasons) or "no sources"
+
+    async def _place(self, key: RecordKey, retrieved: Retrieved) -> str | None:
+        """Store the verified layers in the instance's tiers and publish the replica (§6.1)."""
+        h = retrieved.header
+        try:
+            self.store.put_layers(
+                key, [(layer.k, layer.v) for layer in retrieved.layers],
+                token_count=h.token_count, first_layer=h.first_layer, codec=h.codec,
+            )
+        except ReplicaExists:
+            return None  # loaded meanwhile (another directive)
+        except (StorageError, ContainerError) as exc:
+            return f"cannot store: {exc}"
+        if self.publisher is not None:
+            await self.publisher.publish(key)
+        return None
+
+    async def _release(self, holder: str, lease: str) -> None:
+        try:
+            await self.leases.release(holder, lease)
+        except Exception as exc:  # the lease then expires at the holder after lease_ms
+            log.warning("releasing lease %s at %s failed: %s", lease, holder, exc)

@@ -1,0 +1,128 @@
+"""HTTP routes of the Placement Controller (kvsp-draft §6.3, §6.4, §6.8, §6.9;
+docs/http-api.md "Placement Controller", "Sessions" and "Resharding")."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ...kvsp.errors import RecordError
+from ...kvsp.records import InstanceStatusRecord, SessionCheckpoint, ShardMap
+from ..common.records import InstanceStateRequest, PlacementRequest
+from ..common.session_records import FailureReport, SessionDone, SessionFailed, SessionOpen
+from ..http.server import (
+    MAP_SEGMENT,
+    UUID_SEGMENT,
+    ServiceRoutes,
+    authenticate,
+    path_session,
+    read_record,
+    record_response,
+)
+from .service import PlacementController
+
+__all__ = ["PcRoutes", "PcSessionRoutes"]
+
+
+class PcRoutes(ServiceRoutes[PlacementController]):
+    """Routes of the PC under ``service.config.base_path`` (docs/http-api.md "Placement Controller")."""
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        return [
+            web.put(f"{base}instance-status", self.put_instance_status),
+            web.put(f"{base}instance-state", self.put_instance_state),
+            web.get(f"{base}instances", self.get_instances, allow_head=False),
+            web.post(f"{base}placements", self.post_placement),
+        ]
+
+    async def put_instance_status(self, request: web.Request) -> web.Response:
+        """§6.3 status PUT: 200 ``{"state": ...}``; 409 ``kvsp-stale-epoch`` for a lower epoch."""
+        principal = authenticate(request)
+        record = await read_record(request, InstanceStatusRecord, self.max_body)
+        return record_response(await self.service.report_status(principal, record))
+
+    async def put_instance_state(self, request: web.Request) -> web.Response:
+        """Ours: have the PC change an instance's state (it calls ``PUT state`` there, §6.3)."""
+        principal = authenticate(request)
+        body = await read_record(request, InstanceStateRequest, self.max_body)
+        return record_response(await self.service.set_state(principal, body.instance, body.state))
+
+    async def get_instances(self, request: web.Request) -> web.Response:
+        """Ours: the instances the principal may report for, with their effective state."""
+        return record_response(self.service.views(authenticate(request)))
+
+    async def post_placement(self, request: web.Request) -> web.Response:
+        """Ours: place a request by the §6.4 cost (and prefetch for it, §6.5)."""
+        principal = authenticate(request)
+        body = await read_record(request, PlacementRequest, self.max_body)
+        return record_response(await self.service.place(principal, body))
+
+
+class PcSessionRoutes(ServiceRoutes[PlacementController]):
+    """The PC's §6.8 and §6.9 routes (docs/http-api.md "Sessions" and "Resharding")."""
+
+    def routes(self) -> list[web.RouteDef]:
+        base = self.base
+        session = f"{base}sessions/{{session:{UUID_SEGMENT}}}"
+        return [
+            web.post(f"{base}sessions", self.post_session),
+            web.get(session, self.get_session, allow_head=False),
+            web.put(f"{session}/checkpoint", self.put_checkpoint),
+            web.post(f"{session}/done", self.post_done),
+            web.post(f"{session}/failed", self.post_failed),
+            web.post(f"{base}failures", self.post_failure),
+            web.put(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.put_shard_map),
+            web.get(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.get_shard_map, allow_head=False),
+        ]
+
+    async def post_session(self, request: web.Request) -> web.Response:
+        """Ours: place (§6.4) and start a session; 201 with its view."""
+        principal = authenticate(request)
+        body = await read_record(request, SessionOpen, self.max_body)
+        view = await self.service.sessions.open(principal, body)
+        return record_response(view, status=201, headers={"Location": f"{self.base}sessions/{body.session}"})
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        return record_response(self.service.sessions.view(authenticate(request), path_session(request)))
+
+    async def put_checkpoint(self, request: web.Request) -> web.Response:
+        """§6.8: 200 with the acknowledgement; 409 ``kvsp-stale-epoch`` for a lower epoch."""
+        principal = authenticate(request)
+        cp = await read_record(request, SessionCheckpoint, self.max_body)
+        return record_response(self.service.sessions.checkpoint(principal, path_session(request), cp))
+
+    async def post_done(self, request: web.Request) -> web.Response:
+        principal = authenticate(request)
+        body = await read_record(request, SessionDone, self.max_body)
+        self.service.sessions.done(principal, path_session(request), body)
+        return web.Response(status=204)
+
+    async def post_failed(self, request: web.Request) -> web.Response:
+        """Ours: the serving instance cannot serve the session; the PC re-places it or marks it
+        failed. 200 with the session's view; 409 ``kvsp-stale-epoch`` for an older epoch."""
+        principal = authenticate(request)
+        body = await read_record(request, SessionFailed, self.max_body)
+        return record_response(await self.service.sessions.failed(principal, path_session(request), body))
+
+    async def post_failure(self, request: web.Request) -> web.Response:
+        """Ours: an instance failed; its sessions are resumed elsewhere (§6.8). 200 with them."""
+        principal = authenticate(request)
+        body = await read_record(request, FailureReport, self.max_body)
+        return record_response(await self.service.sessions.report_failure(principal, body))
+
+    async def put_shard_map(self, request: web.Request) -> web.Response:
+        """Ours (§6.9): install a map, or reshard to its next version; 200 with the outcome."""
+        principal = authenticate(request)
+        body = await read_record(request, ShardMap, self.max_body)
+        if body.map != request.match_info["map"]:
+            raise RecordError("map", "must be the map of the path")
+        deadline = request.query.get("deadline_ms")
+        deadline_ms = None
+        if deadline is not None:
+            if not (deadline.isascii() and deadline.isdigit() and 0 < len(deadline) <= 9 and int(deadline) > 0):
+                raise RecordError("deadline_ms", f"must be a positive integer, got {deadline[:40]!r}")
+            deadline_ms = int(deadline)
+        return record_response(await self.service.reshard.put(principal, body, deadline_ms))
+
+    async def get_shard_map(self, request: web.Request) -> web.Response:
+        return record_response(self.service.reshard.get(authenticate(request), request.match_info["map"]))
