@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kvsp_moq.cli.bench_wan_netem import DelayLine
+from kvsp_moq.cli.bench.wan.netem import DelayLine
 from test_cli import kvsp
 
 PROBE = str(Path(__file__).with_name("_wan_probe.py"))
@@ -135,7 +135,7 @@ def test_shaper_delays_loses_and_keeps_order_both_ways(namespaces: tuple[str, st
     ns_a, ns_b = namespaces
     count, delay_ms, loss = 2000, 5.0, 10.0
     shaper = subprocess.Popen(
-        [sys.executable, "-m", "kvsp_moq.cli.bench_wan_shaper", "--ns-a", ns_a, "--addr-a", A_IP,
+        [sys.executable, "-m", "kvsp_moq.cli.bench.wan.shaper", "--ns-a", ns_a, "--addr-a", A_IP,
          "--ns-b", ns_b, "--addr-b", B_IP, "--delay-ms", str(delay_ms), "--loss", str(loss),
          "--limit", "10000", "--seed", "3"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -23,7 +23,7 @@ from bridge_support import (
 )
 from kvsp_moq.bridge import (
     LAYER_DIGEST,
-    SessionPool,
+    MoqtPool,
     Source,
     TrackInfo,
     block_info,
@@ -31,7 +31,7 @@ from kvsp_moq.bridge import (
     load_by_namespace,
     sink_for_record,
 )
-from kvsp_moq.bridge.instance import BlockLoad
+from kvsp_moq.bridge.load import BlockLoad
 from kvsp_moq.kvsp.naming import BlockName, scope_prefix
 from kvsp_moq.pubsub import MoqtError, connect
 from kvsp_moq.sinks import LayerFailed, LayerState
@@ -186,7 +186,7 @@ async def test_all_sources_bad_reports_layers_to_recompute(holder: HolderNode) -
         sink = sink_for_record(record, layers.geometry, layers.tokens, backend="torch")
         load = BlockLoad(sink, [Source.from_record(r) for r in (
             record_at(record, closed_port_url()), record, record_at(record, liar.url))],
-            pool=SessionPool(client_config(), connect_timeout=0.5))
+            pool=MoqtPool(client_config(), connect_timeout=0.5))
         waiter = asyncio.ensure_future(load.wait_for_layer(6))
         result = await within(load.run())
         await load.pool.close()

@@ -25,7 +25,7 @@ from bridge_support import (
     server_config,
     within,
 )
-from kvsp_moq.bridge import MoqtHolder, SessionPool, load_block, load_by_namespace, sink_for_record
+from kvsp_moq.bridge import MoqtHolder, MoqtPool, load_block, load_by_namespace, sink_for_record
 from kvsp_moq.bridge.holder import ScopeGate
 from kvsp_moq.control.common.auth import Authorizer, Grant, Principal
 from kvsp_moq.control.common.moqt_auth import ControlScopeAuthorizer
@@ -175,8 +175,8 @@ async def test_no_token_and_wrong_scope_are_unauthorized_whether_or_not_the_bloc
 async def test_right_token_loads_the_block(holder: HolderNode) -> None:
     layers = holder.layers
     record = holder.holder.replica_record(K_A)
-    # SETUP token (SessionPool): the load succeeds, bit for bit, into torch CPU tensors.
-    async with SessionPool(client_config(), setup_tokens=[T_A]) as pool:
+    # SETUP token (MoqtPool): the load succeeds, bit for bit, into torch CPU tensors.
+    async with MoqtPool(client_config(), setup_tokens=[T_A]) as pool:
         sink = sink_for_record(record, layers.geometry, layers.tokens, backend="torch")
         result = await within(load_block(record, sink, pool=pool))
         assert result.complete and result.verified == (0, 1, 2, 3)
@@ -195,7 +195,7 @@ async def test_right_token_loads_the_block(holder: HolderNode) -> None:
         assert (await refusal(fetch(session, MISSING_A)))[0] == RequestErrorCode.DOES_NOT_EXIST
 
     # Without the token the same load is a miss: UNAUTHORIZED, every layer to recompute.
-    async with SessionPool(client_config()) as pool:
+    async with MoqtPool(client_config()) as pool:
         sink = sink_for_record(record, layers.geometry, layers.tokens, backend="numpy")
         result = await within(load_block(record, sink, pool=pool))
         assert result.recompute == (0, 1, 2, 3)
@@ -282,10 +282,10 @@ subscribe = ["{prefix}"]
         await within(node.holder.wait_announced())
         record = node.holder.replica_record(K_A)
         assert record.holder == relay.url
-        async with SessionPool(client_config(), setup_tokens=[T_A]) as pool:
+        async with MoqtPool(client_config(), setup_tokens=[T_A]) as pool:
             sink = sink_for_record(record, layers.geometry, layers.tokens, backend="numpy")
             assert (await within(load_block(record, sink, pool=pool))).complete
-        async with SessionPool(client_config()) as pool:
+        async with MoqtPool(client_config()) as pool:
             sink = sink_for_record(record, layers.geometry, layers.tokens, backend="numpy")
             result = await within(load_block(record, sink, pool=pool))
             assert result.recompute == (0, 1, 2, 3) and "0x1" in result.attempts[0].error

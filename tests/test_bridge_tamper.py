@@ -22,8 +22,8 @@ from bridge_support import (
     server_config,
     within,
 )
-from kvsp_moq.bridge import SessionPool, Source, sink_for_record
-from kvsp_moq.bridge.instance import BlockLoad
+from kvsp_moq.bridge import MoqtPool, Source, sink_for_record
+from kvsp_moq.bridge.load import BlockLoad
 from kvsp_moq.sinks import LayerState
 from relay import Relay, RelayConfig
 from relay.cache import CachedObject
@@ -109,7 +109,7 @@ async def test_tampering_relay_detected_and_load_falls_back(holder: HolderNode) 
                 await load.wait_for_layer(layer)
                 exposed[layer] = tensor_octets(sink, layer)
 
-        pool = SessionPool(client_config())
+        pool = MoqtPool(client_config())
         load = BlockLoad(sink, [Source.from_record(via_liar), Source.from_record(via_honest)],
                          pool=pool)
         try:

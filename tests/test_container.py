@@ -20,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsp_moq.kvsp import container as container_module
 from kvsp_moq.kvsp.container import (
     DEFAULT_LIMITS,
     FIXED_HEADER_SIZE,
@@ -28,6 +27,7 @@ from kvsp_moq.kvsp.container import (
     ContainerHeader,
     ContainerLimits,
     DecodedLayer,
+    decode as decode_module,
     decode_container,
     encode_container,
     encode_container_into,
@@ -495,7 +495,7 @@ def test_decoder_digest_is_incremental(monkeypatch: pytest.MonkeyPatch) -> None:
         def digest(self) -> bytes:
             return self._h.digest()
 
-    monkeypatch.setattr(container_module, "sha256", Recording)
+    monkeypatch.setattr(decode_module, "sha256", Recording)
     sections = [(b"k" * 40, b"v" * 40), (b"K" * 33, b"V" * 20)]
     data = build(0, 1, sections)
     _, layers = feed_chunks(data, range(0, len(data), 7))

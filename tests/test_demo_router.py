@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvsp_moq.cli.demo_router import SessionClient, SessionFailed
+from kvsp_moq.cli.demo.router import SessionClient, SessionFailed
 from kvsp_moq.control.common.session_records import (
     ClientSession,
     ClientSessionRequest,

@@ -1,7 +1,7 @@
 """Profile the send and receive sides of ``kvsp bench kv`` apart, with py-spy.
 
-The holder (send side, ``kvsp_moq.cli.bench_kv_holder``) and the loader (receive side,
-``kvsp_moq.cli.bench_kv_loader``: MOQT FETCH of one 32 x 1 MiB block into a torch sink,
+The holder (send side, ``kvsp_moq.cli.bench.kv.holder``) and the loader (receive side,
+``kvsp_moq.cli.bench.kv.loader``: MOQT FETCH of one 32 x 1 MiB block into a torch sink,
 every layer verified) run as two processes on loopback, each under ``py-spy record``. Writes,
 into the output directory, the collapsed stacks (``<tag>_send.folded``, ``<tag>_recv.folded``)
 and a summary of each (``<tag>_send.txt``, ``<tag>_recv.txt``: top self and inclusive frames
@@ -95,7 +95,7 @@ def main() -> int:
     send, recv = out / f"{args.tag}_send.folded", out / f"{args.tag}_recv.folded"
     common = ["--backend", args.backend, "--datagram-size", str(args.datagram_size)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    holder = subprocess.Popen(_spy(send, args.rate) + [sys.executable, "-m", "kvsp_moq.cli.bench_kv_holder", *common],
+    holder = subprocess.Popen(_spy(send, args.rate) + [sys.executable, "-m", "kvsp_moq.cli.bench.kv.holder", *common],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
         assert holder.stdout is not None
@@ -104,7 +104,7 @@ def main() -> int:
             line = holder.stdout.readline()
             if not line:
                 raise SystemExit("the holder exited before serving")
-        subprocess.run(_spy(recv, args.rate) + [sys.executable, "-m", "kvsp_moq.cli.bench_kv_loader", "--info", line.strip(),
+        subprocess.run(_spy(recv, args.rate) + [sys.executable, "-m", "kvsp_moq.cli.bench.kv.loader", "--info", line.strip(),
                         "--repeat", str(args.loads), "--no-http", *common], check=True, cwd=ROOT, env=env)
     finally:
         assert holder.stdin is not None

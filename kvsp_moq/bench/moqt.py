@@ -14,50 +14,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import socket
-import threading
 import time
 
 from ..pubsub import Catalog, TrackPublisher, connect, serve
 from ..transport import TransportConfig, new_event_loop
 from ..transport.tls import make_self_signed
+from .baseline import tcp_copy
 from .report import Figure
 
 DATAGRAM_SIZES = (1200, 1452, 8952, 16384)
 _NS = ("kvsp-bench", "moqt")
-
-
-def _tcp_copy(data: bytes, object_size: int) -> tuple[float, float]:
-    """(seconds for the whole copy, seconds to the first ``object_size`` bytes)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    buf = bytearray(len(data))
-    marks: dict[str, float] = {}
-
-    def receive() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            view = memoryview(buf)
-            got = 0
-            while got < len(buf):
-                n = conn.recv_into(view[got:])
-                if n == 0:
-                    break
-                got += n
-                if "first" not in marks and got >= object_size:
-                    marks["first"] = time.perf_counter()
-        marks["end"] = time.perf_counter()
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    with socket.create_connection(("127.0.0.1", port)) as client:
-        start = time.perf_counter()
-        client.sendall(data)
-    thread.join()
-    listener.close()
-    if bytes(buf) != data:
-        raise AssertionError("TCP copy corrupted the data")
-    return marks["end"] - start, marks["first"] - start
 
 
 async def _moqt_once(data: bytes, object_size: int, datagram_size: int) -> tuple[float, float]:
@@ -106,7 +72,7 @@ async def _moqt_once(data: bytes, object_size: int, datagram_size: int) -> tuple
 def run(block_bytes: int = 32 << 20, object_size: int = 1 << 20,
         datagram_sizes: tuple[int, ...] = DATAGRAM_SIZES, repeat: int = 1) -> list[Figure]:
     data = os.urandom(block_bytes)
-    tcp = min((_tcp_copy(data, object_size) for _ in range(max(repeat, 3))), key=lambda t: t[0])
+    tcp = min((tcp_copy(data, object_size) for _ in range(max(repeat, 3))), key=lambda t: t[0])
     tcp_mbps = block_bytes / tcp[0] / 1e6
     figures = []
     loop = new_event_loop(use_uvloop=True)

@@ -19,26 +19,11 @@ from .binding import (
     TrackInfo,
 )
 from .holder import MoqtHolder
-from .instance import (
-    Attempt,
-    BlockLoad,
-    LoadResult,
-    Source,
-    block_info,
-    fetch_into,
-    load_block,
-    load_by_namespace,
-    sink_for_record,
-    subscribe_block,
-)
-from .parallel import (
-    ConnectionWorkers,
-    ParallelLoad,
-    ParallelLoadError,
-    load_block_parallel,
-    split_layers,
-)
-from .sessions import SessionPool
+from .instance import block_info, load_block, load_by_namespace, subscribe_block
+from .load import Attempt, BlockLoad, LoadResult, Source, fetch_into, sink_for_record
+from .parallel import ConnectionWorkers, ParallelLoad, load_block_parallel
+from .pool import MoqtPool, SessionPool  # SessionPool: TEMP-ALIAS(issue14)
+from .ranges import ParallelLoadError, split_layers
 from .track import BlockTrack
 from ._workers import ProcessWorkers
 
@@ -56,10 +41,11 @@ __all__ = [
     "ConnectionWorkers",
     "LoadResult",
     "MoqtHolder",
+    "MoqtPool",
     "ParallelLoad",
     "ParallelLoadError",
     "ProcessWorkers",
-    "SessionPool",
+    "SessionPool",  # TEMP-ALIAS(issue14)
     "Source",
     "TrackInfo",
     "block_info",

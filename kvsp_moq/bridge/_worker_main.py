@@ -1,7 +1,7 @@
 """The child side of :class:`~._workers.ProcessWorkers`: one worker process of a parallel
 block load (issue 9; docs/binding.md §12).
 
-A worker runs its own event loop and :class:`SessionPool` (its own QUIC connections, kept
+A worker runs its own event loop and :class:`MoqtPool` (its own QUIC connections, kept
 across loads) and serves jobs sent by the parent over a ``multiprocessing`` pipe. A job is
 one layer range ``first..last`` of one block (binding §5: an object range FETCH): the worker
 builds a :class:`TorchSink` over its slice of the parent's shared buffer (the tensor arrives
@@ -31,8 +31,8 @@ from ..kvsp.layout import Geometry
 from ..moqt.messages import Token
 from ..sinks import TorchSink
 from ..transport import TransportConfig, new_event_loop
-from .instance import Attempt, BlockLoad, LoadResult, Source
-from .sessions import SessionPool
+from .load import Attempt, BlockLoad, LoadResult, Source
+from .pool import MoqtPool
 
 __all__ = ["JobSpec", "worker_main"]
 
@@ -75,7 +75,7 @@ class _Worker:
     def __init__(self, conn: Connection, config: TransportConfig | None,
                  connect_timeout: float, setup_tokens: Sequence[Token | bytes | str]) -> None:
         self.conn = conn
-        self.pool = SessionPool(config, connect_timeout=connect_timeout,
+        self.pool = MoqtPool(config, connect_timeout=connect_timeout,
                                 setup_tokens=setup_tokens)
         self.jobs: dict[int, asyncio.Task[None]] = {}
         self.others: set[asyncio.Task[None]] = set()

@@ -33,8 +33,8 @@ from ..moqt.messages import Token
 from ..sinks import LayerSink, LayerState, SinkError, TorchSink
 from ..transport import TransportConfig
 from ._worker_main import JobSpec, worker_main
-from .instance import Attempt, BlockLoad, LoadResult, Source
-from .parallel import ParallelLoadError, WorkerKind, rotated
+from .load import Attempt, BlockLoad, LoadResult, Source
+from .ranges import ParallelLoadError, WorkerKind, rotated
 
 __all__ = ["ProcessWorkers"]
 

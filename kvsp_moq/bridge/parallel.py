@@ -5,7 +5,7 @@ over its own QUIC connection (issue 9; docs/binding.md §5: "a layer range is an
 Two kinds of workers:
 
 * :class:`ConnectionWorkers` (``workers="connections"``): N QUIC connections (one
-  :class:`SessionPool` each) on the caller's event loop. One process, so the GIL serializes
+  :class:`MoqtPool` each) on the caller's event loop. One process, so the GIL serializes
   their per-packet Python work: this spreads a load over sources and connections, not cores.
 * :class:`ProcessWorkers` (``workers="processes"``, :mod:`._workers`): N worker processes,
   each with its own event loop and connection, receiving straight into the caller's sink (a
@@ -17,111 +17,38 @@ Two kinds of workers:
 Either way the caller's sink sees each layer become usable as soon as it is verified, so a
 consumer that walks the layers in ascending order (:meth:`ParallelLoad.ascending`, or
 ``wait_for_layer`` l = first, first + 1, ...) starts on layer l when every layer <= l is in
-(kvsp-draft §4.3). Layers are split into ranges by :func:`split_layers`; range i tries the
+(kvsp-draft §4.3). Layers are split into ranges by :func:`~.ranges.split_layers`; range i tries the
 sources rotated by i (several replicas: ranges are striped across holders and relays, each
-falling back to the others exactly as :class:`~.instance.BlockLoad` does).
+falling back to the others exactly as :class:`~.load.BlockLoad` does).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from ..kvsp.records import ReplicaRecord
 from ..moqt.messages import Token
-from ..sinks import LayerFailed, LayerSink, LayerState
+from ..sinks import LayerFailed, LayerState
 from ..transport import TransportConfig
-from .instance import Attempt, BlockLoad, LoadResult, Source, sources_of
-from .sessions import SessionPool
+from ._workers import ProcessWorkers
+from .load import BlockLoad, LoadResult, Sink, Source, sources_of
+from .pool import MoqtPool
+from .ranges import LoadWorkers, ParallelLoadError, WorkerKind, merge_results, rotated, split_layers
 
 __all__ = [
     "ConnectionWorkers",
-    "LoadWorkers",
     "ParallelLoad",
-    "ParallelLoadError",
-    "WorkerKind",
     "load_block_parallel",
-    "merge_results",
-    "split_layers",
 ]
-
-Sink = LayerSink[Any]
-WorkerKind = Literal["connections", "processes"]
 
 #: The reason a layer fails with when its load was cancelled.
 CANCELLED = "the parallel load was cancelled"
 
 
-class ParallelLoadError(RuntimeError):
-    """A parallel load could not be set up (no worker, a sink workers cannot write into, a
-    layer busy with another load, a worker process that does not start)."""
-
-
-def split_layers(layers: Sequence[int], parts: int) -> list[tuple[int, int]]:
-    """Split the ascending ``layers`` into at most ``parts`` contiguous inclusive ranges
-    ``(first, last)`` of as equal a count as possible (the first ranges get one more), in
-    ascending order. A range may span layers that are not in ``layers`` (already verified):
-    its load skips them."""
-    if parts < 1:
-        raise ValueError(f"parts must be >= 1, got {parts}")
-    layers = list(layers)
-    if not layers:
-        return []
-    parts = min(parts, len(layers))
-    size, extra = divmod(len(layers), parts)
-    out: list[tuple[int, int]] = []
-    i = 0
-    for k in range(parts):
-        n = size + (1 if k < extra else 0)
-        out.append((layers[i], layers[i + n - 1]))
-        i += n
-    return out
-
-
-def merge_results(results: Sequence[LoadResult], first: int, last: int,
-                  sink: Sink) -> LoadResult:
-    """One :class:`LoadResult` for ``first..last`` from the ranges' results (attempts in
-    range order; verified / recompute read from the sink, the final word)."""
-    attempts: list[Attempt] = [a for r in results for a in r.attempts]
-    missing = tuple(layer for layer in range(first, last + 1)
-                    if sink.state(layer) is not LayerState.READY)
-    verified = tuple(layer for layer in range(first, last + 1) if layer not in missing)
-    return LoadResult(verified, missing, attempts)
-
-
-class LoadWorkers(Protocol):
-    """What :class:`ParallelLoad` runs the ranges on (:class:`ConnectionWorkers`,
-    :class:`~._workers.ProcessWorkers`)."""
-
-    kind: WorkerKind
-    parallel: int
-
-    async def start(self) -> LoadWorkers:
-        """Make the workers ready (processes: spawn them and wait for them)."""
-
-    async def warm(self, urls: Sequence[str]) -> None:
-        """Connect every worker to each URL now (before a timed load)."""
-
-    async def load_ranges(self, sink: Sink, sources: Sequence[Source],
-                          ranges: Sequence[tuple[int, int]], timeout: float,
-                          loads: list[BlockLoad | None]) -> list[LoadResult]:
-        """Load range i with worker i; fill ``loads[i]`` with its in-process BlockLoad (or
-        leave None). Returns one result per range."""
-
-    async def close(self) -> None: ...
-
-
-def rotated(sources: Sequence[Source], i: int) -> list[Source]:
-    """Range ``i`` tries source ``i mod len`` first, then the others in order."""
-    if not sources:
-        return []
-    k = i % len(sources)
-    return [*sources[k:], *sources[:k]]
-
-
 class ConnectionWorkers:
-    """``parallel`` QUIC connections on the caller's event loop, one :class:`SessionPool`
+    """``parallel`` QUIC connections on the caller's event loop, one :class:`MoqtPool`
     each (so ``parallel`` connections per holder URL). Reuse across loads keeps them open."""
 
     kind: WorkerKind = "connections"
@@ -132,7 +59,7 @@ class ConnectionWorkers:
         if parallel < 1:
             raise ParallelLoadError(f"parallel must be >= 1, got {parallel}")
         self.parallel = parallel
-        self.pools = [SessionPool(config, connect_timeout=connect_timeout,
+        self.pools = [MoqtPool(config, connect_timeout=connect_timeout,
                                   setup_tokens=setup_tokens) for _ in range(parallel)]
 
     async def start(self) -> ConnectionWorkers:
@@ -256,8 +183,6 @@ def make_workers(kind: WorkerKind, parallel: int, config: TransportConfig | None
     if kind == "connections":
         return ConnectionWorkers(parallel, config, connect_timeout=connect_timeout)
     if kind == "processes":
-        from ._workers import ProcessWorkers
-
         return ProcessWorkers(parallel, config, connect_timeout=connect_timeout)
     raise ParallelLoadError(f"unknown workers {kind!r} (connections, processes)")
 

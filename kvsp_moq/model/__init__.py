@@ -27,7 +27,8 @@ from .generate import GeneratedToken, generate
 from .layerwise import LayerwisePrefill, WaitLayer
 from .sampler import GREEDY, TOP_P, Sampler, SamplerState
 from .tokenizer import BOS_ID, EOS_ID, ByteTokenizer
-from .transformer import Prefill, ReferenceModel, TokenIds
+from .prefill import Prefill, PrefillModel, TokenIds
+from .transformer import ReferenceModel
 from .weights import (
     ModelFiles,
     Weights,
@@ -53,6 +54,7 @@ __all__ = [
     "ModelError",
     "ModelFiles",
     "Prefill",
+    "PrefillModel",
     "ReferenceModel",
     "Sampler",
     "SamplerError",

@@ -10,9 +10,10 @@ import torch
 
 from .cache import KVCache
 from .errors import ModelError
+from .prefill import TokenIds
 from .sampler import Sampler
 from .tokenizer import EOS_ID
-from .transformer import ReferenceModel, TokenIds
+from .transformer import ReferenceModel
 
 __all__ = ["GeneratedToken", "generate"]
 

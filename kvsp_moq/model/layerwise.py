@@ -20,15 +20,12 @@ Asynchronous use, e.g. over a layer sink (one block)::
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from .cache import LayerKV, check_layer_kv
 from .errors import ModelError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .transformer import Prefill, ReferenceModel, TokenIds
+from .prefill import Prefill, PrefillModel, TokenIds
 
 __all__ = ["LayerwisePrefill", "WaitLayer"]
 
@@ -41,7 +38,7 @@ class LayerwisePrefill:
     at a time. Produces exactly the logits and cache of ``model.prefill`` with a prefix cache
     holding the same buffers (same code path per layer)."""
 
-    def __init__(self, model: ReferenceModel, token_ids: TokenIds, prefix_tokens: int) -> None:
+    def __init__(self, model: PrefillModel, token_ids: TokenIds, prefix_tokens: int) -> None:
         if isinstance(prefix_tokens, bool) or not isinstance(prefix_tokens, int) or prefix_tokens < 0:
             raise ModelError(f"prefix_tokens must be an integer >= 0, got {prefix_tokens!r}")
         self.model = model
@@ -100,8 +97,6 @@ class LayerwisePrefill:
 
     def finish(self) -> Prefill:
         """The logits and the cache (prefix + new tokens), after the last layer."""
-        from .transformer import Prefill
-
         if not self.done:
             raise ModelError(f"layer {self._next} is not computed yet")
         if self._result is None:

@@ -12,9 +12,7 @@ from a block feeds attention exactly the octets a recomputation would have produ
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,30 +20,13 @@ import torch.nn.functional as F
 from .cache import KVCache, LayerKV, resolve_device
 from .config import ModelConfig
 from .errors import ModelError
+from .layerwise import LayerwisePrefill
 from .ops import apply_rope, attention, rms_norm, rope_tables, swiglu
+from .prefill import Prefill, TokenIds
 from .tokenizer import ByteTokenizer
 from .weights import ModelFiles, Weights, ensure_model_files, load_weights
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .layerwise import LayerwisePrefill
-
-__all__ = ["Prefill", "ReferenceModel", "TokenIds"]
-
-TokenIds = Sequence[int] | torch.Tensor
-
-
-@dataclass(frozen=True)
-class Prefill:
-    """The result of a prefill of T new tokens.
-
-    ``logits``: ``[T, vocab]`` float32 (row i predicts the token after new token i);
-    ``new_kv``: per layer the (K, V) of the new tokens ``[T, kv_heads, head_dim]`` (the
-    tensors that were copied into the cache, not views of it); ``cache``: the prefix followed by the new tokens, ready for decoding.
-    """
-
-    logits: torch.Tensor
-    new_kv: tuple[LayerKV, ...]
-    cache: KVCache
+__all__ = ["ReferenceModel"]
 
 
 class ReferenceModel:
@@ -161,6 +142,4 @@ class ReferenceModel:
     def layerwise(self, token_ids: TokenIds, prefix_tokens: int) -> LayerwisePrefill:
         """A :class:`~kvsp_moq.model.layerwise.LayerwisePrefill` of ``token_ids`` after a
         prefix of ``prefix_tokens`` tokens whose layers arrive one by one."""
-        from .layerwise import LayerwisePrefill
-
         return LayerwisePrefill(self, token_ids, prefix_tokens)

@@ -13,6 +13,7 @@ from .errors import LayerFailed, SinkError
 from .factory import make_sink
 from .numpy_sink import NumpySink
 from ._staging import CopyEngine, CopyEvent
+from ._torch import import_torch
 from .torch_sink import TorchSink
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "NumpySink",
     "SinkError",
     "TorchSink",
+    "import_torch",
     "make_sink",
 ]

@@ -346,15 +346,19 @@ class LayerSink(ABC, Generic[KV]):
         slot = self._slot(layer)
         return slot.reason if slot.state is LayerState.FAILED else None
 
+    def layers_in(self, state: LayerState) -> tuple[int, ...]:
+        """The layers in ``state``, ascending."""
+        return tuple(s.index for s in self._layers if s.state is state)
+
     @property
     def ready_layers(self) -> tuple[int, ...]:
         """Verified layers, ascending."""
-        return self._in_state(LayerState.READY)
+        return self.layers_in(LayerState.READY)
 
     @property
     def failed_layers(self) -> tuple[int, ...]:
         """Failed layers, ascending (see :meth:`failure_reason`)."""
-        return self._in_state(LayerState.FAILED)
+        return self.layers_in(LayerState.FAILED)
 
     @property
     def aborted(self) -> str | None:
@@ -436,9 +440,6 @@ class LayerSink(ABC, Generic[KV]):
         if slot.state is not LayerState.RECEIVING or slot.reception is None:
             raise SinkError(f"layer {layer} is not being received ({slot.state.value})")
         return slot.reception
-
-    def _in_state(self, state: LayerState) -> tuple[int, ...]:
-        return tuple(s.index for s in self._layers if s.state is state)
 
     def _fail(self, slot: _Layer, reason: str) -> None:
         if slot.state is LayerState.RECEIVING:

@@ -147,7 +147,7 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
         if self._engine is not None:
             raise SinkError(f"only a CPU sink can be shared with worker processes "
                             f"(this one stages into {self.device})")
-        if self._in_state(LayerState.RECEIVING):
+        if self.layers_in(LayerState.RECEIVING):
             raise SinkError("cannot move the sink to shared memory while layers are received")
         self._storage.share_memory_()  # views (_octets, _blocks) share the moved storage
 

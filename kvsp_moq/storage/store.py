@@ -64,7 +64,7 @@ from .residency import plan_placement
 from .sources import Section, as_section, host_view, section_nbytes
 from .stats import StoreStats, TierStats
 from .tiers import DeviceTier, DiskFile, DiskTier, Extent, Tier
-from .writer import BlockWriter, LayerListener
+from .writer import BlockWriter, LayerListener, ReplicaWrites
 
 __all__ = ["BlockStore", "EvictListener", "ResidencyListener"]
 
@@ -82,6 +82,25 @@ def _notify(listeners: Sequence[Callable[[RecordKey, bytes], None]], key: Record
             listener(key, rid)
         except Exception:  # a failing listener must not stop the others nor the store
             log.exception("store listener %r failed for %s", listener, key)
+
+
+class _StoreWrites(ReplicaWrites):
+    """The store's side of its :class:`BlockWriter` objects (passed to them, see
+    :class:`~.writer.ReplicaWrites`)."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: BlockStore) -> None:
+        self._store = store
+
+    def write_layer(self, replica: StoredReplica, layer: int, k: object, v: object) -> bytes:
+        return self._store._write_layer(replica, layer, k, v)
+
+    def finish(self, replica: StoredReplica) -> ReplicaInfo:
+        return self._store._finish(replica)
+
+    def abort(self, replica: StoredReplica) -> None:
+        self._store._abort(replica)
 
 
 class BlockStore:
@@ -109,6 +128,7 @@ class BlockStore:
         self._residency_listeners: list[ResidencyListener] = []
         self._hits = self._misses = self._evictions = self._demotions = 0
         self._removals = self._puts = 0
+        self._writes = _StoreWrites(self)
 
     # -- tiers and listeners -------------------------------------------------------------------
 
@@ -249,7 +269,7 @@ class BlockStore:
         section = geometry.section_bytes(tokens)
         lengths = ((section, section),) * len(layers)
         replica = self._begin(key, CODEC_RAW.value, layers.start, tokens, lengths, replica_id)
-        writer = BlockWriter(self, replica, geometry)
+        writer = BlockWriter(self._writes, replica, geometry)
         if on_layer is not None:
             writer.add_listener(on_layer)
         return writer

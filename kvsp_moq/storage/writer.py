@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -26,9 +26,7 @@ from .replica import ReplicaInfo, StoredReplica
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .store import BlockStore
-
-__all__ = ["BlockWriter", "LayerListener", "LayerWritten"]
+__all__ = ["BlockWriter", "LayerListener", "LayerWritten", "ReplicaWrites"]
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +47,31 @@ class LayerWritten:
 LayerListener = Callable[[LayerWritten], None]
 
 
+class ReplicaWrites(Protocol):
+    """What a :class:`BlockWriter` needs from the store that owns its replica.
+
+    The store passes it in (:meth:`BlockStore.begin
+    <kvsp_moq.storage.store.BlockStore.begin>`), so this module does not import the store.
+    """
+
+    def write_layer(self, replica: StoredReplica, layer: int, k: object, v: object) -> bytes:
+        """Store one layer of ``replica`` and return its layer digest (§4.3)."""
+        ...
+
+    def finish(self, replica: StoredReplica) -> ReplicaInfo:
+        """Seal ``replica``: IncompleteReplica if a layer is missing."""
+        ...
+
+    def abort(self, replica: StoredReplica) -> None:
+        """Drop ``replica`` (its evict listeners are called)."""
+        ...
+
+
 class BlockWriter:
     """Fills one replica layer by layer (any order, each layer once)."""
 
     def __init__(
-        self, store: BlockStore, replica: StoredReplica, geometry: Geometry | None
+        self, store: ReplicaWrites, replica: StoredReplica, geometry: Geometry | None
     ) -> None:
         self._store = store
         self._replica = replica
@@ -100,7 +118,7 @@ class BlockWriter:
         """
         if isinstance(k, np.ndarray) and isinstance(v, np.ndarray) and self._geometry is not None:
             k, v = encode_raw_layer(k, v, self._geometry)
-        digest = self._store._write_layer(self._replica, layer, k, v)
+        digest = self._store.write_layer(self._replica, layer, k, v)
         self._remaining -= 1
         k_len, v_len = self._replica.lengths[layer - self._replica.first_layer]
         event = LayerWritten(self.key, self.replica_id, layer, digest, k_len, v_len, self._remaining)
@@ -113,11 +131,11 @@ class BlockWriter:
 
     def finish(self) -> ReplicaInfo:
         """Seal the replica: IncompleteReplica if a layer is missing (the writer stays open)."""
-        return self._store._finish(self._replica)
+        return self._store.finish(self._replica)
 
     def abort(self) -> None:
         """Drop the replica (evict listeners are called: it may have been announced)."""
-        self._store._abort(self._replica)
+        self._store.abort(self._replica)
 
     def __enter__(self) -> BlockWriter:
         return self

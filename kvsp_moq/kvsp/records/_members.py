@@ -92,7 +92,7 @@ class Str(Kind[str]):
 
     def read(self, value: object, path: str) -> str:
         if not isinstance(value, str):
-            raise RecordError(path, f"must be {self.what}, got {_json_type(value)}")
+            raise RecordError(path, f"must be {self.what}, got {json_type(value)}")
         if self.choices is not None:
             if value not in self.choices:
                 raise RecordError(path, f"must be one of {', '.join(map(repr, self.choices))}, got {value[:80]!r}")
@@ -121,7 +121,7 @@ class Int(Kind[int]):
 
     def read(self, value: object, path: str) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RecordError(path, f"must be an integer, got {_json_type(value)}")
+            raise RecordError(path, f"must be an integer, got {json_type(value)}")
         if isinstance(value, float):
             if not value.is_integer():
                 raise RecordError(path, f"must be an integer, got {value!r}")
@@ -143,7 +143,7 @@ class Num(Kind[float]):
 
     def read(self, value: object, path: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RecordError(path, f"must be a number, got {_json_type(value)}")
+            raise RecordError(path, f"must be a number, got {json_type(value)}")
         if isinstance(value, int) and abs(value) > MAX_SAFE_INT:
             try:
                 value = float(value)
@@ -163,7 +163,7 @@ class Num(Kind[float]):
 class Bool(Kind[bool]):
     def read(self, value: object, path: str) -> bool:
         if not isinstance(value, bool):
-            raise RecordError(path, f"must be true or false, got {_json_type(value)}")
+            raise RecordError(path, f"must be true or false, got {json_type(value)}")
         return value
 
 
@@ -276,7 +276,7 @@ class ListOf(Kind["tuple[T, ...]"]):
 
     def read(self, value: object, path: str) -> tuple[T, ...]:
         if not isinstance(value, list):
-            raise RecordError(path, f"must be an array, got {_json_type(value)}")
+            raise RecordError(path, f"must be an array, got {json_type(value)}")
         if len(value) < self.min_len:
             raise RecordError(path, "must not be empty" if self.min_len == 1 else f"must have at least {self.min_len} elements")
         if self.max_len is not None and len(value) > self.max_len:
@@ -329,7 +329,7 @@ class JsonObject(Kind["Mapping[str, JsonValue]"]):
 
     def read(self, value: object, path: str) -> Mapping[str, JsonValue]:
         if not isinstance(value, dict):
-            raise RecordError(path, f"must be an object, got {_json_type(value)}")
+            raise RecordError(path, f"must be an object, got {json_type(value)}")
         frozen = _freeze(value, path, 1)
         assert isinstance(frozen, Mapping)
         return frozen
@@ -367,7 +367,7 @@ def _thaw(value: object) -> JsonValue:
     return value
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     """The JSON name of a value's type, for error messages."""
     if value is None:
         return "null"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from ..errors import RecordError
-from ._members import ROOT, JsonValue, Kind, _json_type, child
+from ._members import ROOT, JsonValue, Kind, json_type, child
 
 T = TypeVar("T")
 _SPEC = "kvsp_member"
@@ -65,7 +65,7 @@ class Record:
     def read_at(cls, obj: object, path: str) -> Self:
         """Like :meth:`from_json` for a record nested at ``path`` of an enclosing record."""
         if not isinstance(obj, dict):
-            raise RecordError(path, f"{cls.RECORD_NAME} must be a JSON object, got {_json_type(obj)}")
+            raise RecordError(path, f"{cls.RECORD_NAME} must be a JSON object, got {json_type(obj)}")
         values: dict[str, object] = {}
         for field in dataclasses.fields(cls):  # type: ignore[arg-type]
             spec: MemberSpec[object] = field.metadata[_SPEC]

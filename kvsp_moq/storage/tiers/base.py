@@ -47,12 +47,15 @@ class Tier(ABC):
     def free(self) -> int:
         return self.capacity - self._used
 
-    def _charge(self, nbytes: int) -> None:
+    def charge(self, nbytes: int) -> None:
+        """Count ``nbytes`` more payload octets as held (tier implementations call this when
+        they allocate): StoreFull beyond :attr:`free`."""
         if nbytes > self.free:
             raise StoreFull(nbytes, f"tier {self.name!r}: {nbytes} octets exceed the {self.free} free")
         self._used += nbytes
 
-    def _credit(self, nbytes: int) -> None:
+    def credit(self, nbytes: int) -> None:
+        """Give back ``nbytes`` octets charged earlier (tier implementations, on release)."""
         assert 0 <= nbytes <= self._used, (nbytes, self._used)
         self._used -= nbytes
 
@@ -121,11 +124,11 @@ class MemoryTier(Tier):
 
     def allocate(self, nbytes: int) -> Extent:
         """A buffer for one layer; charges ``nbytes`` to the tier."""
-        self._charge(nbytes)
+        self.charge(nbytes)
         try:
             return Extent(self, nbytes, self._new_buffer(nbytes))
         except BaseException:
-            self._credit(nbytes)
+            self.credit(nbytes)
             raise
 
     def release(self, extent: Extent) -> None:
@@ -134,7 +137,7 @@ class MemoryTier(Tier):
         if extent.released:
             return
         extent.released = True
-        self._credit(extent.nbytes)
+        self.credit(extent.nbytes)
 
     @abstractmethod
     def _new_buffer(self, nbytes: int) -> Any: ...

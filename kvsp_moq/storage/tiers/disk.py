@@ -259,9 +259,9 @@ class DiskTier(Tier):
         tmp = self.directory / f".{meta.replica_id.hex()}.{os.getpid()}.{next(_counter)}{_TMP_SUFFIX}"
         net = meta.payload_size - (replaces.charged if replaces is not None else 0)
         if net > 0:
-            self._charge(net)
+            self.charge(net)
         else:
-            self._credit(-net)
+            self.credit(-net)
         fd = -1
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -272,9 +272,9 @@ class DiskTier(Tier):
                 os.close(fd)
                 tmp.unlink(missing_ok=True)
             if net > 0:
-                self._credit(net)
+                self.credit(net)
             else:
-                self._charge(-net)
+                self.charge(-net)
             raise
         file.charged = meta.payload_size
         if replaces is not None:
@@ -310,14 +310,14 @@ class DiskTier(Tier):
         if file.removed:
             return
         file.removed = True
-        self._credit(file.charged)
+        self.credit(file.charged)
         file.charged = 0
         old, file.replaces = file.replaces, None
         if not file.sealed:
             file._close_fd()
             file.path.unlink(missing_ok=True)
             if old is not None:  # the old file stays current
-                self._charge(old.meta.payload_size)
+                self.charge(old.meta.payload_size)
                 old.charged = old.meta.payload_size
             return
         if not file.superseded:
@@ -327,7 +327,7 @@ class DiskTier(Tier):
 
     def forget(self, file: DiskFile) -> None:
         """Stop accounting a sealed file but leave it on disk (shutdown; see ``scan``)."""
-        self._credit(file.charged)
+        self.credit(file.charged)
         file.charged = 0
         file.removed = True
 
@@ -373,7 +373,7 @@ class DiskTier(Tier):
 
     def adopt(self, file: DiskFile) -> None:
         """Charge a scanned file to the tier (``StoreFull`` when it does not fit)."""
-        self._charge(file.payload_size)
+        self.charge(file.payload_size)
         file.charged = file.payload_size
 
     def _open(self, path: Path) -> DiskFile:

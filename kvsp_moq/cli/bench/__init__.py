@@ -1,4 +1,10 @@
-"""``kvsp bench ...``: run a benchmark and print its figures (kvsp_moq.bench.report)."""
+"""``kvsp bench ...``: run a benchmark and print its figures (kvsp_moq.bench.report).
+
+The benchmarks that need only the layers below the control plane are in ``kvsp_moq.bench``;
+those that start control-plane servers or the relay are here: :mod:`.index` (``kvsp bench
+index``), :mod:`.kv` (``kvsp bench kv``: holder and loader processes) and :mod:`.wan`
+(``kvsp bench wan``: the same across a shaped link between network namespaces).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..bench import report
+from ...bench import report
 
 
 def _default_backend() -> str:
@@ -15,21 +21,21 @@ def _default_backend() -> str:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from ..bench import keys
+    from ...bench import keys
 
     report.emit(keys.run(tokens=args.tokens, block_tokens=args.block_tokens, repeat=args.repeat))
     return 0
 
 
 def _container(args: argparse.Namespace) -> int:
-    from ..bench import container
+    from ...bench import container
 
     report.emit(container.run(layers=args.layers, layer_bytes=args.layer_mib << 20, repeat=args.repeat))
     return 0
 
 
 def _moqt(args: argparse.Namespace) -> int:
-    from ..bench import moqt
+    from ...bench import moqt
 
     sizes = tuple(args.datagram_size) if args.datagram_size else moqt.DATAGRAM_SIZES
     report.emit(moqt.run(block_bytes=args.block_mib << 20, datagram_sizes=sizes, repeat=args.repeat))
@@ -37,37 +43,37 @@ def _moqt(args: argparse.Namespace) -> int:
 
 
 def _relay(args: argparse.Namespace) -> int:
-    from ..bench import relay
-    from ..transport.config import BACKEND_ENV
+    from ...bench.relay import driver
+    from ...transport.config import BACKEND_ENV
 
     # The publisher, the relay and the subscribers all take the backend from the environment
     # (TransportConfig's default), the relay too when it runs in its own process.
     os.environ[BACKEND_ENV] = args.backend
-    report.emit(relay.run(run_bytes=args.run_mib << 20, object_size=args.object_kib << 10,
-                          datagram_size=args.datagram_size, repeat=args.repeat,
-                          subscriber_processes=args.subscriber_processes))
+    report.emit(driver.run(run_bytes=args.run_mib << 20, object_size=args.object_kib << 10,
+                           datagram_size=args.datagram_size, repeat=args.repeat,
+                           subscriber_processes=args.subscriber_processes))
     return 0
 
 
 def _kv(args: argparse.Namespace) -> int:
-    from . import bench_kv
+    from .kv import driver
 
-    report.emit(bench_kv.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
-                             datagram_sizes=args.datagram_size, backends=args.backend,
-                             repeat=args.repeat, http=not args.no_http, relay=not args.no_relay,
-                             parallel=args.parallel, workers=args.workers,
-                             device=args.device, holders=args.holders))
+    report.emit(driver.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
+                           datagram_sizes=args.datagram_size, backends=args.backend,
+                           repeat=args.repeat, http=not args.no_http, relay=not args.no_relay,
+                           parallel=args.parallel, workers=args.workers,
+                           device=args.device, holders=args.holders))
     return 0
 
 
 def _wan(args: argparse.Namespace) -> int:
-    from . import bench_wan
+    from .wan import driver
 
-    figures = bench_wan.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
-                            datagram_size=args.datagram_size, backend=args.backend,
-                            delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat,
-                            shaper=args.shaper, seed=args.seed, tcp_cc=args.tcp_cc,
-                            sink=args.sink)
+    figures = driver.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
+                         datagram_size=args.datagram_size, backend=args.backend,
+                         delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat,
+                         shaper=args.shaper, seed=args.seed, tcp_cc=args.tcp_cc,
+                         sink=args.sink)
     report.emit(figures)
     return 0
 
@@ -82,8 +88,8 @@ def _csv(kind: type[int] | type[str]) -> "Callable[[str], tuple[Any, ...]]":
 
 
 def _index(args: argparse.Namespace) -> int:
-    from . import bench_index
-    from .core import UsageError
+    from ..core import UsageError
+    from . import index
 
     if args.records < args.prompt_blocks or args.prompt_blocks < 1:
         raise UsageError(f"--records {args.records} must hold at least one prompt of --prompt-blocks {args.prompt_blocks}")
@@ -91,11 +97,11 @@ def _index(args: argparse.Namespace) -> int:
             or (args.block_mib << 20) // args.block_layers < 2:
         raise UsageError("--block-layers, --layer-digests, --lookups, --repeat must be >= 1 and "
                          "--block-mib large enough for two octets per layer")
-    report.emit(bench_index.run(records=args.records, prompt_blocks=args.prompt_blocks,
-                                layers=args.layer_digests, lookups=args.lookups,
-                                block_layers=args.block_layers,
-                                layer_bytes=(args.block_mib << 20) // args.block_layers,
-                                repeat=args.repeat))
+    report.emit(index.run(records=args.records, prompt_blocks=args.prompt_blocks,
+                          layers=args.layer_digests, lookups=args.lookups,
+                          block_layers=args.block_layers,
+                          layer_bytes=(args.block_mib << 20) // args.block_layers,
+                          repeat=args.repeat))
     return 0
 
 

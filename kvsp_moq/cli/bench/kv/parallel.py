@@ -20,11 +20,11 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from ..bridge import ConnectionWorkers, ParallelLoad, ProcessWorkers, Source, sink_for_record
-from ..bridge.parallel import LoadWorkers, WorkerKind
-from ..kvsp.layout import Geometry
-from ..kvsp.records import ReplicaRecord
-from ..transport import TransportConfig
+from ....bridge import ConnectionWorkers, ParallelLoad, ProcessWorkers, Source, sink_for_record
+from ....bridge.ranges import LoadWorkers, WorkerKind
+from ....kvsp.layout import Geometry
+from ....kvsp.records import ReplicaRecord
+from ....transport import TransportConfig
 
 __all__ = ["KINDS", "ParallelTiming", "measure_parallel", "timed_parallel_load"]
 
@@ -37,7 +37,7 @@ ParallelTiming = tuple[float, float, float]
 async def timed_parallel_load(records: Sequence[ReplicaRecord], geo: Geometry, tokens: int,
                               workers: LoadWorkers, parallel: int) -> tuple[float, float]:
     """One verified load of the block in ``parallel`` ranges from the replicas ``records``
-    (range i from replica i mod len first: ``bridge.parallel.rotated``); (first layer s,
+    (range i from replica i mod len first: ``bridge.ranges.rotated``); (first layer s,
     block s)."""
     sink = sink_for_record(records[0], geo, tokens, backend="torch",
                            shared_memory=workers.kind == "processes")

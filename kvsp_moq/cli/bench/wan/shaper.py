@@ -1,17 +1,17 @@
 """The userspace WAN shaper of ``kvsp bench wan`` (``--shaper tun``), in its own process.
 
-``python -m kvsp_moq.cli.bench_wan_shaper --ns-a NS --addr-a IP --ns-b NS --addr-b IP
+``python -m kvsp_moq.cli.bench.wan.shaper --ns-a NS --addr-a IP --ns-b NS --addr-b IP
 [--delay-ms D --loss L --limit N --seed S --mtu M]`` (root) creates two TUN devices
-(``bench_wan_tun``), moves one into each network namespace with a point-to-point address
+(``.tun``), moves one into each network namespace with a point-to-point address
 towards the other, and forwards the IP packets between the two descriptors, each direction
-through its own :class:`~.bench_wan_netem.DelayLine`: what ``tc qdisc add dev X root netem
+through its own :class:`~.netem.DelayLine`: what ``tc qdisc add dev X root netem
 delay Dms loss L% limit N`` on both ends of a veth pair would do, for kernels without
 ``sch_netem``. IP-level, so TCP (the HTTP baseline) and QUIC cross the same shaped path.
 
 It prints one JSON line (``{"ready": ...}``) once the path is up, forwards until its stdin
 closes (or SIGTERM / SIGINT), then reads what is still waiting at the devices and no more,
 lets the packets queued leave at their due time (at most D), prints one JSON line of counters per direction (``a_to_b``,
-``b_to_a``: :class:`~.bench_wan_netem.Counters` plus ``write_errors`` and ``tun_tx_dropped``,
+``b_to_a``: :class:`~.netem.Counters` plus ``write_errors`` and ``tun_tx_dropped``,
 the packets the kernel dropped because the shaper did not read them in time) and exits,
 which removes the devices (they live as long as the process's descriptors).
 """
@@ -28,8 +28,8 @@ import sys
 import time
 from typing import Any
 
-from .bench_wan_netem import DelayLine
-from .bench_wan_tun import TunError, open_tun, place, tx_dropped
+from .netem import DelayLine
+from .tun import TunError, open_tun, place, tx_dropped
 
 __all__ = ["Direction", "main", "shape"]
 
@@ -156,7 +156,7 @@ def _report(d: Direction, dev: str, netns: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvsp_moq.cli.bench_wan_shaper")
+    p = argparse.ArgumentParser(prog="python -m kvsp_moq.cli.bench.wan.shaper")
     p.add_argument("--ns-a", required=True, help="network namespace of end a")
     p.add_argument("--addr-a", required=True, help="IPv4 address of end a")
     p.add_argument("--ns-b", required=True, help="network namespace of end b")

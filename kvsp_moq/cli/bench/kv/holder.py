@@ -1,6 +1,6 @@
 """The holder side of ``kvsp bench kv`` / ``kvsp bench wan``, runnable in its own process.
 
-``python -m kvsp_moq.cli.bench_kv_holder --host H [--layers N --layer-mib M --datagram-size D
+``python -m kvsp_moq.cli.bench.kv.holder --host H [--layers N --layer-mib M --datagram-size D
 --backend B]`` builds the benchmark block (:func:`make_block`, deterministic), stores it, serves
 it over MOQT (``MoqtHolder.serve``, binding v1) and over HTTP (the control plane's
 ``serve_holder``, kvsp-draft §6.7) on ``H``, prints one JSON line (:class:`HolderInfo`) and
@@ -21,14 +21,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..bridge import MoqtHolder
-from ..control.auth import Authorizer, Grant, Principal
-from ..control.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
-from ..control.http import serve_holder
-from ..kvsp.layout import Geometry
-from ..storage import BlockStore, HostTier, RecordKey
-from ..transport import TransportConfig, new_event_loop
-from ..transport.tls import make_self_signed
+from ....bridge import MoqtHolder
+from ....control.common.auth import Authorizer, Grant, Principal
+from ....control.common.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
+from ....control.holder.serve import serve_holder
+from ....kvsp.layout import Geometry
+from ....storage import BlockStore, HostTier, RecordKey
+from ....transport import TransportConfig, new_event_loop
+from ....transport.tls import make_self_signed
 
 __all__ = ["BENCH_TOKEN", "HolderInfo", "KEY", "freeze_heap", "geometry", "make_block", "serve_block"]
 
@@ -123,7 +123,7 @@ async def serve_block(host: str, layers: int, layer_bytes: int, datagram_size: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvsp_moq.cli.bench_kv_holder")
+    p = argparse.ArgumentParser(prog="python -m kvsp_moq.cli.bench.kv.holder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--layer-mib", type=int, default=1)

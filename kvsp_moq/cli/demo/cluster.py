@@ -25,7 +25,7 @@ Everything is entered into one :class:`contextlib.AsyncExitStack`, so leaving it
 on an error or on cancellation by Ctrl-C) closes the servers in reverse order and stops the
 child processes (SIGTERM, then SIGKILL after 10 s). The HTTP calls the demo itself makes go
 through :func:`http_request`, a tiny HTTP/1.1 client on asyncio streams (only
-``kvsp_moq.control.http`` may import aiohttp).
+the control plane's HTTP modules may import aiohttp).
 """
 
 from __future__ import annotations
@@ -46,23 +46,25 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..control.auth import Authorizer, Grant, Principal
-from ..control.clock import MonotonicClock
-from ..control.config import ControlConfig, FrontEndConfig, HolderConfig, IndexConfig, PcConfig, TierConfig
-from ..control.frontend import FrontEnd
-from ..control.holder import build_store
-from ..control.http import (
-    FRONTEND_SERVICE,
-    PC_SERVICE,
-    HttpFrontEndClient,
-    HttpIndexClient,
-    RunningServer,
-    serve_frontend,
-    serve_holder,
-    serve_index,
-    serve_pc,
+from ...control.common.auth import Authorizer, Grant, Principal
+from ...control.common.clock import MonotonicClock
+from ...control.common.config import (
+    ControlConfig,
+    FrontEndConfig,
+    HolderConfig,
+    IndexConfig,
+    PcConfig,
+    TierConfig,
 )
-from ..control.pc import PlacementController
+from ...control.frontend.service import FrontEnd
+from ...control.common.tiers import build_store
+from ...control.frontend.serve import FRONTEND_SERVICE, serve_frontend
+from ...control.pc.serve import PC_SERVICE, serve_pc
+from ...control.client.http import HttpFrontEndClient, HttpIndexClient
+from ...control.http.server import RunningServer
+from ...control.holder.serve import serve_holder
+from ...control.index.serve import serve_index
+from ...control.pc.service import PlacementController
 
 __all__ = ["Cluster", "HttpReply", "InstanceProcess", "http_request", "start_cluster"]
 

@@ -1,11 +1,11 @@
 """``kvsp bench kv``: loading one KV block (default 32 layers x 1 MiB) into torch buffers.
 
 Figures, all from one run, each against a baseline measured in the same run (a raw TCP socket
-copy of the same bytes over loopback, ``bench.moqt._tcp_copy``):
+copy of the same bytes over loopback, ``bench.baseline.tcp_copy``):
 
 * MOQT direct, per transport backend and QUIC max datagram size
   (``kv_{backend}_dgram{size}_first_layer`` / ``_block``): the holder runs in its own process
-  (``bench_kv_holder``, as a real holder would), the loader here does ``load_block`` into a
+  (``kv.holder``, as a real holder would), the loader here does ``load_block`` into a
   torch sink (CPU, or ``device`` "cuda[:i]": pinned staging then a device copy, timed to
   the copy's completion), every layer verified against the record's digest (binding v1): time to the
   first verified layer and to the whole verified block;
@@ -13,7 +13,7 @@ copy of the same bytes over loopback, ``bench.moqt._tcp_copy``):
   §6.7, plain HTTP/1.1 client on asyncio streams into one buffer, SHA-256 of the body);
 * through the relay (in-process, first backend, largest datagram size), cold (the relay
   FETCHes upstream, store-and-forward) and warm (served from its cache);
-* with ``parallel`` (issue 9, ``bench_kv_parallel``): the block split into N layer ranges,
+* with ``parallel`` (issue 9, ``.parallel``): the block split into N layer ranges,
   each over its own QUIC connection, in-process (``connections``) or in N worker processes
   (``processes``) writing into a shared-memory torch buffer, from the same holder process:
   ``kv_{path}_par{N}_{kind}_rate`` (MB/s vs the TCP copy) and ``..._vs_par1`` (MB/s vs N = 1
@@ -33,16 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from ..bench.moqt import _tcp_copy
-from ..bench.report import Figure
-from ..bridge import MoqtHolder, SessionPool
-from ..transport import TransportConfig, new_event_loop
-from ..transport.config import BACKENDS
-from ..transport.tls import make_self_signed
-from .bench_kv_holder import KEY, HolderInfo, freeze_heap, geometry, store_block
-from .bench_kv_loader import Timing, measure, timed_load
-from .bench_kv_parallel import KINDS, ParallelTiming, measure_parallel
-from .core import UsageError
+from ....bench.baseline import tcp_copy
+from ....bench.report import Figure
+from ....bridge import MoqtHolder, MoqtPool
+from ....transport import TransportConfig, new_event_loop
+from ....transport.config import BACKENDS
+from ....transport.tls import make_self_signed
+from .holder import KEY, HolderInfo, freeze_heap, geometry, store_block
+from .loader import Timing, measure, timed_load
+from .parallel import KINDS, ParallelTiming, measure_parallel
+from ...core import UsageError
 
 __all__ = ["check_backends", "check_device", "run", "start_holder"]
 
@@ -58,8 +58,7 @@ def check_backends(backends: tuple[str, ...]) -> None:
 def check_device(device: str) -> str:
     """The sink's name in the figures' params for the torch ``device`` ("cpu", "cuda[:i]");
     UsageError for another device or for CUDA where torch has none."""
-    from ..sinks._torch import import_torch
-    from ..sinks.errors import SinkError
+    from ....sinks import SinkError, import_torch
 
     try:
         torch = import_torch()
@@ -81,10 +80,10 @@ def check_device(device: str) -> str:
 def start_holder(layers: int, layer_bytes: int, datagram_size: int, backend: str,
                  host: str = "127.0.0.1", prefix: tuple[str, ...] = ()
                  ) -> tuple[subprocess.Popen[str], HolderInfo]:
-    """Start ``bench_kv_holder`` (behind ``prefix``, e.g. ``ip netns exec NS``); return the
+    """Start ``kv.holder`` (behind ``prefix``, e.g. ``ip netns exec NS``); return the
     process (it serves until its stdin is closed) and its :class:`HolderInfo`."""
     proc = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "kvsp_moq.cli.bench_kv_holder", "--host", host,
+        [*prefix, sys.executable, "-m", "kvsp_moq.cli.bench.kv.holder", "--host", host,
          "--layers", str(layers), "--layer-mib", str(layer_bytes >> 20), "--datagram-size",
          str(datagram_size), "--backend", backend],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -123,7 +122,7 @@ async def _relay_figures(layers: int, layer_bytes: int, datagram_size: int, back
     holder = MoqtHolder(store)
     relay = await Relay(RelayConfig(server_transport=server, upstream_transport=client,
                                     cache_bytes=4 * layers * layer_bytes)).start()
-    pool = SessionPool(client)
+    pool = MoqtPool(client)
     out: dict[str, Timing] = {}
     try:
         holder.publish(KEY)
@@ -162,9 +161,9 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
         raise UsageError("the layer size must be a whole number of MiB")
     block = layers * layer_bytes
     data = np.random.default_rng(2).integers(0, 256, block, dtype=np.uint8).tobytes()
-    tcp = min((_tcp_copy(data, layer_bytes) for _ in range(max(repeat, 3))), key=lambda t: t[0])
+    tcp = min((tcp_copy(data, layer_bytes) for _ in range(max(repeat, 3))), key=lambda t: t[0])
     del data
-    from ..sinks._torch import import_torch
+    from ....sinks import import_torch
 
     import_torch()
     freeze_heap()
@@ -185,7 +184,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                     res = loop.run_until_complete(measure(info, config, repeat, want_http,
                                                           device=device))
                     if parallel:
-                        from ..kvsp.records import ReplicaRecord
+                        from ....kvsp.records import ReplicaRecord
 
                         # More replicas of the same block, each in its own holder process.
                         replicas = [start_holder(layers, layer_bytes, size, backend)

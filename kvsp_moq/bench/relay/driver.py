@@ -21,12 +21,12 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..moqt.objects import ObjectBegin
-from ..pubsub import Catalog, Subscription, TrackPublisher, connect, serve
-from ..transport import TransportConfig, new_event_loop
-from ..transport.tls import make_self_signed
-from .relay_subscriber import SubscriberProcesses
-from .report import Figure
+from ...moqt.objects import ObjectBegin
+from ...pubsub import Catalog, Subscription, TrackPublisher, connect, serve
+from ...transport import TransportConfig, new_event_loop
+from ...transport.tls import make_self_signed
+from ..report import Figure
+from .subscriber import SubscriberProcesses
 
 FANOUT = (1, 4, 8)
 _NS = ("kvsp-bench", "relay")
@@ -69,7 +69,7 @@ def _into(view: memoryview, object_size: int) -> Callable[[ObjectBegin], memoryv
 async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size: int,
                        via_relay: bool, processes: bool = False) -> float:
     """Seconds from the first object written to the last one received by every subscriber
-    (``processes``: each subscriber in its own process, ``relay_subscriber``)."""
+    (``processes``: each subscriber in its own process, ``.subscriber``)."""
     cert = make_self_signed()
     client_cfg = TransportConfig(insecure=True, max_datagram_size=datagram_size, use_uvloop=True)
     count = len(data) // object_size

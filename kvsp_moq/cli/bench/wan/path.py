@@ -6,7 +6,7 @@ Shapers (``shaper``):
 * ``netem``: a veth pair, each end shaped by ``tc qdisc add dev ... root netem delay D loss L%
   limit 100000`` (the kernel's ``sch_netem``); with D = 0 and L = 0 the veth pair unshaped
   (reported as ``none``);
-* ``tun``: two TUN devices joined by the userspace shaper process (``bench_wan_shaper``), which
+* ``tun``: two TUN devices joined by the userspace shaper process (``.shaper``), which
   applies the same delay / loss / limit per direction; for kernels without ``sch_netem``;
 * ``auto``: ``netem`` when the kernel has it (tried on the holder namespace's loopback), or
   when the path is unshaped; ``tun`` otherwise.
@@ -118,7 +118,7 @@ def _tun_shaper(path: WanPath, delay_ms: float, loss_pct: float, mtu: int,
         raise Skip("no netem in this kernel and no /dev/net/tun for the userspace shaper")
     errors = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the shaper runs
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsp_moq.cli.bench_wan_shaper", "--ns-a", path.holder_ns,
+        [sys.executable, "-m", "kvsp_moq.cli.bench.wan.shaper", "--ns-a", path.holder_ns,
          "--addr-a", HOLDER_IP, "--ns-b", path.loader_ns, "--addr-b", LOADER_IP, "--delay-ms",
          str(delay_ms), "--loss", str(loss_pct), "--limit", str(_NETEM_LIMIT), "--seed",
          str(seed), "--mtu", str(mtu)],

@@ -1,4 +1,5 @@
-"""MOQT client sessions of an instance, one per holder or relay URL (reused across loads)."""
+"""A pool of MOQT client connections of an instance, one session per holder or relay URL
+(reused across loads). Not a §6.8 inference session: those live in the control plane."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from ..moqt.session import SessionConfig
 from ..pubsub import Session, connect
 from ..transport import TransportConfig
 
-__all__ = ["SessionPool"]
+__all__ = ["MoqtPool", "SessionPool"]
 
 
-class SessionPool:
+class MoqtPool:
     """``await pool.get(url)``: a live session to ``url``, connected on first use (one
     connect in flight per URL), reconnected after it closed. A source that does not answer
     within ``connect_timeout`` seconds raises ``TimeoutError`` (a dead holder).
@@ -57,11 +58,15 @@ class SessionPool:
             if fut.exception() is None and not _closed(fut.result()):
                 await fut.result().close()
 
-    async def __aenter__(self) -> SessionPool:
+    async def __aenter__(self) -> MoqtPool:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+#: The pool's former name, for kvsp_moq/control (being reorganised at the same time).
+SessionPool = MoqtPool  # TEMP-ALIAS(issue14)
 
 
 def _closed(session: Session) -> bool:

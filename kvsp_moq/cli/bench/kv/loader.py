@@ -7,7 +7,7 @@
   asyncio streams into one preallocated buffer, SHA-256 of the body (Repr-Digest) included;
 * :func:`measure`: both against a holder described by a :class:`HolderInfo` line.
 
-``python -m kvsp_moq.cli.bench_kv_loader --info LINE`` runs :func:`measure` and prints one JSON
+``python -m kvsp_moq.cli.bench.kv.loader --info LINE`` runs :func:`measure` and prints one JSON
 line ``{"moqt": [first_s, block_s], "http": [first_s, block_s]}`` (best of ``--repeat`` after
 a warm-up): ``kvsp bench wan`` runs it in the loader's network namespace.
 """
@@ -21,18 +21,18 @@ import json
 import time
 from typing import Any
 
-from ..bridge import SessionPool, load_block, sink_for_record
-from ..kvsp.layout import Geometry
-from ..kvsp.records import ReplicaRecord
-from ..transport import TransportConfig, new_event_loop
-from .bench_kv_holder import BENCH_TOKEN, HolderInfo, freeze_heap, geometry
+from ....bridge import MoqtPool, load_block, sink_for_record
+from ....kvsp.layout import Geometry
+from ....kvsp.records import ReplicaRecord
+from ....transport import TransportConfig, new_event_loop
+from .holder import BENCH_TOKEN, HolderInfo, freeze_heap, geometry
 
 __all__ = ["http_once", "measure", "timed_load"]
 
 Timing = tuple[float, float]  # (seconds to the first layer, seconds to the whole block)
 
 
-async def timed_load(record: ReplicaRecord, geo: Geometry, tokens: int, pool: SessionPool,
+async def timed_load(record: ReplicaRecord, geo: Geometry, tokens: int, pool: MoqtPool,
                      sink_backend: str = "torch", device: str | None = None) -> Timing:
     """Load the block of ``record`` over MOQT into a new sink on ``device`` (torch: None or
     "cpu" in place, "cuda[:i]" through pinned staging), every layer verified. On CUDA a
@@ -106,7 +106,7 @@ async def measure(info: HolderInfo, config: TransportConfig, repeat: int, http: 
     record = ReplicaRecord.from_json(info.record)
     geo = geometry()
     out: dict[str, Timing] = {}
-    pool = SessionPool(config, connect_timeout=30.0)
+    pool = MoqtPool(config, connect_timeout=30.0)
     try:
         await pool.get(record.holder)  # we time the block, not the handshake
         runs = [await timed_load(record, geo, info.tokens, pool, sink_backend, device)
@@ -126,14 +126,14 @@ async def measure(info: HolderInfo, config: TransportConfig, repeat: int, http: 
 
 
 def _host_of(url: str) -> str:
-    from ..transport import parse_moqt_url
+    from ....transport import parse_moqt_url
 
     return parse_moqt_url(url).host
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvsp_moq.cli.bench_kv_loader")
-    p.add_argument("--info", required=True, help="the holder's JSON line (bench_kv_holder)")
+    p = argparse.ArgumentParser(prog="python -m kvsp_moq.cli.bench.kv.loader")
+    p.add_argument("--info", required=True, help="the holder's JSON line (kv.holder)")
     p.add_argument("--backend", default="aioquic")
     p.add_argument("--datagram-size", type=int, default=16384)
     p.add_argument("--repeat", type=int, default=3)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     config = TransportConfig(backend=args.backend, insecure=True,
                              max_datagram_size=args.datagram_size)
     if args.sink == "torch":
-        from ..sinks._torch import import_torch
+        from ....sinks import import_torch
 
         import_torch()  # before the clock and the loop: the first sink would import it
     freeze_heap()

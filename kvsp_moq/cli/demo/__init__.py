@@ -1,9 +1,9 @@
 """``kvsp demo``: the main job, every role for real on loopback with embedded defaults.
 
-It starts (``demo_cluster``) an Index Service, a holder, a MOQT relay (``python -m relay``), a
+It starts (``.cluster``) an Index Service, a holder, a MOQT relay (``python -m relay``), a
 PC, a front end, and two inference instances (``kvsp instance`` processes running the reference
 model, ``kvsp_moq.model``, and the §6.8 sessions the PC starts on them). Every request is a
-session started at the front end (``demo_router``: Block Keys, the cached prefix from the IS,
+session started at the front end (``.router``: Block Keys, the cached prefix from the IS,
 ``POST {fe}sessions``; the front end has the PC place it, §6.4), and its output is read from
 the front end's stream (``GET {fe}sessions/{id}/tokens``), every index once:
 
@@ -50,11 +50,11 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from ..kvsp import compat, scope
-from ..kvsp.records import LookupRequest
-from ..transport import new_event_loop
-from .demo_cluster import Cluster, http_request, start_cluster
-from .demo_router import SessionClient, Streamed
+from ...kvsp import compat, scope
+from ...kvsp.records import LookupRequest
+from ...transport import new_event_loop
+from .cluster import Cluster, http_request, start_cluster
+from .router import SessionClient, Streamed
 
 SYSTEM_PROMPT = (
     "You are the support assistant of a storage company. Answer briefly and precisely. "
@@ -164,7 +164,7 @@ class Scenario:
 
 async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, Any]:
     started = time.perf_counter()
-    from ..model import ByteTokenizer, build_descriptor, ensure_model_files  # imports torch
+    from ...model import ByteTokenizer, build_descriptor, ensure_model_files  # imports torch
 
     files = await asyncio.to_thread(ensure_model_files, None, model_dir)
     descriptor = build_descriptor(files, block_tokens=BLOCK_TOKENS)
@@ -288,7 +288,7 @@ def _request_line(n: int, cluster: Cluster, r: Served) -> dict[str, Any]:
 
 
 def _decode(tokens: list[int]) -> str:
-    from ..model import ByteTokenizer
+    from ...model import ByteTokenizer
 
     return ByteTokenizer().decode(tokens)
 

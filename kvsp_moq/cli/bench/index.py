@@ -3,7 +3,7 @@ measured in the same run.
 
 * **Lookup** (kvsp-draft §6.2, ``POST {is}lookup``): lookups/s for prompts of
   ``prompt_blocks`` (default 64) Block Keys against a real Index Service
-  (``kvsp_moq.control.http.serve_index``) holding ``records`` (default 100 000) Replica
+  (``kvsp_moq.control.index.serve.serve_index``) holding ``records`` (default 100 000) Replica
   Records, one per block, each listing ``layers`` layer digests (§4.4: REQUIRED to serve
   layer ranges, so a realistic record carries them). The store is filled directly in-process
   (``IndexStore.put`` on the service's own store: no HTTP PUTs); every prompt's keys are all
@@ -17,11 +17,11 @@ measured in the same run.
   read (a) as plain body chunks through ``HttpBlockFetcher`` (aiohttp) and (b) with full §6.7
   verification (``retrieval.retrieve_block``: Repr-Digest, every layer digest, the replica
   digest, size). **Baseline**: a raw TCP socket copy of the same number of bytes
-  (``bench.moqt._tcp_copy``), same run.
+  (``bench.baseline.tcp_copy``), same run.
 
 This module lives in ``kvsp_moq.cli`` (not ``kvsp_moq.bench``) because it starts control-plane
 servers, which ``kvsp_moq.bench`` may not import (tests/test_layering.py); its HTTP clients
-are the ones in ``kvsp_moq/control/http.py``, the only module that may import aiohttp.
+are the control plane's own (``kvsp_moq.control.client.http``).
 """
 
 from __future__ import annotations
@@ -34,17 +34,19 @@ from typing import cast
 
 import numpy as np
 
-from ..bench.moqt import _tcp_copy
-from ..bench.report import Figure
-from ..control.auth import Authorizer, Grant, Principal
-from ..control.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
-from ..control.http import INDEX_SERVICE, HttpBlockFetcher, HttpIndexClient, serve_holder, serve_index
-from ..control.index import IndexService
-from ..control.retrieval import BlockFetcher, block_url, retrieve_block
-from ..kvsp.container import replica_digest
-from ..kvsp.records import LookupRequest, ReplicaRecord, Residency
-from ..storage import BlockStore, HostTier, RecordKey
-from ..transport import new_event_loop
+from ...bench.baseline import tcp_copy
+from ...bench.report import Figure
+from ...control.common.auth import Authorizer, Grant, Principal
+from ...control.common.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
+from ...control.index.serve import INDEX_SERVICE, serve_index
+from ...control.client.http import HttpBlockFetcher, HttpIndexClient
+from ...control.holder.serve import serve_holder
+from ...control.index.service import IndexService
+from ...control.client.retrieval import BlockFetcher, block_url, retrieve_block
+from ...kvsp.container import replica_digest
+from ...kvsp.records import LookupRequest, ReplicaRecord, Residency
+from ...storage import BlockStore, HostTier, RecordKey
+from ...transport import new_event_loop
 
 __all__ = ["run"]
 
@@ -159,7 +161,7 @@ async def _measure_block_get(block_layers: int, layer_bytes: int, repeat: int) -
                 raise AssertionError(f"GET returned {got} of {record.size} octets")
 
         async def verified() -> None:
-            # RetrievalFailed on any failed check; the cast as in control/http.py serve_instance
+            # RetrievalFailed on any failed check; the cast as in control/instance/serve.py serve_instance
             await retrieve_block(cast(BlockFetcher, fetcher), [record])
 
         mb = record.size / 1e6
@@ -181,7 +183,7 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
         loop.close()
     block = block_layers * layer_bytes
     data = np.random.default_rng(2).integers(0, 256, block, dtype=np.uint8).tobytes()
-    tcp_s = min(_tcp_copy(data, layer_bytes)[0] for _ in range(max(repeat, 3)))
+    tcp_s = min(tcp_copy(data, layer_bytes)[0] for _ in range(max(repeat, 3)))
     tcp = block / tcp_s / 1e6
     lookup_params: dict[str, object] = {"records": records, "prompt_blocks": prompt_blocks,
                                         "layer_digests": layers, "lookups": lookups}

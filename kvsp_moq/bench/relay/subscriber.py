@@ -4,7 +4,7 @@ In a deployment each subscriber of a rack relay is its own inference instance, s
 subscribers have N processes (and cores) to receive with. In-process subscribers share one
 event loop, which on a many-core host makes the bench process, not the relay, the limit.
 
-``python -m kvsp_moq.bench.relay_subscriber URL OBJECT_SIZE COUNT DATAGRAM_SIZE`` connects
+``python -m kvsp_moq.bench.relay.subscriber URL OBJECT_SIZE COUNT DATAGRAM_SIZE`` connects
 to the relay, SUBSCRIBEs to the bench track (the backend from ``$KVSP_QUIC_BACKEND``, like
 every endpoint of the bench), prints ``ready`` once SUBSCRIBE_OK has arrived, receives COUNT
 objects of OBJECT_SIZE octets into one buffer, and prints one JSON line: ``last`` (the
@@ -22,12 +22,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ..pubsub import connect
-from ..transport import TransportConfig, new_event_loop
+from ...pubsub import connect
+from ...transport import TransportConfig, new_event_loop
 
 __all__ = ["SubscriberProcesses", "main"]
 
-#: The bench's track (``bench.relay``): namespace and name.
+#: The bench's track (``bench.relay.driver``): namespace and name.
 NAMESPACE = ("kvsp-bench", "relay")
 TRACK = "block"
 
@@ -54,7 +54,7 @@ async def _receive(url: str, object_size: int, count: int, datagram_size: int) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvsp_moq.bench.relay_subscriber")
+    p = argparse.ArgumentParser(prog="python -m kvsp_moq.bench.relay.subscriber")
     p.add_argument("url")
     p.add_argument("object_size", type=int)
     p.add_argument("count", type=int)
@@ -83,7 +83,7 @@ class SubscriberProcesses:
     async def start(self, timeout: float = 60.0) -> None:
         for _ in range(self.n):
             self.procs.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "kvsp_moq.bench.relay_subscriber", *self.args,
+                sys.executable, "-m", "kvsp_moq.bench.relay.subscriber", *self.args,
                 stdout=asyncio.subprocess.PIPE))
         for proc in self.procs:
             assert proc.stdout is not None

@@ -26,11 +26,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..control.http import HttpFrontEndClient, HttpIndexClient
-from ..control.frontend import StreamEnd, StreamFailed
-from ..control.session_records import ClientSessionRequest
-from ..kvsp.blockkeys import BlockKeyChain
-from ..kvsp.records import LookupRequest, Sampler
+from ...control.client.http import HttpFrontEndClient, HttpIndexClient
+from ...control.common.session_records import StreamEnd, StreamFailed
+from ...control.common.session_records import ClientSessionRequest
+from ...kvsp.blockkeys import BlockKeyChain
+from ...kvsp.records import LookupRequest, Sampler
 
 __all__ = ["SessionClient", "SessionFailed", "Streamed"]
 

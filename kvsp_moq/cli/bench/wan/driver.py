@@ -1,10 +1,10 @@
 """``kvsp bench wan``: block load across an emulated WAN path, MOQT vs HTTP over TCP.
 
-Two network namespaces joined by a shaped link (``bench_wan_path``): delay D and loss L % on
+Two network namespaces joined by a shaped link (``.path``): delay D and loss L % on
 each direction (so the round trip is 2 D), by the kernel's ``tc ... netem`` on a veth pair or,
-on kernels without ``sch_netem``, by the userspace TUN shaper (``bench_wan_shaper``), which
-emulates the same netem options per direction at the IP level. The holder (``bench_kv_holder``:
-MOQT and HTTP on the same store) runs in one namespace, the loader (``bench_kv_loader``: MOQT
+on kernels without ``sch_netem``, by the userspace TUN shaper (``.shaper``), which
+emulates the same netem options per direction at the IP level. The holder (``kv.holder``:
+MOQT and HTTP on the same store) runs in one namespace, the loader (``kv.loader``: MOQT
 FETCH into a torch sink with every layer verified, and the HTTP GET of the same container with
 its Repr-Digest) in the other. Figures: time to the first layer and to the whole block over
 MOQT, each against the same figure over HTTP/TCP on the same path in the same run; the params
@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from ..bench.report import Figure
-from .bench_kv import check_backends, start_holder, stop_holder
-from .bench_wan_path import HOLDER_IP, SHAPERS, Skip, WanPath, wan_path
-from .core import UsageError
+from ....bench.report import Figure
+from ..kv.driver import check_backends, start_holder, stop_holder
+from .path import HOLDER_IP, SHAPERS, Skip, WanPath, wan_path
+from ...core import UsageError
 
 __all__ = ["SHAPERS", "Skip", "WanPath", "run", "wan_path"]
 
@@ -58,7 +58,7 @@ def _load(path: WanPath, layers: int, layer_bytes: int, datagram_size: int, back
     try:
         done = subprocess.run(
             ["ip", "netns", "exec", path.loader_ns, sys.executable, "-m",
-             "kvsp_moq.cli.bench_kv_loader", "--info", info.to_line(), "--backend", backend,
+             "kvsp_moq.cli.bench.kv.loader", "--info", info.to_line(), "--backend", backend,
              "--datagram-size", str(datagram_size), "--repeat", str(repeat), "--sink", sink],
             stdout=subprocess.PIPE, text=True, check=True)
     finally:
