@@ -49,7 +49,7 @@ from kvsp_moq.kvsp.records import (
     parse_reshard_message,
     reshard_message_from_json,
 )
-from kvsp_moq.kvsp.records._members import MAX_SAFE_INT, JsonObject
+from kvsp_moq.kvsp.records.members import MAX_SAFE_INT, JsonObject
 
 #: Examples per property; raise it (``KVSP_FUZZ_EXAMPLES=2000``) for a longer fuzzing run.
 EXAMPLES = int(os.environ.get("KVSP_FUZZ_EXAMPLES", "30"))

@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass
 
 from ...kvsp.records import INSTANCE_STATES, Record
-from ...kvsp.records._members import HEX16, HEX32, HTTP_URL, UUID, Bool, Enum, Int, ListOf, Num, Str
-from ...kvsp.records._record import Nested, member
+from ...kvsp.records.members import HEX16, HEX32, HTTP_URL, UUID, Bool, Enum, Int, ListOf, Num, Str
+from ...kvsp.records.record import Nested, member
 from ...kvsp.records.instance import ACTIVE, DRAINING, SLEEPING
 
 

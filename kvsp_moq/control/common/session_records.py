@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ...kvsp.errors import RecordError
 from ...kvsp.records import Record, Sampler, SessionCheckpoint
-from ...kvsp.records._members import HEX16, HEX32, HTTP_URL, TOKEN, UUID, Enum, Int, ListOf, Str, child, item
-from ...kvsp.records._record import Nested, member
+from ...kvsp.records.members import HEX16, HEX32, HTTP_URL, TOKEN, UUID, Enum, Int, ListOf, Str, child, item
+from ...kvsp.records.record import Nested, member
 
 #: Upper bound on ``max_tokens`` (output tokens of one session); I-JSON safe.
 MAX_OUTPUT_TOKENS = 1 << 32

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ...kvsp.records._members import merge_ranges
+from ...kvsp.records.members import merge_ranges
 from .errors import NotFound
 
 __all__ = ["MemoryShardStore", "ShardSlice", "ShardStore", "TokenRange", "subtract", "intersect"]

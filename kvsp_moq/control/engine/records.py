@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ...kvsp.errors import RecordError
 from ...kvsp.records import Record, Sampler
-from ...kvsp.records._members import HEX16, HTTP_URL, TOKEN, UUID, Bool, Enum, Int, ListOf, Num, Str, child
-from ...kvsp.records._record import Nested, member
+from ...kvsp.records.members import HEX16, HTTP_URL, TOKEN, UUID, Bool, Enum, Int, ListOf, Num, Str, child
+from ...kvsp.records.record import Nested, member
 from ..common.session_records import OutputToken
 
 __all__ = ["BlockUse", "GenerateRequest", "GenerateResult", "MAX_PROMPT_TOKENS"]

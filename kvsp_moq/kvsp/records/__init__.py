@@ -10,7 +10,7 @@ See docs/records.md.
 
 from ..errors import RecordError
 from ._json import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE, decode_json, dump_json, parse_json
-from ._record import Record
+from .record import Record
 from .instance import (
     ACTIVE,
     DRAINING,

@@ -14,8 +14,8 @@ import re
 from typing import TypeVar
 
 from ..errors import RecordError
-from ._members import ROOT
-from ._record import Record
+from .members import ROOT
+from .record import Record
 
 #: Default cap on the size of a JSON body, in octets.
 DEFAULT_MAX_SIZE = 1 << 20

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..errors import RecordError
-from ._members import HOLDER_URL, HTTP_URL, Enum, Int, ListOf, Nullable, Num, child, item
-from ._record import Nested, Record, member
+from .members import HOLDER_URL, HTTP_URL, Enum, Int, ListOf, Nullable, Num, child, item
+from .record import Nested, Record, member
 
 #: The instance lifecycle states (§6.3).
 ACTIVE: Final = "active"

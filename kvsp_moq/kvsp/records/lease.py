@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._members import HEX16, HEX32, MAX_SAFE_INT, Int, ListOf, Str
-from ._record import Record, member
+from .members import HEX16, HEX32, MAX_SAFE_INT, Int, ListOf, Str
+from .record import Record, member
 
 #: A lease identifier: 1..128 URI-unreserved characters (RFC 3986 §2.3), so it can be a path
 #: segment (``leases/{lease}``) without escaping.

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Self
 
 from ..errors import RecordError
-from ._members import HEX16, HEX32, HTTP_URL, ROOT, Int, ListOf, Num, child, item
-from ._record import Nested, Record, member
+from .members import HEX16, HEX32, HTTP_URL, ROOT, Int, ListOf, Num, child, item
+from .record import Nested, Record, member
 from .replica import ReplicaRecord
 
 #: Default cap on ``block_keys`` in one lookup (≈ 4.4 MB of keys; raise ``max_size`` with it).

@@ -6,8 +6,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
-from ._members import HEX16, HEX32, HOLDER_URL, UUID, Enum, Int, ListOf, Str
-from ._record import Nested, Record, member
+from .members import HEX16, HEX32, HOLDER_URL, UUID, Enum, Int, ListOf, Str
+from .record import Nested, Record, member
 
 #: The only layer order §6.5 defines: layer l is usable as soon as it arrives (§4.3).
 ASCENDING: Final = "ascending"

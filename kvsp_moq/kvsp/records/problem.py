@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Self
 
 from .. import problems
-from ._members import Int, Str
-from ._record import Record, member
+from .members import Int, Str
+from .record import Record, member
 
 _TEXT = Str(min_len=0, max_len=8192)
 

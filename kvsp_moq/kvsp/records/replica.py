@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..container import replica_digest
 from ..errors import KvspError, RecordError
-from ._members import (
+from .members import (
     DIGEST,
     HEX16,
     HEX32,
@@ -22,7 +22,7 @@ from ._members import (
     item,
     merge_ranges,
 )
-from ._record import Nested, Record, member
+from .record import Nested, Record, member
 
 if TYPE_CHECKING:
     from ..naming import BlockName

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import RecordError
-from ._members import HEX16, HEX32, TOKEN, UUID, Bool, Int, JsonObject, JsonValue, ListOf, Str, child
-from ._record import Nested, Record, member
+from .members import HEX16, HEX32, TOKEN, UUID, Bool, Int, JsonObject, JsonValue, ListOf, Str, child
+from .record import Nested, Record, member
 
 #: Sampler seeds are carried as given; int64 and uint64 seeds both fit.
 SEED = Int(-(2**63), 2**64 - 1)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from ..errors import RecordError
 from ._json import DEFAULT_MAX_SIZE, decode_json
-from ._members import HOLDER_URL, HTTP_URL, ROOT, TOKEN_RANGE, Int, ListOf, Str, check_disjoint, child, item
-from ._record import Nested, Record, member
+from .members import HOLDER_URL, HTTP_URL, ROOT, TOKEN_RANGE, Int, ListOf, Str, check_disjoint, child, item
+from .record import Nested, Record, member
 
 #: The map identifier: an opaque non-empty string chosen by the PC.
 MAP_ID = Str(max_len=256)

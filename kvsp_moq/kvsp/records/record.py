@@ -1,7 +1,7 @@
 """The base of every KVSP JSON record: members declared once, read and written generically.
 
 A record is a frozen, keyword-only dataclass whose fields are declared with :func:`member`,
-which names the JSON member and its :class:`~._members.Kind`. :meth:`Record.from_json` reads
+which names the JSON member and its :class:`~.members.Kind`. :meth:`Record.from_json` reads
 and checks every member, ignores unknown ones (kvsp-draft §4.4: "Unknown members MUST be
 ignored"), then runs the record's cross-member rules (:meth:`Record._check`).
 :meth:`Record.to_json` writes the known members only and omits absent optional ones.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from ..errors import RecordError
-from ._members import ROOT, JsonValue, Kind, json_type, child
+from .members import ROOT, JsonValue, Kind, json_type, child
 
 T = TypeVar("T")
 _SPEC = "kvsp_member"
