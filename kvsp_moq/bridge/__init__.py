@@ -22,7 +22,7 @@ from .holder import MoqtHolder
 from .instance import block_info, load_block, load_by_namespace, subscribe_block
 from .load import Attempt, BlockLoad, LoadResult, Source, fetch_into, sink_for_record
 from .parallel import ConnectionWorkers, ParallelLoad, load_block_parallel
-from .pool import MoqtPool, SessionPool  # SessionPool: TEMP-ALIAS(issue14)
+from .pool import MoqtPool
 from .ranges import ParallelLoadError, split_layers
 from .track import BlockTrack
 from ._workers import ProcessWorkers
@@ -45,7 +45,6 @@ __all__ = [
     "ParallelLoad",
     "ParallelLoadError",
     "ProcessWorkers",
-    "SessionPool",  # TEMP-ALIAS(issue14)
     "Source",
     "TrackInfo",
     "block_info",

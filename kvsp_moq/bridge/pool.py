@@ -65,9 +65,5 @@ class MoqtPool:
         await self.close()
 
 
-#: The pool's former name, for kvsp_moq/control (being reorganised at the same time).
-SessionPool = MoqtPool  # TEMP-ALIAS(issue14)
-
-
 def _closed(session: Session) -> bool:
     return session.closed.done() or session.moqt is None or session.moqt.closed

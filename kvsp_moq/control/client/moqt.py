@@ -40,7 +40,7 @@ import asyncio
 import hashlib
 from collections.abc import Callable, Sequence
 
-from ...bridge import BindingError, SessionPool, TrackInfo, block_info, load_block
+from ...bridge import BindingError, MoqtPool, TrackInfo, block_info, load_block
 from ...kvsp.container import (
     FIXED_HEADER_SIZE,
     LENGTH_ENTRY_SIZE,
@@ -75,7 +75,7 @@ class _Reject(Exception):
 
 class MoqtBlockRetriever:
     """``await retriever(replicas) -> Retrieved``: the prefetch hook (:data:`.prefetch.MoqtRetriever`)
-    over one :class:`~kvsp_moq.bridge.SessionPool`, so sessions to a holder or relay are reused
+    over one :class:`~kvsp_moq.bridge.MoqtPool`, so sessions to a holder or relay are reused
     across blocks. ``config`` is the QUIC/TLS client configuration (the bridge's default,
     ``insecure=True``, when None: integrity rests on the record's digests, §6.7, not on TLS);
     ``session_config`` a factory of SessionConfigs per connection; ``pool`` instead of both:
@@ -85,9 +85,9 @@ class MoqtBlockRetriever:
     def __init__(self, config: TransportConfig | None = None, *, timeout: float = 30.0,
                  connect_timeout: float = 5.0,
                  session_config: Callable[[], SessionConfig] | None = None,
-                 pool: SessionPool | None = None) -> None:
+                 pool: MoqtPool | None = None) -> None:
         self._own_pool = pool is None
-        self.pool = pool or SessionPool(config, connect_timeout=connect_timeout, session_config=session_config)
+        self.pool = pool or MoqtPool(config, connect_timeout=connect_timeout, session_config=session_config)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
 

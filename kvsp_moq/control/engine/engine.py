@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ...bridge import MoqtHolder, SessionPool
+from ...bridge import MoqtHolder, MoqtPool
 from ...kvsp.blockkeys import BlockKeyChain
 from ...kvsp.compat import compat_id as derive_compat_id
 from ...kvsp.records import Sampler as SamplerRecord
@@ -132,7 +132,7 @@ class InferenceEngine:
         fetcher: BlockFetcher,
         publisher: ComputedBlockPublisher,
         url: Callable[[], str],
-        pool: SessionPool | None = None,
+        pool: MoqtPool | None = None,
         moqt_holder: MoqtHolder | None = None,
         directives: DirectiveFinder | None = None,
         counters: EngineCounters | None = None,

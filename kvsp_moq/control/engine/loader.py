@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...bridge import BlockLoad, LoadResult, SessionPool, Source, sink_for_record
+from ...bridge import BlockLoad, LoadResult, MoqtPool, Source, sink_for_record
 from ...kvsp.layout import Geometry, decode_raw_layer
 from ...kvsp.records import LookupRequest, LookupResponse, ReplicaRecord
 from ...storage import BlockStore, RecordKey
@@ -144,7 +144,7 @@ class PrefixLoader:
         store: BlockStore,
         index: Lookup | None,
         fetcher: BlockFetcher,
-        pool: SessionPool | None,
+        pool: MoqtPool | None,
         geometry: Geometry,
         layers: int,
         block_tokens: int,

@@ -2,7 +2,7 @@
 
 ``instance.serve.serve_instance`` calls :func:`start_engine` with the instance's store, lifecycle,
 replica publisher and HTTP clients; this module adds what is MOQT: a
-:class:`~kvsp_moq.bridge.SessionPool` for on-demand loads through the relay, and a
+:class:`~kvsp_moq.bridge.MoqtPool` for on-demand loads through the relay, and a
 :class:`~kvsp_moq.bridge.MoqtHolder` on the instance's store attached to the relay as a
 publisher (binding v1), both presenting the instance's token (binding §9).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from ...bridge import MoqtHolder, SessionPool
+from ...bridge import MoqtHolder, MoqtPool
 from ...storage import BlockStore
 from ...transport import TransportConfig
 from ..client.publisher import IndexClient, ReplicaPublisher
@@ -49,11 +49,11 @@ async def start_engine(
     bundle = await asyncio.to_thread(load_model, config)
     counters = counters if counters is not None else EngineCounters()
     transport = TransportConfig(insecure=not config.verify_tls)
-    pool: SessionPool | None = None
+    pool: MoqtPool | None = None
     moqt_holder: MoqtHolder | None = None
     if config.relay_url is not None:
         tokens = (token,) if token else ()
-        pool = SessionPool(transport, connect_timeout=config.moqt_timeout_s, setup_tokens=tokens)
+        pool = MoqtPool(transport, connect_timeout=config.moqt_timeout_s, setup_tokens=tokens)
         moqt_holder = MoqtHolder(store, ttl_ms=config.record_ttl_ms)
         try:
             await moqt_holder.attach_relay(config.relay_url, transport, setup_tokens=tokens)
