@@ -13,7 +13,7 @@ generated for this run (no configuration file of the user's):
   and read their output; instances deliver the output tokens to it (§6.8 exactly once);
 * two inference instances, each ``kvsp instance --listen 127.0.0.1:0 --config FILE`` in its own
   process, running the reference model (``[instance.engine]``, torch threads = 1) and the
-  sessions the PC starts on it (``model_instance.serve_model_instance``): they load context
+  sessions the PC starts on it (``control.instance.serve.serve_model_instance``): they load context
   blocks from their store, through the relay over MOQT, or from the holder over HTTP,
   recompute the rest, and publish what they computed to the holder (HTTP) and through the relay
   (MOQT). Their configuration files are written to a temporary directory removed at the end.

@@ -161,7 +161,7 @@ class ModelSessionEngine:
     def close(self) -> None:
         """Nothing to release: model calls run on the engine's thread, which the engine owns."""
 
-    # -- the seam (instance_sessions.SessionEngine) ------------------------------------------------
+    # -- the seam (instance.sessions.SessionEngine) ------------------------------------------------
 
     async def start(self, order: SessionOrder, output: SessionOutput) -> None:
         self.counters.started += 1

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             place(devs[0], args.ns_a, args.addr_a, args.addr_b, args.mtu, _TXQUEUELEN)
             place(devs[1], args.ns_b, args.addr_b, args.addr_a, args.mtu, _TXQUEUELEN)
         except TunError as exc:
-            print(f"bench_wan_shaper: {exc}", file=sys.stderr)
+            print(f"kvsp bench wan (shaper): {exc}", file=sys.stderr)
             return 1
         gc.collect()
         gc.freeze()  # the setup's objects: out of the collector's way while packets flow
