@@ -31,9 +31,12 @@ BAD_RECORD: Final = "kvsp-bad-record"  # body fails validation (RecordError)
 NOT_FOUND: Final = "kvsp-not-found"  # no such block, lease, directive, session, ...
 PRECONDITION_FAILED: Final = "kvsp-precondition-failed"  # e.g. PUT with If-None-Match: * on a held block (§6.7)
 NOT_ACTIVE: Final = "kvsp-not-active"  # §6.3: a draining or sleeping instance refuses new sessions and directives
+UNAVAILABLE: Final = "kvsp-unavailable"  # the role's state store cannot be reached (retry later)
+NOT_LEADER: Final = "kvsp-not-leader"  # a standby PC: the active one answers (retry another PC)
 
 SPEC_PROBLEMS: Final = (LEASE_QUOTA, LAYERS_UNAVAILABLE, STALE_EPOCH)
-OUR_PROBLEMS: Final = (UNAUTHORIZED, FORBIDDEN, BAD_RECORD, NOT_FOUND, PRECONDITION_FAILED, NOT_ACTIVE)
+OUR_PROBLEMS: Final = (UNAUTHORIZED, FORBIDDEN, BAD_RECORD, NOT_FOUND, PRECONDITION_FAILED, NOT_ACTIVE,
+                       UNAVAILABLE, NOT_LEADER)
 PROBLEM_NAMES: Final = SPEC_PROBLEMS + OUR_PROBLEMS
 
 #: The HTTP status each problem type is sent with. Only 404 for kvsp-layers-unavailable is
@@ -49,6 +52,8 @@ DEFAULT_STATUS: Mapping[str, int] = MappingProxyType(
         NOT_FOUND: 404,
         PRECONDITION_FAILED: 412,
         NOT_ACTIVE: 409,
+        UNAVAILABLE: 503,
+        NOT_LEADER: 503,
     }
 )
 
@@ -64,6 +69,8 @@ TITLES: Mapping[str, str] = MappingProxyType(
         NOT_FOUND: "Not found",
         PRECONDITION_FAILED: "Precondition failed",
         NOT_ACTIVE: "Instance not active",
+        UNAVAILABLE: "State store unavailable",
+        NOT_LEADER: "Not the active controller",
     }
 )
 

@@ -10,6 +10,8 @@ max_block_keys = 65536       # cap on block_keys in one lookup (§6.2)
 purge_interval_ms = 5000     # how often expired records are reclaimed (0: never)
 max_descriptors = 1024       # cap on registered Compatibility Descriptors
 descriptors = ["model.json"] # descriptor files (JSON, §4.1), relative to this file
+store = "memory"             # or "redis://HOST:PORT/DB" (also in [holder], [pc], [frontend]):
+                             # see common/store.py for store_password_file, store_timeout_ms, ...
 
 [holder]                     # the holder (docs/http-api.md "Holder"); every key optional
 base_path = "/"              # routes are {base_path}blocks/..., {base_path}leases
@@ -46,6 +48,7 @@ from ...kvsp.errors import DescriptorError
 from .auth import Authorizer
 from .engine_config import EngineConfig, engine_config_from_mapping
 from .errors import ConfigError
+from .store import DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT_MS, StoreSpec, parse_store
 
 MiB = 1 << 20
 
@@ -64,7 +67,21 @@ class IndexConfig:
     #: Validated descriptor documents (§4.1), loaded from the files named in the TOML.
     descriptors: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
 
+    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
+    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
+    store: str = "memory"
+    store_password_file: str | None = None
+    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
+    store_key_prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def store_spec(self) -> StoreSpec:
+        """The validated ``store`` setting."""
+        return parse_store("index", self.store, password_file=self.store_password_file,
+                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
+
     def __post_init__(self) -> None:
+        self.store_spec  # validates the store keys (ConfigError names the one at fault)
         if not (self.base_path.startswith("/") and self.base_path.endswith("/")):
             raise ConfigError("index.base_path", "must start and end with '/'")
         for name, minimum in (
@@ -135,7 +152,21 @@ class HolderConfig:
     chunk_octets: int = 256 * 1024
     tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
 
+    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
+    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
+    store: str = "memory"
+    store_password_file: str | None = None
+    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
+    store_key_prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def store_spec(self) -> StoreSpec:
+        """The validated ``store`` setting."""
+        return parse_store("holder", self.store, password_file=self.store_password_file,
+                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
+
     def __post_init__(self) -> None:
+        self.store_spec  # validates the store keys (ConfigError names the one at fault)
         if not (self.base_path.startswith("/") and self.base_path.endswith("/")):
             raise ConfigError("holder.base_path", "must start and end with '/'")
         for name in ("url", "index_url"):
@@ -225,7 +256,21 @@ class PcConfig:
     #: §6.9: deadline_ms of the reshard plans it sends, unless the request names one.
     reshard_deadline_ms: int = 5_000
 
+    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
+    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
+    store: str = "memory"
+    store_password_file: str | None = None
+    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
+    store_key_prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def store_spec(self) -> StoreSpec:
+        """The validated ``store`` setting."""
+        return parse_store("pc", self.store, password_file=self.store_password_file,
+                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
+
     def __post_init__(self) -> None:
+        self.store_spec  # validates the store keys (ConfigError names the one at fault)
         _check_base_path("pc", self.base_path)
         _check_url("pc", "index_url", self.index_url)
         for name in ("index_token", "instance_token", "front_end_token"):
@@ -335,7 +380,21 @@ class FrontEndConfig:
     #: Out-of-order tokens buffered per session: an index this far beyond the next one is refused.
     max_ahead: int = 4_096
 
+    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
+    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
+    store: str = "memory"
+    store_password_file: str | None = None
+    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
+    store_key_prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def store_spec(self) -> StoreSpec:
+        """The validated ``store`` setting."""
+        return parse_store("frontend", self.store, password_file=self.store_password_file,
+                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
+
     def __post_init__(self) -> None:
+        self.store_spec  # validates the store keys (ConfigError names the one at fault)
         _check_base_path("frontend", self.base_path)
         for name in ("url", "pc_url"):
             _check_url("frontend", name, getattr(self, name))
@@ -374,6 +433,8 @@ def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None)
     unknown = set(doc) - {"index", "holder", "pc", "instance", "frontend", "principals"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section")
+    doc = {name: _resolve_store_password(section, base_dir) if name in STORE_SECTIONS else section
+           for name, section in doc.items()}
     auth = Authorizer.from_config(doc.get("principals", []))
     index = _index_config(doc.get("index", {}), base_dir or Path.cwd())
     holder = _holder_config(doc.get("holder", {}), base_dir or Path.cwd())
@@ -381,6 +442,19 @@ def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None)
     instance = _instance_config(doc.get("instance", {}), base_dir or Path.cwd())
     frontend = FrontEndConfig(**_known(doc.get("frontend", {}), "frontend", FrontEndConfig))
     return ControlConfig(auth=auth, index=index, holder=holder, pc=pc, instance=instance, frontend=frontend)
+
+
+STORE_SECTIONS = ("index", "holder", "pc", "frontend")
+
+
+def _resolve_store_password(section: object, base_dir: Path | None) -> object:
+    """``store_password_file`` relative to the configuration file's folder."""
+    if not isinstance(section, dict) or not isinstance(section.get("store_password_file"), str):
+        return section
+    path = Path(section["store_password_file"])
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    return {**section, "store_password_file": str(path)}
 
 
 def _known(section: object, name: str, cls: type) -> dict[str, Any]:

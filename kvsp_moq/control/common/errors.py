@@ -105,6 +105,33 @@ class NotActive(ServiceError):
     problem = problems.NOT_ACTIVE
 
 
+class StoreUnavailable(ServiceError):
+    """The role's state store (Redis) cannot be reached or did not answer within its timeout
+    (503 ``kvsp-unavailable``, ours; DESIGN.md §8). The request may be retried."""
+
+    problem = problems.UNAVAILABLE
+    RETRY_AFTER_S: ClassVar[int] = 1
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return MappingProxyType({"Retry-After": str(self.RETRY_AFTER_S)})
+
+
+class NotLeader(ServiceError):
+    """A standby Placement Controller refuses what only the active one may do (503
+    ``kvsp-not-leader``, ours): the client tries its next PC URL. ``leader`` names the active
+    PC when it is known."""
+
+    problem = problems.NOT_LEADER
+
+    def __init__(self, detail: str, *, leader: str | None = None) -> None:
+        super().__init__(detail)
+        self.leader = leader
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return MappingProxyType({"Retry-After": "1"})
+
 
 class InstanceUnreachable(Exception):
     """An instance refused or did not answer a call of the PC (a client-side error, not a

@@ -1,0 +1,169 @@
+"""Where a role keeps the state that must outlive its process (DESIGN.md §8).
+
+Each role section of the configuration names its store with one key:
+
+```toml
+[index]                                 # likewise [holder], [pc], [frontend]
+store = "memory"                        # the embedded default: state lives and dies with the process
+# store = "redis://127.0.0.1:6379/0"    # Redis (or Valkey): state survives restarts, processes share it
+# store = "rediss://:PASSWORD@redis.example:6380/2"   # TLS, verified against the system trust store
+store_password_file = "redis.pass"      # the password read from a file (relative to the config)
+store_timeout_ms = 2000                 # every store call gives up after this: 503 kvsp-unavailable
+store_key_prefix = "kvsp:"              # keys of this deployment (several may share one Redis)
+```
+
+:func:`parse_store` validates the key (:class:`~.errors.ConfigError` names it);
+:func:`open_redis` opens a client whose every call is bounded by the timeout; and
+:func:`store_call` turns a store that cannot be reached into :class:`~.errors.StoreUnavailable`,
+which the HTTP layer sends as 503 ``kvsp-unavailable`` with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .errors import ConfigError, StoreUnavailable
+
+MEMORY = "memory"
+REDIS_SCHEMES = ("redis", "rediss")
+DEFAULT_TIMEOUT_MS = 2_000
+DEFAULT_KEY_PREFIX = "kvsp:"
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """A validated ``store`` setting. ``url`` is None for the embedded store."""
+
+    url: str | None = None
+    password_file: Path | None = None
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    key_prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def is_memory(self) -> bool:
+        return self.url is None
+
+    @property
+    def redacted(self) -> str:
+        """The URL without its password, for logs and errors."""
+        if self.url is None:
+            return MEMORY
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        if parts.username or parts.password:
+            netloc = f"***@{netloc}"
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def parse_store(section: str, value: object, *, password_file: object = None,
+                timeout_ms: object = DEFAULT_TIMEOUT_MS, key_prefix: object = DEFAULT_KEY_PREFIX,
+                base_dir: Path | None = None) -> StoreSpec:
+    """The store of one role section; :class:`ConfigError` names the key at fault."""
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
+        raise ConfigError(f"{section}.store_timeout_ms", "must be an integer >= 1")
+    if not isinstance(key_prefix, str) or not key_prefix or any(c.isspace() for c in key_prefix):
+        raise ConfigError(f"{section}.store_key_prefix", "must be a non-empty string without spaces")
+    if value == MEMORY:
+        if password_file is not None:
+            raise ConfigError(f"{section}.store_password_file", "only with a redis:// store")
+        return StoreSpec(timeout_ms=timeout_ms, key_prefix=key_prefix)
+    if not isinstance(value, str):
+        raise ConfigError(f"{section}.store", 'must be "memory" or a redis:// or rediss:// URL')
+    parts = urlsplit(value)
+    if parts.scheme not in REDIS_SCHEMES or not parts.hostname:
+        raise ConfigError(f"{section}.store", 'must be "memory" or a redis://HOST:PORT/DB or rediss:// URL')
+    try:
+        parts.port
+    except ValueError:
+        raise ConfigError(f"{section}.store", "has an invalid port") from None
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"{section}.store", "the path must be a database number (/0, /1, ...)")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{section}.store", "takes no query or fragment")
+    path: Path | None = None
+    if password_file is not None:
+        if not isinstance(password_file, str) or not password_file:
+            raise ConfigError(f"{section}.store_password_file", "must be a file name")
+        if parts.password:
+            raise ConfigError(f"{section}.store_password_file", "the URL already has a password")
+        path = Path(password_file)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+    return StoreSpec(url=value, password_file=path, timeout_ms=timeout_ms, key_prefix=key_prefix)
+
+
+def _password(spec: StoreSpec) -> str | None:
+    if spec.password_file is None:
+        return None
+    try:
+        text = spec.password_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError("store_password_file", f"{spec.password_file}: {exc.strerror or exc}") from None
+    if not text:
+        raise ConfigError("store_password_file", f"{spec.password_file} is empty")
+    return text
+
+
+def open_redis(spec: StoreSpec) -> Redis:
+    """A Redis client for ``spec`` (not yet connected: the first call connects). Connecting
+    and every reply are bounded by ``spec.timeout_ms``. A connection the server closed (a
+    restarted Redis) is replaced once, at once; a timeout is not retried, so a hung Redis
+    costs a caller at most about twice the timeout before :class:`StoreUnavailable`."""
+    if spec.url is None:
+        raise ValueError("the embedded store has no Redis client")
+    timeout = spec.timeout_ms / 1000
+    parts = urlsplit(spec.url)
+    password = _password(spec)
+    url = spec.url
+    if password is not None:
+        user = quote(unquote(parts.username or ""), safe="")
+        netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
+        url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    client: Redis = Redis.from_url(  # type: ignore[no-untyped-call]
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry_on_timeout=False,
+        retry=Retry(NoBackoff(), retries=1, supported_errors=(RedisConnectionError,)),
+        health_check_interval=0,
+        decode_responses=False,
+    )
+    return client
+
+
+def unavailable(spec: StoreSpec, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"the store {spec.redacted} is unavailable: {type(exc).__name__}: {exc}")
+
+
+def store_call(spec_of: Callable[[Any], StoreSpec]) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    """Decorate a store method: a store that cannot be reached, or does not answer within its
+    timeout, raises :class:`StoreUnavailable` (503) instead of a client library error.
+    ``spec_of(self)`` gives the store's spec."""
+
+    def wrap(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return await fn(*args, **kwargs)
+            except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
+                raise unavailable(spec_of(args[0]), exc) from exc
+
+        return call
+
+    return wrap
