@@ -5,12 +5,21 @@
 :class:`TrackPublisher` (``session.create_track`` or a shared :class:`Catalog`), subscribe
 with ``await session.subscribe(ns, name)``, fetch with ``await session.fetch(...)``.
 Failures raise :class:`MoqtError` carrying the MOQT code.
+
+Modules: :mod:`.session` (:class:`MoqtSession`: the connection handler and the request API),
+:mod:`.catalog_server` (answers the peer's SUBSCRIBE / FETCH / TRACK_STATUS /
+SUBSCRIBE_NAMESPACE from the catalog), :mod:`.fetch_server` (a FETCH range from stored
+objects), :mod:`.serve_updates` (the peer's REQUEST_UPDATEs), :mod:`.endpoints`
+(``connect`` / ``serve``), :mod:`.publish` and :mod:`.receive` (objects out and in),
+:mod:`.ports` (what those ask of a session), :mod:`.driver` (the transport-to-sans-IO pump
+the relay shares).
 """
 
 from .errors import DatagramTooLargeError, ErrorKind, MoqtError, SessionClosedError
 from .publish import Catalog, ObjectWriter, StoredObject, TrackPublisher
 from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Subscription
-from .session import IncomingPublish, MoqtServer, MoqtSession, connect, serve, token_values
+from .endpoints import MoqtServer, connect, serve
+from .session import IncomingPublish, MoqtSession, token_values
 
 Session = MoqtSession  # TEMP-ALIAS(issue14): bridge/, control/, cli/, bench/ and their tests
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..moqt.data import SubgroupStreamEncoder, encode_datagram
 from ..moqt.errors import PublishDoneCode, StreamResetCode
@@ -24,10 +23,8 @@ from ..transport import StreamClosedError, TransportError
 from ..wire.buffer import Buffer
 from ..wire.kvp import encode_kvps
 from .errors import DatagramTooLargeError
+from .ports import DataPlane
 from .window import Window
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .session import MoqtSession
 
 __all__ = ["Catalog", "ObjectWriter", "StoredObject", "TrackPublisher", "normalize_namespace"]
 
@@ -49,7 +46,7 @@ def track_name(name: str | bytes) -> bytes:
 class Outgoing:
     """One subscriber of a track on one session."""
 
-    session: MoqtSession
+    session: DataPlane
     request_id: int
     track_alias: int
     group: int | None = None
@@ -131,7 +128,7 @@ class TrackPublisher:
     def subscriber_count(self) -> int:
         return sum(1 for s in self._subs if not s.dead)
 
-    # -- subscribers (called by MoqtSession) ---------------------------------------------------
+    # -- subscribers (called by the session's catalog server) ---------------------------------------------------
     def add_subscriber(self, out: Outgoing) -> None:
         self._subs.append(out)
         self.subscribed.set()
@@ -145,14 +142,14 @@ class TrackPublisher:
         else:
             self.forwarding.clear()
 
-    def outgoing(self, session: MoqtSession, request_id: int) -> Outgoing | None:
+    def outgoing(self, session: DataPlane, request_id: int) -> Outgoing | None:
         """The live subscription ``request_id`` of ``session`` (None if gone)."""
         for s in self._subs:
             if s.session is session and s.request_id == request_id and not s.dead:
                 return s
         return None
 
-    def remove_subscriber(self, session: MoqtSession, request_id: int) -> None:
+    def remove_subscriber(self, session: DataPlane, request_id: int) -> None:
         for s in self._subs:
             if s.session is session and s.request_id == request_id:
                 s.dead = True

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from ..moqt.messages import (
     FetchOk,
@@ -26,9 +25,7 @@ from ..moqt.messages import (
 from ..moqt.objects import ObjectBegin, ObjectDatagram, ObjectEnd, ObjectPayload, ObjectStatus
 from ..wire.kvp import KeyValuePair
 from .errors import ErrorKind, MoqtError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .session import MoqtSession
+from .ports import RequestOwner
 
 __all__ = ["FetchStream", "ObjectStream", "ReceiveStats", "ReceivedObject", "Subscription"]
 
@@ -79,7 +76,7 @@ _END = object()
 class ObjectStream:
     """Objects of one subscription or fetch, as an async iterator of :class:`ReceivedObject`."""
 
-    def __init__(self, session: MoqtSession, request_id: int) -> None:
+    def __init__(self, session: RequestOwner, request_id: int) -> None:
         self.session = session
         self.request_id = request_id
         self.on_object_begin: ObjectBeginCallback | None = None
@@ -225,7 +222,7 @@ class ObjectStream:
         if error is not None and self.error is None:
             self.error = error
         self._queue.put_nowait(_END)
-        self.session.stream_finished(self)
+        self.session.stream_finished(self.request_id)
 
     def feed_cancelled(self, code: int) -> None:
         self.feed_end(MoqtError(code, "request cancelled by the peer", ErrorKind.STREAM))
@@ -235,7 +232,7 @@ class Subscription(ObjectStream):
     """A SUBSCRIBE that was accepted; iterate it for objects. Ends after PUBLISH_DONE once
     all its data streams (PUBLISH_DONE's Stream Count) have ended."""
 
-    def __init__(self, session: MoqtSession, request_id: int) -> None:
+    def __init__(self, session: RequestOwner, request_id: int) -> None:
         super().__init__(session, request_id)
         self.publish_done: PublishDone | None = None
 

@@ -1,4 +1,4 @@
-"""Answering the peer's REQUEST_UPDATEs on the requests a pubsub :class:`MoqtSession` serves.
+"""Answering the peer's REQUEST_UPDATEs on the requests a pubsub session serves.
 
 Draft-22 §"REQUEST_UPDATE": "The receiver of a REQUEST_UPDATE MUST respond with exactly one
 REQUEST_OK or REQUEST_ERROR". What an update changes (§"Updating Subscriptions"):
@@ -16,47 +16,45 @@ REQUEST_OK or REQUEST_ERROR". What an update changes (§"Updating Subscriptions"
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..moqt.errors import PublishDoneCode, RequestErrorCode
 from ..moqt.messages import Location, Message, MessageParameters, RequestUpdate
+from .ports import ServingSession
+from .publish import TrackPublisher
 from .window import subscription_window
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .session import MoqtSession
 
 __all__ = ["answer_update"]
 
 
-def answer_update(session: MoqtSession, request_id: int, msg: Message) -> None:
-    """Apply the peer's REQUEST_UPDATE ``msg`` on our request ``request_id`` and answer it."""
+def answer_update(session: ServingSession, track: TrackPublisher | None, request_id: int,
+                  msg: Message) -> None:
+    """Apply the peer's REQUEST_UPDATE ``msg`` on our request ``request_id`` and answer it;
+    ``track``: the track that request serves on ``session`` (None: not a subscription we
+    publish, see :meth:`~.catalog_server.CatalogServer.served`)."""
     moqt = session.moqt
     if moqt is None or moqt.closed or request_id not in moqt.requests:
         return
     if not isinstance(msg, RequestUpdate):
         return
-    track = session._serving.get(request_id)
     out = track.outgoing(session, request_id) if track is not None else None
-    if out is None:
+    if track is None or out is None:
         moqt.request_ok(request_id)
         return
     p = msg.parameters
     if p.location_filter is not None:
-        window = subscription_window(p.location_filter, track.largest)  # type: ignore[union-attr]
+        window = subscription_window(p.location_filter, track.largest)
         if window.empty:
             moqt.reject(request_id, RequestErrorCode.INVALID_RANGE,
                         "the filter's end precedes its start", end=False)
-            track.complete_soon(out, PublishDoneCode.UPDATE_FAILED,  # type: ignore[union-attr]
-                                 "REQUEST_UPDATE failed")
+            track.complete_soon(out, PublishDoneCode.UPDATE_FAILED, "REQUEST_UPDATE failed")
             return
         out.window = window
     if p.forward is not None:
         out.forward = p.forward
-        track.forward_changed()  # type: ignore[union-attr]
+        track.forward_changed()
     if p.subscriber_priority is not None:
         out.subscriber_priority = p.subscriber_priority
-    largest = track.largest  # type: ignore[union-attr]
+    largest = track.largest
     moqt.request_ok(request_id, MessageParameters(
         largest_object=Location(*largest) if largest is not None else None))
     if largest is not None and out.window.passed(*largest):
-        track.complete_soon(out)  # type: ignore[union-attr]
+        track.complete_soon(out)

@@ -1,9 +1,14 @@
-"""The asyncio MOQT session: drives a sans-IO :class:`kvsp_moq.moqt.session.Session` on a
-transport :class:`~kvsp_moq.transport.Connection` and offers the application API.
+"""The asyncio MOQT session: :class:`MoqtSession` drives a sans-IO
+:class:`~kvsp_moq.moqt.session.SessionMachine` on a transport
+:class:`~kvsp_moq.transport.Connection` and offers the application API (requests:
+SUBSCRIBE, FETCH, PUBLISH, PUBLISH_NAMESPACE, ...).
 
 The transport calls this handler's callbacks; each one feeds the sans-IO session and then
-:meth:`MoqtSession.pump` carries out the queued actions (open/send/reset/stop/datagram/close)
-and dispatches the events, until both queues are empty.
+:meth:`MoqtSession.pump` carries out the queued actions (send/reset/stop/datagram/close)
+and dispatches the events, until both queues are empty (the shared driver,
+pubsub/driver.py). The peer's requests for our tracks are answered by the session's
+:class:`~.catalog_server.CatalogServer`; :func:`~.endpoints.connect` and
+:func:`~.endpoints.serve` make sessions.
 """
 
 from __future__ import annotations
@@ -16,14 +21,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from ..moqt.session import events as ev
-from ..moqt.data import FetchStreamEncoder
-from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionErrorCode, StreamResetCode
+from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionErrorCode
 from ..moqt.messages import (
     AliasType,
-    Fetch,
-    FetchWithType,
     Location,
-    LocationFilterType,
     Message,
     MessageParameters,
     Namespace,
@@ -33,25 +34,14 @@ from ..moqt.messages import (
     PublishNamespace,
     RequestError,
     RequestOk,
-    StandaloneFetch,
-    Subscribe,
-    SubscribeNamespace,
     Token,
-    TrackStatus,
 )
 from ..moqt.objects import GroupOrder, SubgroupHeader
 from ..moqt.session import Role, SessionConfig
 from ..moqt.session import SessionMachine
 from ..moqt.version import Version
-from ..transport import (
-    Connection,
-    Server,
-    TransportConfig,
-    TransportError,
-    parse_moqt_url,
-)
-from ..transport import connect as transport_connect
-from ..transport import serve as transport_serve
+from ..transport import Connection, TransportError
+from .catalog_server import CatalogServer
 from .driver import ConnectionStreamIds, EventTable, SessionDriver, Tasks
 from .errors import ErrorKind, MoqtError, SessionClosedError
 from .window import subscription_window
@@ -65,12 +55,14 @@ from .receive import (
 )
 from .serve_updates import answer_update
 
-__all__ = ["MoqtServer", "RequestGate", "MoqtSession", "connect", "serve", "token_values"]
+__all__ = ["GUARD", "IncomingPublish", "MoqtSession", "NamespaceLike", "RequestGate", "TokenLike",
+           "token_values"]
 
 logger = logging.getLogger(__name__)
 
 NamespaceLike = Sequence[str | bytes] | str | bytes
 TokenLike = Token | bytes | str
+#: Seconds a request waits for its answer (and ``connect`` for SETUP) by default.
 GUARD = 30.0
 
 
@@ -131,7 +123,6 @@ class MoqtSession(SessionDriver):
         #: otherwise PUBLISH is answered with REQUEST_ERROR NOT_SUPPORTED.
         self.accept_publish = accept_publish
         self.incoming_publishes: asyncio.Queue[IncomingPublish] = asyncio.Queue()
-        self.catalog = catalog if catalog is not None else Catalog()
         cfg = session_config or SessionConfig()
         if self.setup_tokens:
             # Our SETUP carries them after any the config names (SessionConfig holds every
@@ -152,8 +143,10 @@ class MoqtSession(SessionDriver):
         #: Our REQUEST_UPDATEs waiting for REQUEST_OK / REQUEST_ERROR, by the update's ID.
         self._update_waiters: dict[int, asyncio.Future[Message]] = {}
         self._streams: dict[int, ObjectStream] = {}
-        self._serving: dict[int, TrackPublisher] = {}
-        self._aliases = 0
+        #: The catalog's tracks served to the peer, and the subscriptions this session
+        #: serves (pubsub/catalog_server.py).
+        self.serving = CatalogServer(self, catalog if catalog is not None else Catalog(),
+                                     shows=self._shows)
         self._pumping = False
         self._tasks = Tasks(logger, "pubsub task")
         self.events = self._event_table()
@@ -163,6 +156,11 @@ class MoqtSession(SessionDriver):
         self._published_namespaces: dict[tuple[bytes, ...], int] = {}
         for fut in (self.ready, self.closed, self.goaway_received):
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    @property
+    def catalog(self) -> Catalog:
+        """The tracks this session serves (shared with the other sessions given it)."""
+        return self.serving.catalog
 
     @property
     def version(self) -> Version:
@@ -199,7 +197,8 @@ class MoqtSession(SessionDriver):
         t.on(ev.DatagramReceived, self._on_datagram)
         t.on(ev.UpdateAnswered, self._on_update_answered)
         # pubsub/serve_updates.py
-        t.on(ev.UpdateReceived, lambda e: answer_update(self, e.request_id, e.message))
+        t.on(ev.UpdateReceived, lambda e: answer_update(
+            self, self.serving.served(e.request_id), e.request_id, e.message))
         t.on(ev.DataStreamStopped, self._on_data_stream_stopped)
         t.on(ev.GoawayReceived, self._on_goaway)
         t.on(ev.SessionClosed, lambda e: self._on_closed(e.error_code, e.reason))
@@ -233,7 +232,7 @@ class MoqtSession(SessionDriver):
                 fut.set_result(e.message)
 
     def _on_data_stream_stopped(self, e: ev.DataStreamStopped) -> None:
-        track = self._serving.get(e.request_id)
+        track = self.serving.served(e.request_id)
         if track is not None:
             track.remove_subscriber(self, e.request_id)
 
@@ -252,53 +251,20 @@ class MoqtSession(SessionDriver):
             # Before any lookup: the answer does not tell whether the track exists.
             moqt.reject(rid, RequestErrorCode.UNAUTHORIZED, "not authorized")
             return
-        if isinstance(msg, Subscribe):
-            track = self.catalog.get(msg.track_namespace, msg.track_name)
-            if track is None or (track.finished and not track.subscribe_after_finish):
-                moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-                return
-            window = subscription_window(msg.parameters.location_filter, track.largest)
-            if window.empty:
-                moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "the filter's end precedes its start")
-                return
-            alias = self._aliases
-            self._aliases += 1
-            params = MessageParameters()
-            if track.largest is not None:
-                params = MessageParameters(largest_object=Location(*track.largest))
-            moqt.accept_subscribe(rid, alias, params, track.response_properties())
-            self._serving[rid] = track
-            if track.finished:
-                # subscribe_after_finish: nothing more will be published (past objects
-                # are read with FETCH): the subscription ends at once, with no data stream.
-                self.publish_done(rid, PublishDoneCode.TRACK_ENDED, 0, "track ended")
-                return
-            track.add_subscriber(Outgoing(self, rid, alias, window=window))
-        elif isinstance(msg, Fetch | FetchWithType):
-            self.spawn(self._serve_fetch(rid, msg))
-        elif isinstance(msg, PublishNamespace):
+        if isinstance(msg, PublishNamespace):
             self.peer_namespaces.add(msg.track_namespace)
             moqt.request_ok(rid)
             self.namespace_updates.put_nowait(("publish_namespace", msg.track_namespace))
-        elif isinstance(msg, SubscribeNamespace):
-            moqt.request_ok(rid)
-            prefix = msg.track_namespace_prefix
-            for ns in sorted(self.catalog.namespaces()):
-                if ns[:len(prefix)] == prefix and (
-                        self.gate is None or self.gate.shows(self, msg, ns)):
-                    moqt.namespace(rid, ns[len(prefix):])
-        elif isinstance(msg, TrackStatus):
-            track = self.catalog.get(msg.track_namespace, msg.track_name)
-            if track is None:
-                moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            else:
-                params = (MessageParameters(largest_object=Location(*track.largest))
-                          if track.largest is not None else MessageParameters())
-                moqt.request_ok(rid, params, track.response_properties(), end=True)
+        elif self.serving.answer(rid, msg):
+            pass  # SUBSCRIBE, FETCH, TRACK_STATUS, SUBSCRIBE_NAMESPACE: pubsub/catalog_server.py
         elif isinstance(msg, Publish) and self.accept_publish:
             self._accept_publish(rid, msg)
         else:
             moqt.reject(rid, RequestErrorCode.NOT_SUPPORTED, f"{msg.NAME} not supported")
+
+    def _shows(self, msg: Message, namespace: tuple[bytes, ...]) -> bool:
+        """Whether a NAMESPACE answer to the peer's SUBSCRIBE_NAMESPACE may be sent."""
+        return self.gate is None or self.gate.shows(self, msg, namespace)
 
     def _accept_publish(self, rid: int, msg: Publish) -> None:
         """The peer starts a subscription from its side (§"PUBLISH"): answer REQUEST_OK
@@ -316,58 +282,8 @@ class MoqtSession(SessionDriver):
         self.incoming_publishes.put_nowait(
             IncomingPublish(msg.track_namespace, msg.track_name, msg.track_alias, sub))
 
-    async def _serve_fetch(self, rid: int, msg: Message) -> None:
-        moqt = self.moqt
-        assert moqt is not None
-        ns, name, start, end = _fetch_range(msg)
-        track = self.catalog.get(ns, name)
-        if track is None:
-            moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            self.pump()
-            return
-        objs = track.objects_in(start, end)
-        if not objs:
-            # §"FETCH": nothing published, or start beyond the Largest Object.
-            moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "no objects in range")
-            self.pump()
-            return
-        largest = objs[-1][0]
-        order = GroupOrder(msg.parameters.group_order or GroupOrder.ASCENDING)  # type: ignore[attr-defined]
-        if order is GroupOrder.DESCENDING:
-            # §"FETCH": groups in the requested order, objects ascending within a group.
-            objs.sort(key=lambda item: (-item[0][0], item[0][1]))
-        moqt.accept_fetch(rid, largest, end_of_track=track.finished,
-                          track_properties=track.response_properties())
-        sid = moqt.open_fetch_stream(rid)
-        self.pump()
-        enc = FetchStreamEncoder(rid, self.version, order)
-        conn = self.connection
-        try:
-            for (g, o), obj in objs:
-                # A callable payload is read now, when the FETCH reaches it (no copy).
-                payload = obj.payload() if callable(obj.payload) else obj.payload
-                await conn.write(sid, enc.object_header(
-                    g, o, len(payload), subgroup_id=None if getattr(obj, "datagram", False) else 0,
-                    publisher_priority=obj.priority,
-                    properties=obj.properties))
-                await conn.write(sid, payload)
-                del payload
-            conn.send(sid, b"", end_stream=True)
-        except TransportError:
-            pass
-        except Exception:  # an object that cannot be read or serialized: fail the stream, not hang
-            logger.exception("FETCH %d: cannot serve an object", rid)
-            try:
-                conn.reset_stream(sid, StreamResetCode.INTERNAL_ERROR)
-            except TransportError:
-                pass
-        if self.moqt is not None and not self.moqt.closed:
-            moqt.data_stream_done(sid)
-            moqt.finish_request(rid)
-            self.pump()
-
     def _on_cancelled(self, rid: int, code: int) -> None:
-        track = self._serving.pop(rid, None)
+        track = self.serving.discard(rid)
         if track is not None:
             track.remove_subscriber(self, rid)
         stream = self._streams.get(rid)
@@ -403,10 +319,11 @@ class MoqtSession(SessionDriver):
         elif isinstance(msg, NamespaceDone):
             self.namespace_updates.put_nowait(("namespace_done", msg.track_namespace_suffix))
 
-    def stream_finished(self, stream: ObjectStream) -> None:
-        self._streams.pop(stream.request_id, None)
+    def stream_finished(self, request_id: int) -> None:
+        """The object stream of our request ``request_id`` ended: forget its routing."""
+        self._streams.pop(request_id, None)
         if self.moqt is not None:
-            self.moqt.release(stream.request_id)
+            self.moqt.release(request_id)
 
     def _on_closed(self, code: int, reason: str) -> None:
         err = SessionClosedError(code, reason)
@@ -418,9 +335,8 @@ class MoqtSession(SessionDriver):
         self._update_waiters.clear()
         for stream in list(self._streams.values()):
             stream.feed_end(err)
-        for rid, track in list(self._serving.items()):
+        for rid, track in self.serving.discard_all():
             track.remove_subscriber(self, rid)
-        self._serving.clear()
         if not self.ready.done():
             self.ready.set_exception(err)
         if not self.closed.done():
@@ -531,11 +447,10 @@ class MoqtSession(SessionDriver):
         subscription)."""
         self._check_open()
         if track_alias is None:
-            alias = self._aliases
-            self._aliases += 1
+            alias = self.serving.next_alias()
         else:
             alias = track_alias
-            self._aliases = max(self._aliases, alias + 1)
+            self.serving.reserve_alias(alias)
         params = replace(parameters, forward=forward)
         if track.largest is not None and params.largest_object is None:
             params = replace(params, largest_object=Location(*track.largest))
@@ -548,7 +463,7 @@ class MoqtSession(SessionDriver):
             if not isinstance(ok, RequestOk):
                 return
             forward_now = forward if ok.parameters.forward is None else ok.parameters.forward
-            self._serving[rid] = track
+            self.serving.add(rid, track)
             track.add_subscriber(Outgoing(self, rid, alias,
                                  window=subscription_window(None, track.largest),
                                  forward=forward_now))
@@ -571,7 +486,7 @@ class MoqtSession(SessionDriver):
                     reason: str = "") -> None:
         """End one subscription we serve (our PUBLISH, or the peer's SUBSCRIBE): FIN its
         data stream, then PUBLISH_DONE ``status`` with its exact Stream Count."""
-        track = self._serving.get(request_id)
+        track = self.serving.served(request_id)
         out = track.outgoing(self, request_id) if track is not None else None
         if track is None or out is None:
             raise KeyError(f"no subscription {request_id} served on this session")
@@ -743,7 +658,7 @@ class MoqtSession(SessionDriver):
         moqt = self.moqt
         if moqt is not None and not moqt.closed and rid in moqt.requests:
             moqt.publish_done(rid, status, count, reason)
-            self._serving.pop(rid, None)
+            self.serving.discard(rid)
             self.pump()
 
     def drop_request(self, rid: int) -> None:
@@ -755,126 +670,3 @@ class MoqtSession(SessionDriver):
     def spawn(self, coro: Awaitable[None]) -> None:
         """Run ``coro`` as a task of this session (failures logged)."""
         self._tasks.spawn(coro)
-
-
-def _fetch_range(msg: Message) -> tuple[tuple[bytes, ...], bytes, tuple[int, int],
-                                        tuple[int, int | None] | None]:
-    """(namespace, name, start, end) of a FETCH; end inclusive, end object None = whole
-    group, end None = to the largest object."""
-    if isinstance(msg, StandaloneFetch):
-        # Draft 18 §"FETCH": End Location is the end plus 1; Object 0 = the whole group.
-        e = msg.end_location
-        end: tuple[int, int | None] | None = (e.group, None) if e.object == 0 else (
-            e.group, e.object - 1)
-        return msg.track_namespace, msg.track_name, tuple(msg.start_location), end  # type: ignore[return-value]
-    if isinstance(msg, Fetch):
-        flt = msg.parameters.location_filter
-        if flt is None or flt.start_location is None:
-            return msg.track_namespace, msg.track_name, (0, 0), None
-        start = tuple(flt.start_location)
-        if flt.filter_type is LocationFilterType.ABSOLUTE_RANGE_END_OBJECT:
-            end = (flt.end_group, flt.end_object)  # type: ignore[assignment]
-        elif flt.filter_type is LocationFilterType.ABSOLUTE_RANGE:
-            end = (flt.end_group, None)  # type: ignore[assignment]
-        else:
-            end = None
-        return msg.track_namespace, msg.track_name, start, end  # type: ignore[return-value]
-    raise MoqtError(RequestErrorCode.NOT_SUPPORTED, "joining FETCH not supported")
-
-
-# ==========================================================================================
-# connect / serve
-async def connect(url: str, config: TransportConfig | None = None, *,
-                  catalog: Catalog | None = None,
-                  session_config: SessionConfig | None = None,
-                  setup_timeout: float = GUARD, accept_publish: bool = False,
-                  setup_tokens: Sequence[TokenLike] = ()) -> MoqtSession:
-    """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
-    The MOQT version is the ALPN negotiated from ``config.alpn_protocols``.
-    ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options (a ``Token``, or bytes / str sent
-    as USE_VALUE with Token Type 0)."""
-    parsed = parse_moqt_url(url)
-    cfg = session_config or SessionConfig()
-    if cfg.path is None:
-        cfg.path = parsed.path_and_query
-    if cfg.authority is None:
-        cfg.authority = parsed.authority
-    made: list[MoqtSession] = []
-
-    def factory() -> MoqtSession:
-        s = MoqtSession(Role.CLIENT, catalog=catalog, session_config=cfg,
-                    accept_publish=accept_publish, setup_tokens=setup_tokens)
-        made.append(s)
-        return s
-
-    conn = await transport_connect(parsed, factory, config)
-    session = made[0]
-    try:
-        await asyncio.wait_for(asyncio.shield(session.ready), setup_timeout)
-    except BaseException:
-        conn.close(SessionErrorCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
-        raise
-    return session
-
-
-class MoqtServer:
-    """A listening MOQT endpoint (wraps the transport server)."""
-
-    def __init__(self) -> None:
-        #: The transport server; set by :func:`serve` once it listens.
-        self.server: Server | None = None
-        self.sessions: set[MoqtSession] = set()
-
-    def _listening(self) -> Server:
-        if self.server is None:
-            raise RuntimeError("the MOQT server is not listening yet")
-        return self.server
-
-    @property
-    def port(self) -> int:
-        return self._listening().port
-
-    def close(self) -> None:
-        self._listening().close()
-
-    async def wait_closed(self) -> None:
-        await self._listening().wait_closed()
-
-    async def __aenter__(self) -> MoqtServer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-        await self.wait_closed()
-
-
-async def serve(host: str, port: int, config: TransportConfig, *,
-                on_session: Callable[[MoqtSession], object] | None = None,
-                catalog: Catalog | None = None,
-                session_config: SessionConfig | None = None,
-                accept_publish: bool = False, gate: RequestGate | None = None) -> MoqtServer:
-    """Listen for MOQT clients; ``on_session(session)`` (sync or async) runs once each
-    client's SETUP arrived. Sessions serve the tracks of ``catalog`` (shared); ``gate``
-    authorizes every request of every session (:class:`RequestGate`)."""
-    srv = MoqtServer()
-    shared = catalog if catalog is not None else Catalog()
-
-    def factory() -> MoqtSession:
-        s = MoqtSession(Role.SERVER, catalog=shared, session_config=session_config,
-                    accept_publish=accept_publish, gate=gate)
-        srv.sessions.add(s)
-        s.closed.add_done_callback(lambda _f: srv.sessions.discard(s))
-
-        def on_ready(f: asyncio.Future[None]) -> None:
-            if f.cancelled() or f.exception() is not None or on_session is None:
-                return
-            res = on_session(s)
-            if asyncio.iscoroutine(res):
-                s.spawn(res)
-
-        s.ready.add_done_callback(on_ready)
-        return s
-
-    srv.server = await transport_serve(host, port, factory, config)
-    return srv
-

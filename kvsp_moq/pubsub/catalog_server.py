@@ -1,0 +1,132 @@
+"""Serving a :class:`~.publish.Catalog` of :class:`~.publish.TrackPublisher` s to the peer of
+one session: :class:`CatalogServer`.
+
+It answers the peer's SUBSCRIBE (draft-22 §"SUBSCRIBE": SUBSCRIBE_OK with the Largest
+Object and the Track Properties, then the track's writes reach the subscription), FETCH
+(:func:`~.fetch_server.serve_fetch`), TRACK_STATUS (REQUEST_OK with LARGEST_OBJECT) and
+SUBSCRIBE_NAMESPACE (REQUEST_OK, then one NAMESPACE per catalog namespace under the prefix),
+and keeps the subscriptions the session serves — the peer's SUBSCRIBEs and our own PUBLISHes
+— with the Track Aliases it hands out. Authorization (``RequestGate.allows``) is checked by
+the session before a request gets here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..moqt.errors import PublishDoneCode, RequestErrorCode
+from ..moqt.messages import (
+    Fetch,
+    FetchWithType,
+    Location,
+    Message,
+    MessageParameters,
+    Subscribe,
+    SubscribeNamespace,
+    TrackStatus,
+)
+from .fetch_server import serve_fetch
+from .ports import ServingSession
+from .publish import Catalog, Outgoing, TrackPublisher
+from .window import subscription_window
+
+__all__ = ["CatalogServer", "NamespaceFilter"]
+
+#: ``shows(message, namespace)``: whether the NAMESPACE answer ``namespace`` of the peer's
+#: SUBSCRIBE_NAMESPACE ``message`` may be sent (``RequestGate.shows``).
+NamespaceFilter = Callable[[Message, tuple[bytes, ...]], bool]
+
+
+class CatalogServer:
+    """The tracks of ``catalog`` served on ``session``, and the subscriptions it serves."""
+
+    def __init__(self, session: ServingSession, catalog: Catalog,
+                 shows: NamespaceFilter | None = None) -> None:
+        self.session = session
+        self.catalog = catalog
+        self._shows = shows
+        self._serving: dict[int, TrackPublisher] = {}
+        self._aliases = 0
+
+    # -- Track Aliases (§"Track Alias": the publisher chooses them) ---------------------------
+    def next_alias(self) -> int:
+        """The session's next unused Track Alias."""
+        alias = self._aliases
+        self._aliases += 1
+        return alias
+
+    def reserve_alias(self, alias: int) -> None:
+        """``alias`` was chosen by the application: later ones come after it."""
+        self._aliases = max(self._aliases, alias + 1)
+
+    # -- the subscriptions served ------------------------------------------------------------
+    def served(self, rid: int) -> TrackPublisher | None:
+        """The track subscription ``rid`` (the peer's SUBSCRIBE or our PUBLISH) serves."""
+        return self._serving.get(rid)
+
+    def add(self, rid: int, track: TrackPublisher) -> None:
+        """Subscription ``rid`` serves ``track`` from now on."""
+        self._serving[rid] = track
+
+    def discard(self, rid: int) -> TrackPublisher | None:
+        """Forget subscription ``rid`` (ended); the track it served, if any."""
+        return self._serving.pop(rid, None)
+
+    def discard_all(self) -> list[tuple[int, TrackPublisher]]:
+        """Forget every subscription (the session ended); what they served."""
+        items = list(self._serving.items())
+        self._serving.clear()
+        return items
+
+    # -- the peer's requests -----------------------------------------------------------------
+    def answer(self, rid: int, msg: Message) -> bool:
+        """Answer the peer's request ``msg`` if it is one the catalog serves (SUBSCRIBE,
+        FETCH, TRACK_STATUS, SUBSCRIBE_NAMESPACE); False for any other."""
+        moqt = self.session.moqt
+        assert moqt is not None
+        if isinstance(msg, Subscribe):
+            self._subscribe(rid, msg)
+        elif isinstance(msg, Fetch | FetchWithType):
+            self.session.spawn(serve_fetch(self.session, self.catalog, rid, msg))
+        elif isinstance(msg, SubscribeNamespace):
+            moqt.request_ok(rid)
+            prefix = msg.track_namespace_prefix
+            for ns in sorted(self.catalog.namespaces()):
+                if ns[:len(prefix)] == prefix and (
+                        self._shows is None or self._shows(msg, ns)):
+                    moqt.namespace(rid, ns[len(prefix):])
+        elif isinstance(msg, TrackStatus):
+            track = self.catalog.get(msg.track_namespace, msg.track_name)
+            if track is None:
+                moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
+            else:
+                params = (MessageParameters(largest_object=Location(*track.largest))
+                          if track.largest is not None else MessageParameters())
+                moqt.request_ok(rid, params, track.response_properties(), end=True)
+        else:
+            return False
+        return True
+
+    def _subscribe(self, rid: int, msg: Subscribe) -> None:
+        moqt = self.session.moqt
+        assert moqt is not None
+        track = self.catalog.get(msg.track_namespace, msg.track_name)
+        if track is None or (track.finished and not track.subscribe_after_finish):
+            moqt.reject(rid, RequestErrorCode.DOES_NOT_EXIST, "no such track")
+            return
+        window = subscription_window(msg.parameters.location_filter, track.largest)
+        if window.empty:
+            moqt.reject(rid, RequestErrorCode.INVALID_RANGE, "the filter's end precedes its start")
+            return
+        alias = self.next_alias()
+        params = MessageParameters()
+        if track.largest is not None:
+            params = MessageParameters(largest_object=Location(*track.largest))
+        moqt.accept_subscribe(rid, alias, params, track.response_properties())
+        self._serving[rid] = track
+        if track.finished:
+            # subscribe_after_finish: nothing more will be published (past objects
+            # are read with FETCH): the subscription ends at once, with no data stream.
+            self.session.publish_done(rid, PublishDoneCode.TRACK_ENDED, 0, "track ended")
+            return
+        track.add_subscriber(Outgoing(self.session, rid, alias, window=window))
