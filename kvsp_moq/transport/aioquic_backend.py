@@ -34,9 +34,10 @@ from aioquic.quic.packet_builder import PACKET_NUMBER_SEND_SIZE
 from aioquic.tls import load_pem_private_key, load_pem_x509_certificates
 
 from .config import TransportConfig
+from .endpoints import EngineBackend
 from .library import QuicLibrary
 
-__all__ = ["LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicLibrary", "connect", "serve"]
+__all__ = ["BACKEND", "LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicLibrary", "connect", "serve"]
 
 #: The largest ``max_datagram_size`` aioquic sends correctly: a short-header packet of 16384
 #: octets leaves under 16384 - 1 - 8 - 16 octets for a frame's data, within two-octet Length.
@@ -92,5 +93,6 @@ class AioquicLibrary(QuicLibrary):
 
 
 LIBRARY = AioquicLibrary()
-connect = LIBRARY.connect
-serve = LIBRARY.serve
+BACKEND = EngineBackend(LIBRARY)
+connect = BACKEND.connect
+serve = BACKEND.serve

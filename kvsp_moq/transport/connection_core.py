@@ -12,7 +12,14 @@ the hooks marked below, and decides what a close looks like to ``connect`` (each
 reports failed handshakes its own way: :meth:`ConnectionCore._connect_error`).
 
 :func:`datagram_payload_limit` is the largest DATAGRAM payload that fits one packet and the
-peer's limit. This module imports no QUIC library.
+peer's limit; :func:`plain_address` a socket address as :data:`~.api.Address`. This module
+imports no QUIC library.
+
+Public methods of :class:`ConnectionCore` that :class:`~.api.Connection` does not declare
+(:meth:`~ConnectionCore.set_peer`, :meth:`~ConnectionCore.refuse`,
+:meth:`~ConnectionCore.close_or_refuse`, :meth:`~ConnectionCore.await_handshake`,
+:attr:`~ConnectionCore.loop`) are transport-internal: what the backends' endpoints and servers
+call on the connections they make; the layers above see only the interface.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ __all__ = [
     "NO_APPLICATION_PROTOCOL",
     "ConnectionCore",
     "datagram_payload_limit",
+    "plain_address",
 ]
 
 NO_ERROR = 0x0
@@ -55,6 +63,19 @@ DATAGRAM_MISSING_REASON = (
 
 _AEAD_TAG_SIZE = 16  # every QUIC v1/v2 AEAD (AES-GCM, ChaCha20-Poly1305)
 _MAX_CID_LENGTH = 20  # RFC 9000 §17.2
+
+
+# ------------------------------------------------------------------------------------------
+# addresses
+
+
+def plain_address(addr: Any) -> Address:
+    """A socket address as :data:`~.api.Address` (host, port): an IPv4-mapped IPv6 host
+    (``::ffff:a.b.c.d``, a dual-stack socket's view of an IPv4 peer) shown as IPv4."""
+    host, port = addr[0], addr[1]
+    if host.startswith("::ffff:") and "." in host:
+        host = host[7:]
+    return host, port
 
 
 # ------------------------------------------------------------------------------------------
@@ -152,6 +173,16 @@ class ConnectionCore(Connection):
     def _address_of(self, peer: Any) -> Address:
         """``peer`` as :attr:`remote_address` shows it (hook: a backend may normalise it)."""
         return peer
+
+    def set_peer(self, peer: Any) -> None:
+        """Transport-internal: the peer's address as the last datagram came from it (what
+        :attr:`remote_address` shows, through :meth:`_address_of`)."""
+        self._peer = peer
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """Transport-internal: the event loop the connection runs on."""
+        return self._loop
 
     @property
     def url(self) -> MoqtUrl | None:
@@ -331,21 +362,23 @@ class ConnectionCore(Connection):
     async def wait_closed(self) -> CloseInfo:
         return await asyncio.shield(self._terminated)
 
-    def _reject(self, error_code: int, reason: str) -> None:
-        """Close a connection that is not set up (refused, or its setup failed)."""
+    def refuse(self, error_code: int, reason: str) -> None:
+        """Transport-internal: close a connection that is not set up (refused, or its setup
+        failed)."""
         self._log.info("closing %s during setup: %s", self, reason)
         reason = self._close_quic(error_code, reason)
         self._mark_closed(CloseInfo(error_code, reason, application=True, local=True))
         self._transmit_soon()
 
-    def _close_or_refuse(self, error_code: int, reason: str) -> None:
-        """Its server is closing: close the connection if established, refuse it if not."""
+    def close_or_refuse(self, error_code: int, reason: str) -> None:
+        """Transport-internal: its server is closing: close the connection if established,
+        refuse it if not."""
         if self._close_info is not None:
             return
         if self._handler is not None:
             self.close(error_code, reason)
         else:
-            self._reject(error_code, reason)
+            self.refuse(error_code, reason)
 
     def _mark_closed(self, info: CloseInfo, *, notify_soon: bool = False) -> None:
         """The connection is closing (``info`` says how): fail everything that waits, fail a
@@ -385,8 +418,8 @@ class ConnectionCore(Connection):
         if self._on_ended is not None:
             self._on_ended(self)
 
-    async def _await_handshake(self, release: Callable[[], None]) -> None:
-        """A client's handshake, bounded by ``handshake_timeout``. On failure the connection
+    async def await_handshake(self, release: Callable[[], None]) -> None:
+        """Transport-internal (the backends' ``connect``): a client's handshake, bounded by ``handshake_timeout``. On failure the connection
         is closed, ``release`` frees what it holds (its socket, its context) at once rather
         than after the closing period, and :class:`~.api.ConnectError` (or the cancellation)
         is raised."""
@@ -433,7 +466,7 @@ class ConnectionCore(Connection):
         """Refuse (True) a peer without DATAGRAM support (its max_datagram_frame_size,
         ``peer_frame``) when the configuration requires it."""
         if self._config.datagrams and not peer_frame:
-            self._reject(self._config.datagram_required_error_code, DATAGRAM_MISSING_REASON)
+            self.refuse(self._config.datagram_required_error_code, DATAGRAM_MISSING_REASON)
             return True
         return False
 
@@ -445,7 +478,7 @@ class ConnectionCore(Connection):
             handler = self._factory()
         except Exception:
             self._log.exception("handler factory failed")
-            self._reject(self._config.internal_error_code, "internal error: no handler")
+            self.refuse(self._config.internal_error_code, "internal error: no handler")
             return False
         self._handler = handler
         if self._established is not None and not self._established.done():

@@ -1,7 +1,10 @@
 """Where connections come from: :func:`connect` (a client socket per connection) and
 :class:`EngineServer` (one listening socket; the library's ``QuicServer`` demultiplexes packets
-to connections by connection ID), on :mod:`.udp` endpoints. This module imports no QUIC
-library: the library is a :class:`~.library.QuicLibrary` argument.
+to connections by connection ID), on :mod:`.udp` endpoints; :class:`EngineBackend` is the
+:class:`~.api.Backend` shape of a library on them (a backend module is ``LIBRARY =
+XLibrary()``, ``BACKEND = EngineBackend(LIBRARY)``, ``connect = BACKEND.connect``, ``serve =
+BACKEND.serve``). This module imports no QUIC library: the library is a
+:class:`~.library.QuicLibrary` argument.
 """
 
 from __future__ import annotations
@@ -9,19 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .api import HandlerFactory
 from .config import TransportConfig
-from .engine import EngineConnection, EngineProtocol, _plain_address
+from .connection_core import plain_address
+from .engine import EngineConnection, EngineProtocol
+from .library import QuicLibrary
 from .server_core import ServerCore
 from .udp import UdpEndpoint, open_endpoint
 from .url import MoqtUrl, parse_moqt_url
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .library import QuicLibrary
-
-__all__ = ["EngineConnection", "EngineServer", "connect", "serve"]
+__all__ = ["EngineBackend", "EngineConnection", "EngineServer", "connect", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +86,9 @@ async def connect(library: QuicLibrary, url: str | MoqtUrl, handler_factory: Han
     except BaseException:
         sock.close()
         raise
-    conn._peer = addr
+    conn.set_peer(addr)
     protocol.connect(addr)
-    await conn._await_handshake(endpoint.close)
+    await conn.await_handshake(endpoint.close)
     return conn
 
 
@@ -109,20 +111,22 @@ class EngineServer(ServerCore[EngineConnection]):
         self._endpoint: UdpEndpoint | None = None
         self._socket_gone = asyncio.Event()
 
-    async def _start(self, host: str, port: int) -> None:
+    async def listen(self, host: str, port: int) -> None:
+        """Transport-internal (:func:`serve`): bind ``host:port`` and start accepting."""
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM,
                                        flags=socket.AI_PASSIVE)
         family, _, _, _, addr = infos[0]
         sock = _bound_socket(family, addr, self._config)
         owner = self
+        socket_gone = self._socket_gone
 
         class _Demux(self._library.QuicServer):  # type: ignore[name-defined]
             def connection_lost(self, exc: Exception | None) -> None:
-                owner._socket_gone.set()
+                socket_gone.set()
 
             def error_received(self, exc: Exception) -> None:
-                logger.debug("UDP error on server %s: %s", owner._address, exc)
+                logger.debug("UDP error on server %s: %s", owner.address, exc)
 
         demux = _Demux(configuration=self._qconf, create_protocol=self._new_protocol)
         try:
@@ -131,7 +135,7 @@ class EngineServer(ServerCore[EngineConnection]):
         except BaseException:
             sock.close()
             raise
-        self._address = _plain_address(sock.getsockname())
+        self._address = plain_address(sock.getsockname())
 
     def _new_protocol(self, quic: Any, stream_handler: Any = None) -> EngineProtocol:
         conn = EngineConnection(library=self._library, quic=quic, config=self._config,
@@ -140,7 +144,7 @@ class EngineServer(ServerCore[EngineConnection]):
         protocol = EngineProtocol(quic, conn)
         self._all.add(conn)
         if self._closing is not None:  # refuse newcomers politely while shutting down
-            conn._reject(*self._closing)
+            conn.refuse(*self._closing)
         return protocol
 
     @property
@@ -158,5 +162,23 @@ async def serve(library: QuicLibrary, host: str, port: int, handler_factory: Han
                 config: TransportConfig) -> EngineServer:
     """Listen on ``host:port``; see :func:`kvsp_moq.transport.serve`."""
     server = EngineServer(library, config, handler_factory)
-    await server._start(host, port)
+    await server.listen(host, port)
     return server
+
+
+class EngineBackend:
+    """A :class:`~.library.QuicLibrary` on the engine, in the :class:`~.api.Backend` shape:
+    :meth:`connect` and :meth:`serve` with that library."""
+
+    def __init__(self, library: QuicLibrary) -> None:
+        self.library = library
+
+    async def connect(self, url: str | MoqtUrl, handler_factory: HandlerFactory,
+                      config: TransportConfig) -> EngineConnection:
+        """Connect with this library; see :func:`kvsp_moq.transport.connect`."""
+        return await connect(self.library, url, handler_factory, config)
+
+    async def serve(self, host: str, port: int, handler_factory: HandlerFactory,
+                    config: TransportConfig) -> EngineServer:
+        """Listen with this library; see :func:`kvsp_moq.transport.serve`."""
+        return await serve(self.library, host, port, handler_factory, config)

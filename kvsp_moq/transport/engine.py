@@ -2,6 +2,9 @@
 (aioquic's API; the library is a :class:`~.library.QuicLibrary`): :class:`EngineProtocol`
 does the I/O, timers and events of one connection, :class:`EngineConnection` is the
 :class:`~.api.Connection` handle. ``endpoints.py`` makes them (client ``connect``, server).
+What the protocol calls on its connection (:meth:`EngineConnection.attach`,
+:meth:`~EngineConnection.on_quic_event`, :meth:`~EngineConnection.after_io`,
+``set_peer``, :attr:`~EngineConnection.library`) is transport-internal.
 
 Why not the libraries' own ``QuicConnectionProtocol``: :class:`EngineProtocol` replaces it
 to (1) send each transmission's packets in one batch through :mod:`.udp` (GSO), (2) defer
@@ -21,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .api import (
     Address,
@@ -38,12 +41,11 @@ from .connection_core import (
     NO_APPLICATION_PROTOCOL,
     ConnectionCore,
     datagram_payload_limit,
+    plain_address,
 )
+from .library import QuicLibrary
 from .udp import UdpEndpoint
 from .url import MoqtUrl
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .library import QuicLibrary
 
 __all__ = ["EngineConnection", "EngineProtocol"]
 
@@ -66,13 +68,6 @@ def _fit_reason(reason: str, limit: int = 1024) -> str:
     return reason if len(raw) <= limit else raw[:limit].decode("utf-8", "ignore")
 
 
-def _plain_address(addr: Any) -> Address:
-    host, port = addr[0], addr[1]
-    if host.startswith("::ffff:") and "." in host:
-        host = host[7:]
-    return host, port
-
-
 def _clock_for(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     """The QUIC clock: ``time.monotonic`` (ns resolution) when it shares the loop clock's
     epoch, as it does for asyncio and uvloop (both CLOCK_MONOTONIC), so timers set with
@@ -93,8 +88,9 @@ class EngineProtocol(asyncio.DatagramProtocol):
     def __init__(self, quic: Any, conn: EngineConnection) -> None:
         self._quic = quic
         self._conn = conn
-        self._events = conn._library.events
-        self._loop = conn._loop
+        self._library = conn.library
+        self._events = self._library.events
+        self._loop = conn.loop
         self._clock = _clock_for(self._loop)
         self._transport: UdpEndpoint | None = None
         self._timer: asyncio.Handle | None = None
@@ -104,31 +100,36 @@ class EngineProtocol(asyncio.DatagramProtocol):
         self._connection_id_issued_handler: Callable[[bytes], None] = lambda cid: None
         self._connection_id_retired_handler: Callable[[bytes], None] = lambda cid: None
         self._connection_terminated_handler: Callable[[], None] = lambda: None
-        conn._protocol = self
+        conn.attach(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+
+    @property
+    def udp(self) -> UdpEndpoint | None:
+        """The UDP endpoint this protocol sends on (None before ``connection_made``)."""
+        return self._transport
 
     def connect(self, addr: Any) -> None:
         self._quic.connect(addr, now=self._clock())
         self.transmit()
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        self._conn._peer = addr
+        self._conn.set_peer(addr)
         self._quic.receive_datagram(data, addr, now=self._clock())
         self._process_events()
         # Answer after the receive burst: one transmission (one ACK) for all its packets.
         self.transmit_soon()
-        self._conn._after_io()
+        self._conn.after_io()
 
     def datagrams_received(self, datagrams: list[bytes], addr: Any) -> None:
         """A receive burst's packets from one address, fed in one library call where the
         library has one (qh3's ``receive_many_datagrams``: one pass into its Rust core)."""
-        self._conn._peer = addr
-        self._conn._library.receive_many(self._quic, datagrams, addr, self._clock())
+        self._conn.set_peer(addr)
+        self._library.receive_many(self._quic, datagrams, addr, self._clock())
         self._process_events()
         self.transmit_soon()
-        self._conn._after_io()
+        self._conn.after_io()
 
     def error_received(self, exc: Exception) -> None:
         logger.debug("UDP error on %s: %s", self._conn, exc)
@@ -145,7 +146,7 @@ class EngineProtocol(asyncio.DatagramProtocol):
         quic = self._quic
         try:
             packets = quic.datagrams_to_send(now=self._clock() if now is None else now)
-        except self._conn._library.transmit_errors as exc:
+        except self._library.transmit_errors as exc:
             logger.debug("%s: no transmission this time: %s", self._conn, exc)
             packets = []
         if packets and self._transport is not None:
@@ -176,7 +177,7 @@ class EngineProtocol(asyncio.DatagramProtocol):
         self._quic.handle_timer(now=now)
         self._process_events()
         self.transmit(now)
-        self._conn._after_io()
+        self._conn.after_io()
 
     def _process_events(self) -> None:
         ev = self._events
@@ -200,7 +201,7 @@ class EngineProtocol(asyncio.DatagramProtocol):
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
-            self._conn._on_event(event)
+            self._conn.on_quic_event(event)
             event = quic.next_event()
 
     async def ping(self) -> None:
@@ -241,8 +242,17 @@ class EngineConnection(ConnectionCore):
         """The name of the QUIC library behind this connection."""
         return self._library.name
 
+    @property
+    def library(self) -> QuicLibrary:
+        """Transport-internal: the QUIC library behind this connection."""
+        return self._library
+
+    def attach(self, protocol: EngineProtocol) -> None:
+        """Transport-internal: ``protocol`` drives this connection's ``QuicConnection``."""
+        self._protocol = protocol
+
     def _address_of(self, peer: Any) -> Address:
-        return _plain_address(peer)
+        return plain_address(peer)
 
     @property
     def max_datagram_payload(self) -> int:
@@ -253,7 +263,7 @@ class EngineConnection(ConnectionCore):
     @property
     def udp(self) -> UdpEndpoint | None:
         """The UDP endpoint under this connection (shared by a server's connections)."""
-        return None if self._protocol is None else self._protocol._transport
+        return None if self._protocol is None else self._protocol.udp
 
     # -- streams ----------------------------------------------------------------------------
     def _open_stream(self, unidirectional: bool) -> int:
@@ -348,7 +358,8 @@ class EngineConnection(ConnectionCore):
         return _connect_error(info, self._config)
 
     # -- events -----------------------------------------------------------------------------
-    def _on_event(self, event: Any) -> None:
+    def on_quic_event(self, event: Any) -> None:
+        """Transport-internal: one event of the ``QuicConnection`` (from its protocol)."""
         ev = self._library.events
         handler = self._handler
         self._deliver(event, ev)
@@ -365,7 +376,7 @@ class EngineConnection(ConnectionCore):
             return
         alpn = event.alpn_protocol
         if alpn is None:  # cannot happen with ALPN configured; be explicit anyway
-            self._reject(NO_APPLICATION_PROTOCOL, "no ALPN protocol negotiated")
+            self.refuse(NO_APPLICATION_PROTOCOL, "no ALPN protocol negotiated")
             return
         if self._refuse_without_datagrams(
                 self._library.peer_max_datagram_frame_size(self._quic)):
@@ -374,9 +385,11 @@ class EngineConnection(ConnectionCore):
             return
         pending, self._pending = self._pending or [], None
         for queued in pending:
-            self._on_event(queued)
+            self.on_quic_event(queued)
 
-    def _after_io(self) -> None:
+    def after_io(self) -> None:
+        """Transport-internal: the protocol fed the ``QuicConnection`` (datagrams, a timer):
+        notice a close that began, wake the ``wait_writable`` callers."""
         if self._close_info is None:
             pending = self._library.pending_close(self._quic)
             if pending is not None:
@@ -388,7 +401,7 @@ class EngineConnection(ConnectionCore):
 
     def _on_terminated(self, event: Any) -> None:
         if self._close_info is None:
-            # A peer's close was seen in _after_io already; what is left began here (idle
+            # A peer's close was seen in after_io already; what is left began here (idle
             # timeout, an error the library detected while handling a timer).
             self._mark_closed(CloseInfo(event.error_code, event.reason_phrase,
                                         application=event.frame_type is None, local=True))

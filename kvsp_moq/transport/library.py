@@ -7,9 +7,9 @@ event classes and ``QuicConfiguration`` fields) and an asyncio server demultiple
 (``QuicServer``). The engine (``engine.py``, ``endpoints.py``) drives that API; what differs
 between the libraries — the internals behind backpressure and close detection, stream
 opening, library-only options — is behind this class, which ``aioquic_backend.py`` and
-``qh3_backend.py`` implement. A backend module is then ``LIBRARY = XLibrary()`` plus
-``connect = LIBRARY.connect`` and ``serve = LIBRARY.serve`` (the :class:`~.api.Backend`
-shape). This module imports no QUIC library.
+``qh3_backend.py`` implement. A backend module is then ``LIBRARY = XLibrary()`` plus the
+``connect`` and ``serve`` of ``endpoints.EngineBackend(LIBRARY)`` (the :class:`~.api.Backend`
+shape). This module imports no QUIC library, and nothing of the engine.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from . import endpoints
-from .api import HandlerFactory
 from .config import TransportConfig
-from .url import MoqtUrl
 
 __all__ = ["QuicLibrary"]
 
@@ -127,14 +124,3 @@ class QuicLibrary(abc.ABC):
 
     def after_stop_sending(self, quic: Any, stream_id: int, error_code: int) -> None:
         """Reset our send side after STOP_SENDING (RFC 9000 §3.5) if the library did not."""
-
-    # -- the Backend shape --------------------------------------------------------------------
-    async def connect(self, url: str | MoqtUrl, handler_factory: HandlerFactory,
-                      config: TransportConfig) -> endpoints.EngineConnection:
-        """Connect with this library; see :func:`kvsp_moq.transport.connect`."""
-        return await endpoints.connect(self, url, handler_factory, config)
-
-    async def serve(self, host: str, port: int, handler_factory: HandlerFactory,
-                    config: TransportConfig) -> endpoints.EngineServer:
-        """Listen with this library; see :func:`kvsp_moq.transport.serve`."""
-        return await endpoints.serve(self, host, port, handler_factory, config)

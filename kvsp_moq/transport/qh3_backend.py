@@ -64,9 +64,10 @@ from qh3.quic.packet import pull_quic_transport_parameters, push_quic_transport_
 from qh3.tls import ExtensionType, load_pem_private_key, load_pem_x509_certificates
 
 from .config import MAX_UDP_PAYLOAD, TransportConfig
+from .endpoints import EngineBackend
 from .library import QuicLibrary
 
-__all__ = ["LIBRARY", "Qh3Library", "connect", "serve"]
+__all__ = ["BACKEND", "LIBRARY", "Qh3Library", "connect", "serve"]
 
 
 logger = logging.getLogger(__name__)
@@ -223,5 +224,6 @@ class Qh3Library(QuicLibrary):
 
 
 LIBRARY = Qh3Library()
-connect = LIBRARY.connect
-serve = LIBRARY.serve
+BACKEND = EngineBackend(LIBRARY)
+connect = BACKEND.connect
+serve = BACKEND.serve

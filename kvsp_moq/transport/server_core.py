@@ -61,7 +61,7 @@ class ServerCore(Server, Generic[C]):
             return
         self._closing = (error_code, reason)
         for conn in list(self._all):
-            conn._close_or_refuse(error_code, reason)
+            conn.close_or_refuse(error_code, reason)
         if not self._all:
             self._drained.set()
 

@@ -57,7 +57,7 @@ async def connect(url: str | MoqtUrl, handler_factory: HandlerFactory,
         addr = infos[0][4]
         host, port = str(addr[0]), int(addr[1])
         quic = StackConnection(configuration=qconf)
-        quic._start_transport(port=0)  # picoquic's thread; it reads the PEM files now
+        quic.start_network_thread(port=0)  # picoquic's thread; it reads the PEM files now
     finally:
         files.cleanup()
     protocol: StackProtocol | None = None
@@ -68,7 +68,7 @@ async def connect(url: str | MoqtUrl, handler_factory: HandlerFactory,
 
     def stop() -> None:
         if protocol is not None:
-            protocol._stop()
+            protocol.unwatch_eventfd()
         quic.stop()  # joins the network thread and closes the socket
 
     conn = AiopquicConnection(
@@ -77,7 +77,7 @@ async def connect(url: str | MoqtUrl, handler_factory: HandlerFactory,
         ring_cap=stream_ring_cap(config), on_ended=release)
     quic.listener = conn
     protocol = StackProtocol(quic, conn)
-    protocol._start(loop)
+    protocol.watch_eventfd(loop)
     protocol.connect((host, port))
-    await conn._await_handshake(conn.terminated)
+    await conn.await_handshake(conn.terminated)
     return conn

@@ -259,7 +259,7 @@ class AiopquicConnection(ConnectionCore):
             peer = quic.peer_address()
             self._peer = None if peer is None else (str(peer[0]), int(peer[1]))
         if alpn is None or alpn not in self._config.alpn_protocols:
-            self._reject(NO_APPLICATION_PROTOCOL, f"no common ALPN protocol ({alpn!r})")
+            self.refuse(NO_APPLICATION_PROTOCOL, f"no common ALPN protocol ({alpn!r})")
             return
         params = quic.peer_transport_parameters or {}
         peer_frame = int(params.get("max_datagram_frame_size") or 0)
@@ -267,7 +267,7 @@ class AiopquicConnection(ConnectionCore):
             return
         refusal = self._admit()
         if refusal is not None:
-            self._reject(*refusal)
+            self.refuse(*refusal)
             return
         if peer_frame:  # within aiopquic's own ceiling too
             self._datagram_limit = datagram_payload_limit(

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .stack import transport_context
 from ..api import StreamClosedError, is_unidirectional
 
 __all__ = ["SendStreams"]
@@ -176,7 +177,7 @@ class SendStreams:
         self._blocked.add(stream_id)
         if self._ring_wait is not None:
             return
-        transport = self._quic._transport
+        transport = transport_context(self._quic)
         if transport is None:
             return
         event: asyncio.Event = transport.tx_event_ring_drain_event

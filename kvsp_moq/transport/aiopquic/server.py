@@ -54,7 +54,9 @@ class AiopquicServer(ServerCore[AiopquicConnection]):
         self._ready = asyncio.Event()
         self._stopped = False
 
-    async def _start(self, host: str, port: int) -> None:
+    async def listen(self, host: str, port: int) -> None:
+        """Transport-internal (:func:`serve`): start picoquic's server context on
+        ``host:port`` (a free port for 0) and wait until its thread listens."""
         infos = await self._loop.getaddrinfo(host or None, port, type=socket.SOCK_DGRAM,
                                              flags=socket.AI_PASSIVE)
         family, _, _, _, addr = infos[0]
@@ -68,7 +70,7 @@ class AiopquicServer(ServerCore[AiopquicConnection]):
                 self._ready.clear()
                 engine = StackEngine(configuration=qconf, create_protocol=self._new_protocol,
                                      on_ready=self._ready.set)
-                engine._start_transport(port=bind_port)  # picoquic reads the PEM files here
+                engine.start_network_thread(bind_port)  # picoquic reads the PEM files here
             finally:
                 files.cleanup()
             self._loop.add_reader(engine.eventfd, engine.drain_and_route)
@@ -109,5 +111,5 @@ async def serve(host: str, port: int, handler_factory: HandlerFactory,
                 config: TransportConfig) -> AiopquicServer:
     """Listen on ``host:port`` with aiopquic; see :func:`kvsp_moq.transport.serve`."""
     server = AiopquicServer(config, handler_factory)
-    await server._start(host, port)
+    await server.listen(host, port)
     return server

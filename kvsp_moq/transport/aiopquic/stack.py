@@ -16,11 +16,15 @@ before they are converted:
   signal aiopquic gives per stream;
 * the engine-level ``_EVT_READY`` (no connection): the server's thread bound its socket.
 
-Internals used (one place each): ``QuicConnection._handle_raw_event`` (the client's drain
+Internals used (one place each, all in this module; the other backend modules call the
+public names given here): ``QuicConnection._handle_raw_event`` (the client's drain
 callback), ``QuicEngine.route_event`` and ``._protocols`` (the server's demultiplexer), the
-``_EVT_*`` constants of ``aiopquic.quic.connection``, ``QuicConnection._start_transport``,
-``QuicConnectionProtocol._start``/``_stop``. Imported only by the aiopquic backend modules;
-importing it without aiopquic raises the ImportError that names the package.
+``_EVT_*`` constants of ``aiopquic.quic.connection``, ``QuicConnection._start_transport`` and
+``QuicEngine._start_transport`` (:meth:`StackConnection.start_network_thread`,
+:meth:`StackEngine.start_network_thread`), ``QuicConnectionProtocol._start``/``_stop``
+(:meth:`StackProtocol.watch_eventfd`/:meth:`~StackProtocol.unwatch_eventfd`), and
+``QuicConnection._transport`` (:func:`transport_context`). Imported only by the aiopquic
+backend modules; importing it without aiopquic raises the ImportError that names the package.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ __all__ = [
     "StackEngine",
     "StackProtocol",
     "events",
+    "transport_context",
 ]
 
 _connection: Any = importlib.import_module("aiopquic.quic.connection")
@@ -53,6 +58,13 @@ EVT_APP_CLOSE: int = _connection._EVT_APP_CLOSE
 EVT_READY: int = _connection._EVT_READY
 EVT_STREAM_TX_DRAINED: int = _connection._EVT_STREAM_TX_DRAINED
 EVT_STREAM_DESTROY: int = _connection._EVT_STREAM_DESTROY
+
+
+def transport_context(quic: Any) -> Any:
+    """The ``TransportContext`` (picoquic's context and network thread) of an aiopquic
+    ``QuicConnection`` — its own on a client, the engine's on the server; None before it
+    started. aiopquic keeps it in ``QuicConnection._transport``."""
+    return quic._transport
 
 
 class RawListener(Protocol):
@@ -71,6 +83,11 @@ class StackConnection(_connection.QuicConnection):
 
     listener: RawListener | None = None
 
+    def start_network_thread(self, port: int = 0) -> None:
+        """Create and start this connection's ``TransportContext`` (picoquic's thread, its
+        UDP socket on ``port``; it reads the configuration's PEM files now)."""
+        self._start_transport(port=port)
+
     def _handle_raw_event(self, evt_type: int, stream_id: int, data: Any, is_fin: Any,
                           error_code: int, cnx_ptr: int, stream_ctx_ptr: int,
                           sc_ptr: int) -> None:
@@ -87,6 +104,14 @@ class StackProtocol(_protocol.QuicConnectionProtocol):
         super().__init__(quic)
         self.listener = listener
 
+    def watch_eventfd(self, loop: Any) -> None:
+        """Read the connection's events on ``loop`` (its eventfd registered there)."""
+        self._start(loop)
+
+    def unwatch_eventfd(self) -> None:
+        """Stop reading them (the eventfd unregistered)."""
+        self._stop()
+
     def quic_event_received(self, event: Any) -> None:
         self.listener.quic_event(event)
 
@@ -100,6 +125,11 @@ class StackEngine(_connection.QuicEngine):
                  on_ready: Callable[[], None]) -> None:
         super().__init__(configuration=configuration, create_protocol=create_protocol)
         self._on_ready = on_ready
+
+    def start_network_thread(self, port: int) -> None:
+        """Create and start the server's ``TransportContext`` (picoquic's thread, its UDP
+        socket bound to ``port``; it reads the configuration's PEM files now)."""
+        self._start_transport(port=port)
 
     def route_event(self, ev: Any) -> None:
         evt_type, stream_id, _data, _fin, error_code, cnx_ptr = ev[:6]
