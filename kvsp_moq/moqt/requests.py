@@ -14,15 +14,6 @@ from dataclasses import dataclass, field
 
 from ..wire.errors import SessionErrorCode, WireError
 from .messages import (
-    ControlStreamReader,
-    FetchOk,
-    Message,
-    ParamContext,
-    RequestError,
-    RequestOk,
-    SubscribeOk,
-)
-from .messages._base import (
     FETCH_TYPE,
     PUBLISH_NAMESPACE_TYPE,
     PUBLISH_TYPE,
@@ -30,6 +21,13 @@ from .messages._base import (
     SUBSCRIBE_TRACKS_TYPE,
     SUBSCRIBE_TYPE,
     TRACK_STATUS_TYPE,
+    ControlStreamReader,
+    FetchOk,
+    Message,
+    ParamContext,
+    RequestError,
+    RequestOk,
+    SubscribeOk,
 )
 
 __all__ = ["INITIAL_RESPONSES", "OK_CONTEXT", "Request", "RequestIdAllocator", "RequestIdChecker"]

@@ -5,7 +5,10 @@ codecs, and the framing (DESIGN.md §3; ``docs/moqt-messages.md``).
   (``codec``);
 * one frozen dataclass per message (``setup``, ``subscribe``, ``request``, ``publish``,
   ``fetch``, ``track_status``, ``namespace``), each declaring its type, the versions it exists
-  in and the stream rules the session enforces (``_base``);
+  in and the stream rules the session enforces (``_base``; the Message Types of the requests,
+  ``SUBSCRIBE_TYPE`` ..., for the session's stream rules);
+* :func:`violation` — the PROTOCOL_VIOLATION :class:`~kvsp_moq.wire.errors.WireError` the
+  session raises too (``_fields``);
 * :class:`MessageParameters` and the per-message allow-lists (``params``), the filter values
   (``filters``), the Token (``token``), Track Namespace / Full Track Name limits (``names``).
 
@@ -13,8 +16,22 @@ Malformed input raises :class:`~kvsp_moq.wire.errors.WireError` carrying the ses
 code the draft names; nothing else escapes a decoder.
 """
 
-from ._base import ALL_VERSIONS, REQUEST_TYPES, Message, Sender, StreamUse, TrackRequest
-from ._fields import MAX_REASON_PHRASE_LENGTH, Location, TrackProperties
+from ._base import (
+    ALL_VERSIONS,
+    FETCH_TYPE,
+    PUBLISH_NAMESPACE_TYPE,
+    PUBLISH_TYPE,
+    REQUEST_TYPES,
+    SUBSCRIBE_NAMESPACE_TYPE,
+    SUBSCRIBE_TRACKS_TYPE,
+    SUBSCRIBE_TYPE,
+    TRACK_STATUS_TYPE,
+    Message,
+    Sender,
+    StreamUse,
+    TrackRequest,
+)
+from ._fields import MAX_REASON_PHRASE_LENGTH, Location, TrackProperties, violation
 from .codec import (
     MAX_MESSAGE_LENGTH,
     ControlStreamReader,
@@ -62,13 +79,20 @@ from .track_status import TrackStatus
 
 __all__ = [
     "ALL_VERSIONS",
+    "FETCH_TYPE",
     "MAX_FULL_TRACK_NAME_LENGTH",
     "MAX_GOAWAY_URI_LENGTH",
     "MAX_MESSAGE_LENGTH",
     "MAX_NAMESPACE_FIELDS",
     "MAX_REASON_PHRASE_LENGTH",
     "PARAMETER_SPECS",
+    "PUBLISH_NAMESPACE_TYPE",
+    "PUBLISH_TYPE",
     "REQUEST_TYPES",
+    "SUBSCRIBE_NAMESPACE_TYPE",
+    "SUBSCRIBE_TRACKS_TYPE",
+    "SUBSCRIBE_TYPE",
+    "TRACK_STATUS_TYPE",
     "AliasType",
     "ControlStreamReader",
     "Fetch",
@@ -128,6 +152,7 @@ __all__ = [
     "read_track_namespace",
     "stream_count_unknown",
     "token_cache_size",
+    "violation",
     "write_full_track_name",
     "write_track_namespace",
 ]

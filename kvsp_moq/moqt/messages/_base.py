@@ -18,7 +18,7 @@ Every message class is a frozen dataclass with
     (REQUESTER), the other (RESPONDER) or either;
 * ``PARAMS`` — the parameter context the codec checks (:class:`ParamContext`).
 
-and implements ``_encode_body(w, version)`` / ``_decode_body(r, version)``. Use
+and implements ``encode_body(w, version)`` / ``decode_body(r, version)``. Use
 ``codec.encode_message`` / ``codec.decode_message`` rather than these directly.
 """
 
@@ -40,7 +40,21 @@ from .names import (
 )
 from .params import MessageParameters, ParamContext, read_parameters, write_parameters
 
-__all__ = ["ALL_VERSIONS", "REQUEST_TYPES", "Message", "Sender", "StreamUse", "TrackRequest"]
+__all__ = [
+    "ALL_VERSIONS",
+    "FETCH_TYPE",
+    "PUBLISH_NAMESPACE_TYPE",
+    "PUBLISH_TYPE",
+    "REQUEST_TYPES",
+    "SUBSCRIBE_NAMESPACE_TYPE",
+    "SUBSCRIBE_TRACKS_TYPE",
+    "SUBSCRIBE_TYPE",
+    "TRACK_STATUS_TYPE",
+    "Message",
+    "Sender",
+    "StreamUse",
+    "TrackRequest",
+]
 
 #: Wire versions (21 shares 20's bytes).
 ALL_VERSIONS = frozenset({Version.DRAFT_18, Version.DRAFT_20, Version.DRAFT_22})
@@ -96,11 +110,11 @@ class Message:
     def exists_in(cls, version: Version) -> bool:
         return version.wire_version in cls.VERSIONS
 
-    def _encode_body(self, w: Writer, version: Version) -> None:  # pragma: no cover
+    def encode_body(self, w: Writer, version: Version) -> None:  # pragma: no cover
         raise NotImplementedError
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> Any:  # pragma: no cover
+    def decode_body(cls, r: Reader, version: Version) -> Any:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -124,13 +138,13 @@ class TrackRequest(Message):
         object.__setattr__(self, "track_namespace", check_track_namespace(self.track_namespace))
         object.__setattr__(self, "track_name", bytes(self.track_name))
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.request_id)
         write_full_track_name(w, self.track_namespace, self.track_name)
         write_parameters(w, version, self.PARAMS, self.parameters)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> Any:
+    def decode_body(cls, r: Reader, version: Version) -> Any:
         request_id = r.pull_vi64()
         namespace, name = read_full_track_name(r)
         return cls(request_id, namespace, name, read_parameters(r, version, cls.PARAMS))

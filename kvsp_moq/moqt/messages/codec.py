@@ -106,7 +106,7 @@ def encode_message(version: Version, msg: Message) -> bytes:
     w = Writer(seven_byte=version.vi64_seven_byte)
     w.push_vi64(msg.TYPE)
     at = w.reserve_uint16()
-    msg._encode_body(w, wire)
+    msg.encode_body(w, wire)
     length = len(w) - at - 2
     if length > MAX_MESSAGE_LENGTH:
         raise ValueError(f"{msg.NAME} body of {length} bytes exceeds {MAX_MESSAGE_LENGTH}")
@@ -114,12 +114,12 @@ def encode_message(version: Version, msg: Message) -> bytes:
     return w.getvalue()
 
 
-def _decode_body(
+def _decode_framed(
     cls: type[Message], data: Buffer, start: int, end: int, version: Version
 ) -> Message:
     r = Reader(data, start, end, seven_byte=version.vi64_seven_byte)
     try:
-        msg: Message = cls._decode_body(r, version.wire_version)
+        msg: Message = cls.decode_body(r, version.wire_version)
     except BufferUnderflow:
         raise violation(f"{cls.NAME} body ends inside a field (Message Length mismatch)") from None
     if not r.at_end():
@@ -142,7 +142,7 @@ def decode_message(version: Version, data: Buffer, offset: int = 0) -> tuple[Mes
     end = header + 2 + length
     if len(data) < end:
         return None
-    return _decode_body(cls, data, header + 2, end, version), end - offset
+    return _decode_framed(cls, data, header + 2, end, version), end - offset
 
 
 class ControlStreamReader:

@@ -92,7 +92,7 @@ class FetchWithType(Message):
     PARAMS = ParamContext.FETCH
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> FetchWithType:
+    def decode_body(cls, r: Reader, version: Version) -> FetchWithType:
         request_id = r.pull_vi64()
         raw = r.pull_vi64()
         if raw == FetchType.STANDALONE:
@@ -129,7 +129,7 @@ class StandaloneFetch(FetchWithType):
         object.__setattr__(self, "start_location", Location(*self.start_location))
         object.__setattr__(self, "end_location", Location(*self.end_location))
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.request_id)
         w.push_vi64(FetchType.STANDALONE)
         write_full_track_name(w, self.track_namespace, self.track_name)
@@ -156,7 +156,7 @@ class JoiningFetch(FetchWithType):
         check_vi64("Joining Request ID", self.joining_request_id)
         check_vi64("Joining Start", self.joining_start)
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.request_id)
         w.push_vi64(self.fetch_type)
         w.push_vi64(self.joining_request_id)
@@ -185,14 +185,14 @@ class FetchOk(Message):
             self, "track_properties", tuple(KeyValuePair(*kv) for kv in self.track_properties)
         )
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_uint8(int(self.end_of_track))
         write_location(w, self.end_location)
         write_parameters(w, version, self.PARAMS, self.parameters)
         write_track_properties(w, self.track_properties)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> FetchOk:
+    def decode_body(cls, r: Reader, version: Version) -> FetchOk:
         end_of_track = r.pull_uint8()
         if end_of_track > 1:
             raise violation(f"End Of Track {end_of_track} is neither 0 nor 1")

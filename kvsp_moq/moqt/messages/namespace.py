@@ -57,14 +57,14 @@ class _NamespaceRequest(Message):
     __slots__ = ()
     FIRST = True
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         request_id, namespace, params = self._parts()
         w.push_vi64(request_id)
         write_track_namespace(w, namespace)
         write_parameters(w, version, self.PARAMS, params)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> Any:
+    def decode_body(cls, r: Reader, version: Version) -> Any:
         request_id = r.pull_vi64()
         namespace = read_track_namespace(r)
         params = read_parameters(r, version, cls.PARAMS)
@@ -141,11 +141,11 @@ class _SuffixMessage(Message):
     __slots__ = ()
     ON_REQUESTS = {SUBSCRIBE_NAMESPACE_TYPE: Sender.RESPONDER}
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         write_track_namespace(w, self.track_namespace_suffix)  # type: ignore[attr-defined]
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> Any:
+    def decode_body(cls, r: Reader, version: Version) -> Any:
         return cls(read_track_namespace(r))  # type: ignore[call-arg]
 
 
@@ -197,11 +197,11 @@ class PublishSkipped(Message):
         )
         object.__setattr__(self, "track_name", bytes(self.track_name))
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         write_full_track_name(w, self.track_namespace_suffix, self.track_name)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> PublishSkipped:
+    def decode_body(cls, r: Reader, version: Version) -> PublishSkipped:
         suffix = read_track_namespace(r)
         return cls(suffix, read_track_name(r, suffix))
 

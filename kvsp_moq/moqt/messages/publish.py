@@ -78,7 +78,7 @@ class Publish(Message):
             self, "track_properties", tuple(KeyValuePair(*kv) for kv in self.track_properties)
         )
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.request_id)
         write_full_track_name(w, self.track_namespace, self.track_name)
         w.push_vi64(self.track_alias)
@@ -86,7 +86,7 @@ class Publish(Message):
         write_track_properties(w, self.track_properties)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> Publish:
+    def decode_body(cls, r: Reader, version: Version) -> Publish:
         request_id = r.pull_vi64()
         namespace, name = read_full_track_name(r)
         alias = r.pull_vi64()
@@ -115,13 +115,13 @@ class PublishDone(Message):
         """The status; unknown codes read as INTERNAL_ERROR."""
         return publish_done_code(self.status_code)
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.status_code)
         w.push_vi64(self.stream_count)
         write_reason_phrase(w, self.error_reason)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> PublishDone:
+    def decode_body(cls, r: Reader, version: Version) -> PublishDone:
         status = r.pull_vi64()
         count = r.pull_vi64()
         return cls(status, count, read_reason_phrase(r))
@@ -139,9 +139,9 @@ class PublishStateNotify(Message):
 
     parameters: MessageParameters = MessageParameters()
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         write_parameters(w, version, self.PARAMS, self.parameters)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> PublishStateNotify:
+    def decode_body(cls, r: Reader, version: Version) -> PublishStateNotify:
         return cls(read_parameters(r, version, cls.PARAMS))

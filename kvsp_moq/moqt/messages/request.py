@@ -95,12 +95,12 @@ class RequestOk(Message):
             self, "track_properties", tuple(KeyValuePair(*kv) for kv in self.track_properties)
         )
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         write_parameters(w, version, self.PARAMS, self.parameters)
         write_track_properties(w, self.track_properties)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> RequestOk:
+    def decode_body(cls, r: Reader, version: Version) -> RequestOk:
         params = read_parameters(r, version, cls.PARAMS)
         return cls(params, read_track_properties(r))
 
@@ -164,7 +164,7 @@ class RequestError(Message):
         """The error code; unknown codes read as INTERNAL_ERROR."""
         return request_error_code(self.error_code)
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.error_code)
         w.push_vi64(self.retry_interval)
         write_reason_phrase(w, self.error_reason)
@@ -172,7 +172,7 @@ class RequestError(Message):
             self.redirect.write(w)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> RequestError:
+    def decode_body(cls, r: Reader, version: Version) -> RequestError:
         code = r.pull_vi64()
         retry = r.pull_vi64()
         reason = read_reason_phrase(r)

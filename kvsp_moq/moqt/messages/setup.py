@@ -142,11 +142,11 @@ class Setup(Message):
         out.sort(key=lambda kv: kv[0])  # stable: the order within one type is kept
         return out
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         write_kvps(w, self._options(version))
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> Setup:
+    def decode_body(cls, r: Reader, version: Version) -> Setup:
         known = known_setup_options(version)
         fields: dict[str, object] = {}
         tokens: list[Token] = []
@@ -197,7 +197,7 @@ class GoAway(Message):
     timeout: int = 0
     request_id: int | None = None
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         write_uri(w, self.new_session_uri, MAX_GOAWAY_URI_LENGTH, "New Session URI")
         w.push_vi64(check_vi64("Timeout", self.timeout))
         if self.request_id is not None:
@@ -206,7 +206,7 @@ class GoAway(Message):
             w.push_vi64(check_vi64("Request ID", self.request_id))
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> GoAway:
+    def decode_body(cls, r: Reader, version: Version) -> GoAway:
         uri = read_uri(r, MAX_GOAWAY_URI_LENGTH, "New Session URI")
         timeout = r.pull_vi64()
         request_id = r.pull_vi64() if version.goaway_has_request_id and not r.at_end() else None

@@ -82,13 +82,13 @@ class SubscribeOk(Message):
             self, "track_properties", tuple(KeyValuePair(*kv) for kv in self.track_properties)
         )
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.track_alias)
         write_parameters(w, version, self.PARAMS, self.parameters)
         write_track_properties(w, self.track_properties)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> SubscribeOk:
+    def decode_body(cls, r: Reader, version: Version) -> SubscribeOk:
         alias = r.pull_vi64()
         params = read_parameters(r, version, cls.PARAMS)
         return cls(alias, params, read_track_properties(r))
@@ -117,12 +117,12 @@ class RequestUpdate(Message):
     def __post_init__(self) -> None:
         check_vi64("Request ID", self.request_id)
 
-    def _encode_body(self, w: Writer, version: Version) -> None:
+    def encode_body(self, w: Writer, version: Version) -> None:
         w.push_vi64(self.request_id)
         write_parameters(w, version, self.PARAMS, self.parameters)
 
     @classmethod
-    def _decode_body(cls, r: Reader, version: Version) -> RequestUpdate:
+    def decode_body(cls, r: Reader, version: Version) -> RequestUpdate:
         request_id = r.pull_vi64()
         return cls(request_id, read_parameters(r, version, cls.PARAMS))
 

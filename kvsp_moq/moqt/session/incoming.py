@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from ...wire.buffer import Buffer
 from ...wire.errors import SessionErrorCode, StreamResetCode, WireError
 from ..data import DataStreamParser, peek_stream_type
-from ..messages import ControlStreamReader
-from ..messages._fields import violation
+from ..messages import ControlStreamReader, violation
 from ..objects import (
     FetchHeader,
     GroupOrder,

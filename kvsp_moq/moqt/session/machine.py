@@ -40,6 +40,10 @@ from ...wire.kvp import KeyValuePair
 from ..data import encode_fetch_header, encode_subgroup_header, parse_datagram
 from ..data import encode_datagram as _encode_datagram
 from ..messages import (
+    FETCH_TYPE,
+    PUBLISH_TYPE,
+    REQUEST_TYPES,
+    SUBSCRIBE_TYPE,
     ControlStreamReader,
     Fetch,
     FetchOk,
@@ -58,6 +62,7 @@ from ..messages import (
     RequestError,
     RequestOk,
     RequestUpdate,
+    Sender,
     Setup,
     StandaloneFetch,
     StreamUse,
@@ -70,9 +75,8 @@ from ..messages import (
     check_request_ok,
     check_request_update,
     encode_message,
+    violation,
 )
-from ..messages._base import FETCH_TYPE, PUBLISH_TYPE, REQUEST_TYPES, SUBSCRIBE_TYPE, Sender
-from ..messages._fields import violation
 from ..messages.params import ParamContext
 from ..objects import GroupOrder, ObjectDatagram, SubgroupHeader
 from ..requests import INITIAL_RESPONSES, OK_CONTEXT, Request, RequestIdAllocator, RequestIdChecker

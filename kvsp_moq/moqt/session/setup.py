@@ -9,8 +9,7 @@ import re
 
 from ...wire.errors import SessionErrorCode, WireError
 from ...wire.kvp import KeyValuePair
-from ..messages import Setup
-from ..messages._fields import violation
+from ..messages import Setup, violation
 from ..version import Version
 from .config import SessionConfig
 
