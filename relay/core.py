@@ -29,6 +29,7 @@ from kvsp_moq.moqt.messages import (
     TrackStatus,
 )
 from kvsp_moq.moqt.session import Role, SessionConfig
+from kvsp_moq.pubsub.driver import Tasks
 from kvsp_moq.transport import ConnectError, Server, TransportError, parse_moqt_url
 
 from .cache import ObjectCache, TrackName
@@ -185,7 +186,9 @@ class Relay:
         self.server: Server | None = None
         self._upstream: PeerSession | None = None
         self._upstream_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: Background tasks (cancelled by :meth:`close`; a failure is logged as "relay
+        #: task failed").
+        self._tasks = Tasks(logger, "relay task")
         self.stats.gauges = self._gauges
         self.gate = Gate(config.auth.authorizer if config.auth is not None else None,
                          self.stats)
@@ -263,8 +266,7 @@ class Relay:
         if self.metrics is not None:
             await self.metrics.close()
             self.metrics = None
-        for t in list(self._tasks):
-            t.cancel()
+        self._tasks.cancel_all()
 
     # -- observability -----------------------------------------------------------------------
     def _gauges(self) -> dict[str, int]:
@@ -296,14 +298,7 @@ class Relay:
     def spawn(self, coro: Awaitable[None]) -> None:
         """Run ``coro`` as a task of the relay (cancelled by :meth:`close`; failures
         logged)."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("relay task failed", exc_info=task.exception())
+        self._tasks.spawn(coro)
 
     # -- routes ------------------------------------------------------------------------------
     async def upstream_peer(self) -> PeerSession | None:

@@ -352,7 +352,9 @@ class Fanout:
             sid = moqt.open_subgroup_stream(sub.request_id, header)
         except KeyError:  # the subscription is gone
             return None
-        sub.peer.flush()  # OpenStream + header go out before any object bytes
+        # The transport opened (and numbered) the stream; its header goes out now, before
+        # any object bytes.
+        sub.peer.flush()
         sub.out.open_stream(
             sid, self.default_priority if h.publisher_priority is None else h.publisher_priority,
             h.group_id, b.subgroup_id or 0)

@@ -23,7 +23,7 @@ from kvsp_moq.moqt.objects import ObjectDatagram
 from kvsp_moq.moqt.session import Role, SessionConfig
 from kvsp_moq.moqt.session import SessionMachine
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub.driver import ConnectionStreamIds, SessionDriver, apply_action
+from kvsp_moq.pubsub.driver import ConnectionStreamIds, EventTable, SessionDriver, apply_action
 from kvsp_moq.transport import Connection
 
 from .sender import SessionSender
@@ -181,6 +181,7 @@ class PeerSession(SessionDriver):
         self.held_updates: dict[int, HeldUpdates] = {}
         self._aliases = 0
         self._pumping = False
+        self.events = self._event_table()
         #: Token aliases the peer registered (we advertise the cache size to downstream
         #: peers only) and the principals its SETUP tokens named.
         self.tokens = TokenCache(0 if upstream else relay.config.auth_token_cache_size)
@@ -244,82 +245,108 @@ class PeerSession(SessionDriver):
         self.moqt.start()
         self.pump()
 
-    # Transport callbacks, the pump and the actions: the shared driver (pubsub/driver.py).
+    # Transport callbacks, the pump and the actions: the shared driver (pubsub/driver.py);
+    # events are dispatched by type (its EventTable) to the handlers below.
     def dispatch(self, e: ev.Event) -> None:
         try:
-            self._dispatch_event(e)
+            self.events.dispatch(e)
         except Exception:  # a relay bug must not take the session's peers down
             logger.exception("relay: handling %r failed", e)
+
+    def _event_table(self) -> EventTable:
+        t = EventTable()
+        # Data arrives for our subscriptions / fetches (local) and for the peer's PUBLISHes
+        # (served; Request IDs of the two sides never collide).
+        t.on(ev.DataEvent, self._on_data)
+        t.on(ev.DataStreamClosed, self._on_data_stream_closed)
+        t.on(ev.RequestReceived, self._on_request)
+        t.on(ev.ResponseReceived, self._on_response)
+        t.on(ev.UpdateReceived, self._on_update)
+        t.on(ev.DatagramReceived, self._on_datagram)
+        t.on(ev.RequestMessage, self._on_request_message)
+        t.on(ev.RequestFinished, self._on_request_finished)
+        t.on(ev.RequestCancelled, self._on_cancelled)
+        t.on(ev.DataStreamStopped, self._on_data_stream_stopped)
+        t.on(ev.SetupComplete, self._on_setup_complete)
+        t.on(ev.GoawayReceived, self._on_goaway)
+        t.on(ev.SessionClosed, lambda e: self._on_closed(e.error_code, e.reason))
+        return t
 
     def _handler(self, rid: int) -> RequestHandler | None:
         return self.local.get(rid) or self.served.get(rid)
 
-    def _dispatch_event(self, e: ev.Event) -> None:
-        # Data arrives for our subscriptions / fetches (local) and for the peer's PUBLISHes
-        # (served; Request IDs of the two sides never collide).
-        if isinstance(e, ev.DataEvent):
-            h = self._handler(e.request_id)
-            if h is not None:
-                h.on_data(e.stream_id, e.event)
-        elif isinstance(e, ev.DataStreamClosed):
-            h = self._handler(e.request_id)
-            if h is not None:
-                h.on_stream_closed(e.stream_id, e.error_code)
-        elif isinstance(e, ev.RequestReceived):
-            if self.moqt is not None and self.moqt.goaway_sent:
-                return  # the session already answered GOING_AWAY
-            self.relay.on_request(self, e.request_id, e.message)
-        elif isinstance(e, ev.ResponseReceived):
-            h = self.local.get(e.request_id)
-            if h is not None:
-                h.on_response(e.message)
-        elif isinstance(e, ev.UpdateReceived):
-            # REQUEST_UPDATE may REGISTER / DELETE token aliases (draft-20
-            # §"AUTHORIZATION TOKEN Parameter"); then the request's handler applies it
-            # (subscriber priority, forward, filter: §"REQUEST_UPDATE").
-            if isinstance(e.message, RequestUpdate):
-                self.relay.gate.on_request_update(self, e.message)
-                if self.moqt is None or self.moqt.closed:
-                    return
-                h = self._handler(e.request_id)
-                if h is not None and h.takes_updates:
-                    h.on_update(e.message)
-                else:
-                    self._hold_update(e.request_id, e.message)
-        elif isinstance(e, ev.DatagramReceived):
-            h = self._handler(e.request_id)
-            if h is not None:
-                h.on_datagram(e.datagram)
-        elif isinstance(e, ev.RequestMessage):
-            h = self._handler(e.request_id)
-            if h is not None:
-                h.on_message(e.message)
-        elif isinstance(e, ev.RequestFinished):
-            h = self._handler(e.request_id)
-            if h is not None:
-                h.on_finished()
-        elif isinstance(e, ev.RequestCancelled):
-            h = self.local.pop(e.request_id, None) or self.served.pop(e.request_id, None)
-            if h is not None:
-                h.on_cancelled(e.error_code)
-        elif isinstance(e, ev.DataStreamStopped):
-            h = self.served.get(e.request_id)
-            if h is not None:
-                h.on_stream_stopped(e.stream_id, e.error_code)
-        elif isinstance(e, ev.SetupComplete):
-            if not self.upstream and not self.relay.gate.on_setup(self, e.peer_setup):
+    def _on_data(self, e: ev.DataEvent) -> None:
+        h = self._handler(e.request_id)
+        if h is not None:
+            h.on_data(e.stream_id, e.event)
+
+    def _on_data_stream_closed(self, e: ev.DataStreamClosed) -> None:
+        h = self._handler(e.request_id)
+        if h is not None:
+            h.on_stream_closed(e.stream_id, e.error_code)
+
+    def _on_request(self, e: ev.RequestReceived) -> None:
+        if self.moqt is not None and self.moqt.goaway_sent:
+            return  # the session already answered GOING_AWAY
+        self.relay.on_request(self, e.request_id, e.message)
+
+    def _on_response(self, e: ev.ResponseReceived) -> None:
+        h = self.local.get(e.request_id)
+        if h is not None:
+            h.on_response(e.message)
+
+    def _on_update(self, e: ev.UpdateReceived) -> None:
+        # REQUEST_UPDATE may REGISTER / DELETE token aliases (draft-20
+        # §"AUTHORIZATION TOKEN Parameter"); then the request's handler applies it
+        # (subscriber priority, forward, filter: §"REQUEST_UPDATE").
+        if isinstance(e.message, RequestUpdate):
+            self.relay.gate.on_request_update(self, e.message)
+            if self.moqt is None or self.moqt.closed:
                 return
-            if not self.ready.done():
-                self.ready.set_result(None)
-            if not self.upstream:
-                # e.g. SUBSCRIBE_NAMESPACE to a publisher that waits to be solicited
-                # (relay/solicit.py); the peer's Setup Options are in e.peer_setup.
-                self.relay.on_setup(self, e.peer_setup)
-        elif isinstance(e, ev.GoawayReceived):
-            self.goaway_received = True
-            self.relay.on_goaway(self)
-        elif isinstance(e, ev.SessionClosed):
-            self._on_closed(e.error_code, e.reason)
+            h = self._handler(e.request_id)
+            if h is not None and h.takes_updates:
+                h.on_update(e.message)
+            else:
+                self._hold_update(e.request_id, e.message)
+
+    def _on_datagram(self, e: ev.DatagramReceived) -> None:
+        h = self._handler(e.request_id)
+        if h is not None:
+            h.on_datagram(e.datagram)
+
+    def _on_request_message(self, e: ev.RequestMessage) -> None:
+        h = self._handler(e.request_id)
+        if h is not None:
+            h.on_message(e.message)
+
+    def _on_request_finished(self, e: ev.RequestFinished) -> None:
+        h = self._handler(e.request_id)
+        if h is not None:
+            h.on_finished()
+
+    def _on_cancelled(self, e: ev.RequestCancelled) -> None:
+        h = self.local.pop(e.request_id, None) or self.served.pop(e.request_id, None)
+        if h is not None:
+            h.on_cancelled(e.error_code)
+
+    def _on_data_stream_stopped(self, e: ev.DataStreamStopped) -> None:
+        h = self.served.get(e.request_id)
+        if h is not None:
+            h.on_stream_stopped(e.stream_id, e.error_code)
+
+    def _on_setup_complete(self, e: ev.SetupComplete) -> None:
+        if not self.upstream and not self.relay.gate.on_setup(self, e.peer_setup):
+            return
+        if not self.ready.done():
+            self.ready.set_result(None)
+        if not self.upstream:
+            # e.g. SUBSCRIBE_NAMESPACE to a publisher that waits to be solicited
+            # (relay/solicit.py); the peer's Setup Options are in e.peer_setup.
+            self.relay.on_setup(self, e.peer_setup)
+
+    def _on_goaway(self, e: ev.GoawayReceived) -> None:
+        self.goaway_received = True
+        self.relay.on_goaway(self)
 
     def _on_closed(self, code: int, reason: str) -> None:
         if self.closed.done():
