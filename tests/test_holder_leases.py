@@ -1,23 +1,42 @@
 """Holder leases over HTTP (kvsp-draft §6.6): grant, renew, release, quotas (also under
 concurrency), scope checks, expiry on a manual clock, and the store never evicting a leased
-replica while it evicts unleased ones."""
+replica while it evicts unleased ones.
+
+The lease contract: every test runs twice, with ``[holder] store = "memory"`` and with a real
+``redis-server`` (``store = "redis://..."``), and must pass the same way on both."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from kvsp_moq.control.common.config import TierConfig
 from kvsp_moq.kvsp.records import LeaseGrant
 from kvsp_moq.storage import ReplicaPinned
+from redis_support import RedisServer
 from test_holder_support import PRINCIPALS, BLOCK_SIZE, CONTAINER_SIZE, COMPAT, SCOPE_A, H, bkey, rkey, running_holder
 
 
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The ``[holder] store`` setting of the test's holder: memory, or a fresh redis-server."""
+    if request.param == "memory":
+        yield "memory"
+        return
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
 @pytest.fixture
-async def h() -> AsyncIterator[H]:
-    async with running_holder(max_lease_ttl_ms=30_000, max_leased_octets=3 * CONTAINER_SIZE, max_leases=8) as h:
+async def h(store: str) -> AsyncIterator[H]:
+    async with running_holder(max_lease_ttl_ms=30_000, max_leased_octets=3 * CONTAINER_SIZE, max_leases=8, store=store) as h:
         for i in range(6):
             assert (await h.put_block(i)).status == 201
         yield h
@@ -50,7 +69,7 @@ async def test_lease_expires_on_the_clock(h: H) -> None:
     assert not h.service.store.is_pinned(rkey(0))
     reply = await h.request("PUT", f"leases/{grant.lease}", body={"ttl_ms": 5_000})
     assert (reply.status, reply.problem) == (404, "kvsp-not-found")
-    assert h.service.leases.usage(PRINCIPALS["client-a"]) == (0, 0)
+    assert await h.service.leases.usage(PRINCIPALS["client-a"]) == (0, 0)
 
 
 async def test_unknown_keys_are_404_and_pin_nothing(h: H) -> None:
@@ -99,12 +118,12 @@ async def test_concurrent_requests_at_the_quota_edge_never_exceed_it(h: H) -> No
     replies = await asyncio.gather(*(h.lease([i % 6]) for i in range(12)))
     statuses = sorted(r.status for r in replies)
     assert statuses == [201] * 3 + [429] * 9
-    octets, count = h.service.leases.usage(PRINCIPALS["client-a"])
+    octets, count = await h.service.leases.usage(PRINCIPALS["client-a"])
     assert (octets, count) == (3 * CONTAINER_SIZE, 3)
 
 
-async def test_lease_count_quota() -> None:
-    async with running_holder(max_leases=2) as h:
+async def test_lease_count_quota(store: str) -> None:
+    async with running_holder(max_leases=2, store=store) as h:
         await h.put_block(0)
         assert (await h.lease([0])).status == 201
         assert (await h.lease([0])).status == 201
@@ -112,8 +131,8 @@ async def test_lease_count_quota() -> None:
         assert (reply.status, reply.problem) == (429, "kvsp-lease-quota")
 
 
-async def test_leased_replica_is_never_evicted_under_pressure() -> None:
-    async with running_holder(tiers=(TierConfig("host", 3 * BLOCK_SIZE),)) as h:
+async def test_leased_replica_is_never_evicted_under_pressure(store: str) -> None:
+    async with running_holder(tiers=(TierConfig("host", 3 * BLOCK_SIZE),), store=store) as h:
         for i in range(3):
             await h.put_block(i)
         assert (await h.lease([0], ttl_ms=20_000)).status == 201  # block 0 is the LRU
@@ -162,3 +181,26 @@ async def test_lease_bodies_are_validated(h: H) -> None:
     assert reply.status == 404
     reply = await h.request("POST", "leases", who=None, body=body)
     assert reply.status == 401
+
+
+async def test_get_lease_tells_its_remaining_ttl(h: H) -> None:
+    grant = LeaseGrant.from_json((await h.lease([0], ttl_ms=10_000)).json)
+    h.clock.advance(4_000)
+    reply = await h.request("GET", f"leases/{grant.lease}")
+    assert reply.status == 200 and LeaseGrant.from_json(reply.json) == LeaseGrant(lease=grant.lease, ttl_ms=6_000)
+    reply = await h.request("GET", f"leases/{grant.lease}", who="client-a2")  # not its lease
+    assert (reply.status, reply.problem) == (404, "kvsp-not-found")
+    h.clock.advance(6_000)
+    reply = await h.request("GET", f"leases/{grant.lease}")
+    assert (reply.status, reply.problem) == (404, "kvsp-not-found")
+
+
+async def test_purge_frees_the_quota_and_unpins(h: H) -> None:
+    assert (await h.lease([0, 1, 2], ttl_ms=5_000)).status == 201
+    assert (await h.lease([3])).status == 429
+    h.clock.advance(5_000)
+    assert await h.service.leases.purge() == 1
+    assert await h.service.leases.usage(PRINCIPALS["client-a"]) == (0, 0)
+    assert await h.service.leases.purge() == 0
+    assert not h.service.store.is_pinned(rkey(0))
+    assert (await h.lease([3, 4, 5])).status == 201

@@ -8,6 +8,7 @@ from ...kvsp.errors import RecordError
 from ...kvsp.records import LeaseRenewal, LeaseRequest
 from ...storage import RecordKey, StoreFull
 from ..common.config import HolderConfig
+from ..common.errors import NotFound
 from ..common.media import BLOCK_MEDIA_TYPE, repr_digest
 from ..http.server import BLOCK_PATH, HttpProblem, authenticate, read_block_body, read_record, record_response
 from .service import HolderService
@@ -64,6 +65,7 @@ class HolderRoutes:
             web.get(f"{base}blocks/{BLOCK_PATH}", self.get_block),  # HEAD too
             web.put(f"{base}blocks/{BLOCK_PATH}", self.put_block),
             web.post(f"{base}leases", self.post_lease),
+            web.get(f"{base}leases/{LEASE_SEGMENT}", self.get_lease),
             web.put(f"{base}leases/{LEASE_SEGMENT}", self.put_lease),
             web.delete(f"{base}leases/{LEASE_SEGMENT}", self.delete_lease),
         ]
@@ -113,18 +115,28 @@ class HolderRoutes:
         """§6.6 POST leases: 201 with a LeaseGrant and Location ``leases/{id}``."""
         principal = authenticate(request)
         lease_request = await read_record(request, LeaseRequest, self.config.max_body_octets)
-        grant = self.service.leases.grant(principal, lease_request)
+        grant = await self.service.leases.grant(principal, lease_request)
         return record_response(grant, status=201, headers={"Location": f"{self.base}leases/{grant.lease}"})
+
+    async def get_lease(self, request: web.Request) -> web.Response:
+        """The lease's remaining TTL (ours: §6.6 defines no GET): 200 with a LeaseGrant; 404
+        when unknown, expired or another principal's."""
+        principal = authenticate(request)
+        lease_id = request.match_info["lease"]
+        lease = await self.service.leases.get(principal, lease_id)
+        if lease is None:
+            raise NotFound(f"no live lease {lease_id!r}")
+        return record_response(lease.grant(self.service.leases.clock.now_ms()))
 
     async def put_lease(self, request: web.Request) -> web.Response:
         """§6.6 renewal: 200 with the new LeaseGrant."""
         principal = authenticate(request)
         renewal = await read_record(request, LeaseRenewal, self.config.max_body_octets)
-        grant = self.service.leases.renew(principal, request.match_info["lease"], renewal.ttl_ms)
+        grant = await self.service.leases.renew(principal, request.match_info["lease"], renewal.ttl_ms)
         return record_response(grant)
 
     async def delete_lease(self, request: web.Request) -> web.Response:
         """§6.6 release: 204."""
         principal = authenticate(request)
-        self.service.leases.release(principal, request.match_info["lease"])
+        await self.service.leases.release(principal, request.match_info["lease"])
         return web.Response(status=204)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -13,10 +14,13 @@ from ...storage import BlockStore
 from ..client.http import HttpIndexClient
 from ..client.publisher import IndexClient, ReplicaPublisher
 from ..common.clock import Clock, MonotonicClock
-from ..common.config import ControlConfig
+from ..common.config import ControlConfig, HolderConfig
+from ..common.errors import StoreUnavailable
 from ..common.tiers import build_store
 from ..http.server import BoundUrl, RunningServer, build_app, serve_app
-from .leases import LeaseLimits, LeaseManager
+from .lease_redis import RedisLeaseStore
+from .lease_store import LeaseLimits, LeaseStore, MemoryLeaseStore
+from .leases import LeaseManager
 from .routes import HolderRoutes
 from .service import HolderService
 
@@ -25,6 +29,30 @@ __all__ = ["HOLDER_SERVICE", "serve_holder"]
 log = logging.getLogger(__name__)
 
 HOLDER_SERVICE = web.AppKey("kvsp_holder_service", HolderService)
+
+
+class WallClock:
+    """Milliseconds since the Unix epoch: the lease clock of a Redis store, so that a lease's
+    expiry means the same to a restarted holder, on whichever host (a step of the system clock
+    shortens or lengthens the leases by as much)."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+def open_lease_store(hc: HolderConfig) -> LeaseStore:
+    """The lease store ``[holder] store`` names (``common/store.py``)."""
+    spec = hc.store_spec
+    return MemoryLeaseStore() if spec.is_memory else RedisLeaseStore(spec)
+
+
+async def _reload(leases: LeaseManager) -> None:
+    try:
+        count = await leases.reload()
+    except StoreUnavailable as exc:
+        log.warning("cannot reload the leases yet (retried; blocks are not stored meanwhile): %s", exc)
+    else:
+        log.info("reloaded %d live lease(s) from the store", count)
 
 
 async def serve_holder(
@@ -43,10 +71,21 @@ async def serve_holder(
     pins must expire together. ``index_client`` defaults to :class:`HttpIndexClient` for
     ``index_url`` (none: no publication). The holder URL is ``url``, else the bound address.
     Records are refreshed in the background every ``refresh_ms / 4``; ``close()`` stops it.
+
+    A store built here adopts the replica files of its disk tiers first (a restart). With
+    ``[holder] store = "redis://..."`` the leases live in Redis: they are reloaded and their
+    replicas re-pinned before the first request (retried in the background while Redis is
+    unreachable; PUTs answer 503 until then, GETs are served). Lease expiry then runs on the
+    wall clock, unless ``clock`` is given (tests drive both with one manual clock).
     """
     hc = config.holder
+    lease_clock: Clock = clock if clock is not None else (MonotonicClock() if hc.store_spec.is_memory else WallClock())
     clock = clock if clock is not None else MonotonicClock()
-    store = store if store is not None else build_store(hc.tiers, clock)
+    if store is None:
+        store = build_store(hc.tiers, clock)
+        recovered = store.recover()  # §6.1: republished below by the first refresh
+        if recovered:
+            log.info("adopted %d replica(s) from the disk tiers", len(recovered))
     owned_client: HttpIndexClient | None = None
     if index_client is None and hc.index_url is not None:
         index_client = owned_client = HttpIndexClient(hc.index_url, hc.index_token)
@@ -56,9 +95,9 @@ async def serve_holder(
         retry_ms=hc.withdraw_retry_ms, retry_max_ms=hc.withdraw_retry_max_ms,
     )
     limits = LeaseLimits(hc.max_lease_ttl_ms, hc.max_leased_octets, hc.max_leases, hc.max_lease_keys)
-    service = HolderService(
-        store, clock=clock, leases=LeaseManager(store, clock, limits), publisher=publisher, chunk_octets=hc.chunk_octets
-    )
+    leases = LeaseManager(store, clock, limits, leases=open_lease_store(hc), lease_clock=lease_clock)
+    await _reload(leases)
+    service = HolderService(store, clock=clock, leases=leases, publisher=publisher, chunk_octets=hc.chunk_octets)
     app = build_app(auth=config.auth, routes=HolderRoutes(service, hc).routes())
     app[HOLDER_SERVICE] = service
 
@@ -66,10 +105,15 @@ async def serve_holder(
         async def loop() -> None:
             while True:
                 await asyncio.sleep(max(hc.refresh_ms / 4, 10) / 1000)
+                if not leases.loaded:
+                    await _reload(leases)
+                try:
+                    await leases.purge()
+                except StoreUnavailable as exc:  # expired pins lapse on their own meanwhile
+                    log.warning("purging expired leases failed: %s", exc)
                 if url.url is None:
                     continue
                 try:
-                    service.leases.purge()
                     await publisher.refresh()
                 except Exception:  # must not stop the loop
                     log.exception("refreshing the holder's replica records failed")
@@ -84,6 +128,7 @@ async def serve_holder(
         except asyncio.TimeoutError:
             log.warning("closing with replica withdrawals still pending; the records expire at the index")
         publisher.close()
+        await leases.close()
         if owned_client is not None:
             await owned_client.close()
 

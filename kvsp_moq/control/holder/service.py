@@ -132,8 +132,11 @@ class HolderService:
 
     def check_store(self, principal: Principal, key: RecordKey) -> None:
         """Before reading a PUT body: ``Forbidden`` without the scope (§6.7 MUST), and
-        ``PreconditionFailed`` when a replica is already held (§6.7: 412, keep the copy)."""
+        ``PreconditionFailed`` when a replica is already held (§6.7: 412, keep the copy);
+        ``StoreUnavailable`` (503) while a restarted holder has not yet reloaded its leases:
+        storing may evict, and it cannot yet tell a leased replica from another (§6.6)."""
         require_scope(principal, key.scope_id)
+        self.leases.check_loaded()
         existing = self.store.get(key)
         if existing is not None:
             raise PreconditionFailed(f"the holder already has replica {existing.replica_id.hex()} of block {key.block_key.hex()}; it keeps it")
@@ -179,6 +182,5 @@ class HolderService:
             self.store.remove(key, replica_id=info.replica_id, force=force)
         except ReplicaNotFound:
             return False  # gone meanwhile (its own eviction withdrew it)
-        self.leases.forget_replica(key, info.replica_id)
-        return True
+        return True  # a lease naming it stays valid and keeps its quota; it pins nothing here
 

@@ -1,0 +1,176 @@
+"""Where a holder keeps its leases (kvsp-draft §6.6; DESIGN.md §8): the interface and the
+embedded, in-memory implementation. The Redis one is :mod:`.lease_redis`.
+
+A store keeps each lease (id, owner, the replicas it names, its octets, its expiry) and each
+owner's usage (leased octets, live leases). It does not pin anything: pins live in the
+holder's :class:`~kvsp_moq.storage.BlockStore`, which :class:`~.leases.LeaseManager` keeps in
+step with the store (and rebuilds from it after a restart).
+
+Rules every implementation follows (the contract tests in ``tests/test_holder_lease_store.py``
+run them over both):
+
+- Time is the caller's: every call takes ``now_ms``, and a lease is expired once
+  ``expires_ms <= now_ms``. An expired lease is never renewed, released or returned, even
+  before :meth:`LeaseStore.purge` has removed it, and it no longer counts against its owner.
+- :meth:`LeaseStore.grant` checks the owner's quota (§6.6 "MUST enforce a per-client quota on
+  leased octets") and records the lease in one atomic step: two requests, or two holder
+  processes over one store, never both pass the last bit of a quota.
+- Renew, release and get see only the owner's own leases (another owner gets ``None``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from ...kvsp.records import LeaseGrant
+from ...storage import RecordKey
+
+__all__ = ["GrantOutcome", "Lease", "LeaseLimits", "LeaseStore", "MemoryLeaseStore", "Usage"]
+
+
+@dataclass(frozen=True)
+class LeaseLimits:
+    """Per-client quotas (§6.6) and a bound on one request's size."""
+
+    max_ttl_ms: int = 60_000
+    max_octets: int = 4 << 30
+    max_leases: int = 1024
+    max_keys: int = 4096
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one owner holds under its live leases."""
+
+    octets: int = 0
+    leases: int = 0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease: the replicas it names (key -> replica id), their octets, its expiry (ms on the
+    lease clock). Octets are fixed at the grant: a replica that later leaves the holder still
+    counts (§6.6 quota is on what was leased)."""
+
+    id: str
+    owner: str  # principal name
+    replicas: Mapping[RecordKey, bytes]
+    octets: int
+    expires_ms: int
+    scope_id: bytes = b""
+
+    def grant(self, now_ms: int) -> LeaseGrant:
+        return LeaseGrant(lease=self.id, ttl_ms=max(1, self.expires_ms - now_ms))
+
+    def remaining_ms(self, now_ms: int) -> int:
+        return self.expires_ms - now_ms
+
+
+@dataclass(frozen=True)
+class GrantOutcome:
+    """The answer of :meth:`LeaseStore.grant`: granted, or refused (``usage`` is the owner's
+    usage the quota was checked against; ``duplicate``: the id is taken, try another)."""
+
+    granted: bool
+    usage: Usage
+    duplicate: bool = False
+
+
+class LeaseStore(Protocol):
+    """A holder's leases. Implementations: :class:`MemoryLeaseStore`, ``RedisLeaseStore``."""
+
+    #: Whether leases outlive the holder process (a restart reloads them: :meth:`live`).
+    durable: bool
+
+    def grant(self, lease: Lease, limits: LeaseLimits, now_ms: int) -> Awaitable[GrantOutcome]:
+        """Record ``lease`` unless the owner's live leases plus it exceed ``limits.max_leases``
+        or ``limits.max_octets`` (one atomic step)."""
+        ...
+
+    def renew(self, owner: str, lease_id: str, expires_ms: int, now_ms: int) -> Awaitable[Lease | None]:
+        """The lease, now ending at ``expires_ms``; None when unknown, expired or another's."""
+        ...
+
+    def release(self, owner: str, lease_id: str, now_ms: int) -> Awaitable[Lease | None]:
+        """Remove the lease and free its quota; the removed lease, or None (as for renew)."""
+        ...
+
+    def get(self, owner: str, lease_id: str, now_ms: int) -> Awaitable[Lease | None]:
+        ...
+
+    def usage(self, owner: str, now_ms: int) -> Awaitable[Usage]:
+        ...
+
+    def purge(self, now_ms: int) -> Awaitable[list[Lease]]:
+        """Remove expired leases (freeing their quota); the removed ones."""
+        ...
+
+    def live(self, now_ms: int) -> Awaitable[list[Lease]]:
+        """Every unexpired lease (a restarted holder re-pins their replicas)."""
+        ...
+
+    def close(self) -> Awaitable[None]:
+        ...
+
+
+class MemoryLeaseStore:
+    """Leases in this process's memory (the embedded default): they end with the process.
+
+    No method awaits before it is done, so on one event loop each call is atomic."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._leases: dict[str, Lease] = {}
+
+    def _usage(self, owner: str, now_ms: int) -> Usage:
+        mine = [lease for lease in self._leases.values() if lease.owner == owner and lease.expires_ms > now_ms]
+        return Usage(sum(lease.octets for lease in mine), len(mine))
+
+    def _live(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.owner != owner or lease.expires_ms <= now_ms:
+            return None
+        return lease
+
+    async def grant(self, lease: Lease, limits: LeaseLimits, now_ms: int) -> GrantOutcome:
+        usage = self._usage(lease.owner, now_ms)
+        if lease.id in self._leases:
+            return GrantOutcome(False, usage, duplicate=True)
+        if usage.leases + 1 > limits.max_leases or usage.octets + lease.octets > limits.max_octets:
+            return GrantOutcome(False, usage)
+        self._leases[lease.id] = replace(lease, replicas=dict(lease.replicas))
+        return GrantOutcome(True, usage)
+
+    async def renew(self, owner: str, lease_id: str, expires_ms: int, now_ms: int) -> Lease | None:
+        lease = self._live(owner, lease_id, now_ms)
+        if lease is None:
+            return None
+        self._leases[lease_id] = lease = replace(lease, expires_ms=expires_ms)
+        return lease
+
+    async def release(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
+        lease = self._live(owner, lease_id, now_ms)
+        if lease is not None:
+            del self._leases[lease_id]
+        return lease
+
+    async def get(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
+        return self._live(owner, lease_id, now_ms)
+
+    async def usage(self, owner: str, now_ms: int) -> Usage:
+        return self._usage(owner, now_ms)
+
+    async def purge(self, now_ms: int) -> list[Lease]:
+        expired = [lease for lease in self._leases.values() if lease.expires_ms <= now_ms]
+        for lease in expired:
+            del self._leases[lease.id]
+        return expired
+
+    async def live(self, now_ms: int) -> list[Lease]:
+        return [lease for lease in self._leases.values() if lease.expires_ms > now_ms]
+
+    async def close(self) -> None:
+        return None
