@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -146,6 +147,26 @@ class HttpIndexClient:
             raise IndexUnreachable(f"PUT {path}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def publish_many(self, records: list[ReplicaRecord]) -> list[ReplicaRecord]:
+        """``POST {is}replicas:batch`` (ours): PUT of each record in one request (a holder's
+        batched refresh, §6.1); the records as stored (``ttl_ms`` = the granted TTL), in order.
+        An IS without the route answers 404 or 405: :class:`IndexRefused` with that status."""
+        body = json.dumps({"records": [r.to_json() for r in records]}, ensure_ascii=False,
+                          allow_nan=False, separators=(",", ":")).encode()
+        headers = self._headers() | {"Content-Type": KVSP_JSON}
+        url = f"{self.base_url}replicas:batch"
+        try:
+            async with self._client().post(url, data=body, headers=headers, timeout=self._timeout) as resp:
+                if resp.status == 200:
+                    results = decode_json(await resp.read()).get("results")
+                    if not isinstance(results, list) or len(results) != len(records):
+                        raise RecordError("results", "must list one result per record")
+                    return [_granted(record, result) for record, result in zip(records, results)]
+                await self._raise(resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError, KvspError) as exc:
+            raise IndexUnreachable(f"POST replicas:batch: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def withdraw(self, key: RecordKey, holder: str, moqt_namespace: str | None) -> bool:
         params = {"holder": holder}
         if moqt_namespace is not None:
@@ -195,6 +216,14 @@ class HttpIndexClient:
         if self._owned and self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _granted(record: ReplicaRecord, result: object) -> ReplicaRecord:
+    """``record`` with the TTL one batch result granted it."""
+    ttl = result.get("ttl_ms") if isinstance(result, dict) else None
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+        raise RecordError("results[].ttl_ms", "must be an integer >= 1")
+    return record if ttl == record.ttl_ms else dataclasses.replace(record, ttl_ms=ttl)
 
 
 @dataclass

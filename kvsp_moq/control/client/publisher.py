@@ -13,7 +13,9 @@ record with DELETE before or immediately after evicting the replica" (§6.1).
 - :meth:`~ReplicaPublisher.refresh` republishes records a third of their TTL before they expire
   (the period is configurable), publishes replicas that reached the store by other means (an
   instance's :class:`~kvsp_moq.storage.BlockWriter`), and retries failed publications; the
-  holder's background loop calls it, tests call it with a manual clock.
+  holder's background loop calls it, tests call it with a manual clock. It sends the due
+  records in batches (``POST {is}replicas:batch``, ours) when the client can, single PUTs
+  to an IS without that route.
 - Withdrawal on eviction: the publisher is an evict listener of the store, called *before*
   the octets go. Listeners are synchronous and the IS is remote, so the listener starts the
   DELETE at once (a task) and it reaches the IS immediately after the eviction; a holder that
@@ -35,9 +37,10 @@ The IS is reached through :class:`IndexClient`, a small transport-neutral interf
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,6 +100,7 @@ class ReplicaPublisher:
         refresh_ms: int = 20_000,
         retry_ms: int = 200,
         retry_max_ms: int = 10_000,
+        batch_size: int = 256,
     ) -> None:
         self.store = store
         self.client = client
@@ -106,6 +110,10 @@ class ReplicaPublisher:
         self.refresh_ms = refresh_ms
         self.retry_ms = retry_ms
         self.retry_max_ms = retry_max_ms
+        self.batch_size = batch_size
+        # Whether the IS takes batches (POST {is}replicas:batch): None until one is tried.
+        self._batches: bool | None = None
+        self._refreshing = asyncio.Lock()  # one refresh at a time (it holds many key locks)
         self._entries: dict[RecordKey, _Published] = {}
         # Weak: a key's lock lives while a publication or withdrawal holds or awaits it.
         self._locks: weakref.WeakValueDictionary[RecordKey, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -167,7 +175,75 @@ class ReplicaPublisher:
     async def refresh(self) -> int:
         """Republish what is due (§6.1 "refresh records before expiry"): records published
         ``refresh_ms`` ago or more, never-acknowledged ones, and complete replicas not yet
-        known. Returns how many were published."""
+        known. Returns how many were published.
+
+        With a client that has ``publish_many`` (``HttpIndexClient``), due records go in
+        batches of ``batch_size`` (one request each: ``POST {is}replicas:batch``); an IS
+        without that route (404, 405) gets single PUTs from then on."""
+        async with self._refreshing:
+            due = self._due()
+            publish_many = getattr(self.client, "publish_many", None)
+            done = 0
+            start = 0
+            while start < len(due) and publish_many is not None and self._batches is not False \
+                    and self.batch_size > 1:
+                chunk = due[start:start + self.batch_size]
+                published = await self._publish_batch(publish_many, chunk)
+                if published is None:
+                    break  # no batch route: single PUTs for this chunk and the rest
+                done += published
+                start += len(chunk)
+            for key in due[start:]:
+                if await self.publish(key) is not None:
+                    done += 1
+            return done
+
+    async def _publish_batch(self, publish_many: Callable[[list[ReplicaRecord]], Awaitable[list[ReplicaRecord]]],
+                             keys: list[RecordKey]) -> int | None:
+        """Publish the replicas of ``keys`` in one request, holding their locks (ordered
+        against withdrawals as :meth:`publish` is); how many were published, or None when
+        the IS has no batch route."""
+        async with contextlib.AsyncExitStack() as stack:
+            for key in keys:
+                await stack.enter_async_context(self._lock(key))
+            now = self.clock.now_ms()
+            items: list[tuple[ReplicaInfo, _Published]] = []
+            for key in keys:
+                info = self.store.get(key)
+                if info is None or not info.complete:
+                    continue
+                entry = self._entries.get(key)
+                if entry is None or entry.replica_id != info.replica_id:
+                    entry = _Published(info.replica_id, now + self.ttl_ms, None, False)
+                    self._entries[key] = entry
+                entry.attempted = True
+                items.append((info, entry))
+            if not items:
+                return 0
+            try:
+                stored = await publish_many([self.record(info) for info, _ in items])
+            except IndexRefused as exc:
+                if exc.status in (404, 405):
+                    log.info("the index has no batch route (%s): single PUTs from now on", exc.status)
+                    self._batches = False
+                    return None
+                log.warning("publishing %d records to the index failed: %s", len(items), exc)
+                return 0
+            except IndexUnreachable as exc:
+                log.warning("publishing %d records to the index failed: %s", len(items), exc)
+                return 0
+            self._batches = True
+            done = 0
+            for (info, entry), record in zip(items, stored):
+                current = self.store.get(info.key)
+                if current is None or current.replica_id != info.replica_id:
+                    continue  # evicted meanwhile: its withdrawal is queued behind the lock
+                entry.expires_ms = now + record.ttl_ms
+                entry.published_ms = now
+                done += 1
+            return done
+
+    def _due(self) -> list[RecordKey]:
         now = self.clock.now_ms()
         due: list[RecordKey] = []
         for info in self.store.replicas():
@@ -181,11 +257,7 @@ class ReplicaPublisher:
                 or now - entry.published_ms >= self.refresh_ms
             ):
                 due.append(info.key)
-        done = 0
-        for key in due:
-            if await self.publish(key) is not None:
-                done += 1
-        return done
+        return due
 
     # -- withdrawal (§6.1 DELETE) -----------------------------------------------------------------
 

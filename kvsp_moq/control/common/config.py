@@ -7,6 +7,7 @@ max_ttl_ms = 600000          # cap on a replica record's ttl_ms (§6.1)
 max_status_ttl_ms = 60000    # cap on an instance status record's ttl_ms (§6.3)
 max_body_octets = 5242880    # larger request bodies get 413
 max_block_keys = 65536       # cap on block_keys in one lookup (§6.2)
+max_batch_records = 1000     # cap on the records of one POST {base_path}replicas:batch (ours)
 purge_interval_ms = 5000     # how often expired records are reclaimed (0: never)
 max_descriptors = 1024       # cap on registered Compatibility Descriptors
 descriptors = ["model.json"] # descriptor files (JSON, §4.1), relative to this file
@@ -62,6 +63,7 @@ class IndexConfig:
     max_status_ttl_ms: int = 60_000
     max_body_octets: int = 5 * MiB
     max_block_keys: int = 65_536
+    max_batch_records: int = 1_000
     purge_interval_ms: int = 5_000
     max_descriptors: int = 1_024
     #: Validated descriptor documents (§4.1), loaded from the files named in the TOML.
@@ -89,6 +91,7 @@ class IndexConfig:
             ("max_status_ttl_ms", 1),
             ("max_body_octets", 1024),
             ("max_block_keys", 1),
+            ("max_batch_records", 1),
             ("purge_interval_ms", 0),
             ("max_descriptors", 0),
         ):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from urllib.parse import quote
 
 from aiohttp import web
 
 from ...kvsp.errors import RecordError
 from ...kvsp.records import InstanceStatusRecord, LookupRequest, ReplicaRecord
+from ..common.media import KVSP_JSON
 from ..http.server import (
     BLOCK_PATH,
     HEX32_SEGMENT,
@@ -21,6 +23,15 @@ from .service import IndexService
 from .store import BlockRef, ReplicaId
 
 __all__ = ["IndexRoutes", "block_ref"]
+
+
+def _batch_record(index: int, item: object) -> ReplicaRecord:
+    """The ``index``-th record of a batch; a RecordError names it (``records[3].holder``)."""
+    try:
+        return ReplicaRecord.from_json(item)
+    except RecordError as exc:
+        where = f"records[{index}]" if exc.member in ("$", "") else f"records[{index}].{exc.member}"
+        raise RecordError(where, str(exc).removeprefix(f"{exc.member}: ")) from None
 
 
 def block_ref(request: web.Request) -> BlockRef:
@@ -38,6 +49,7 @@ class IndexRoutes(ServiceRoutes[IndexService]):
             web.put(f"{base}replicas/{BLOCK_PATH}", self.put_replica),
             web.delete(f"{base}replicas/{BLOCK_PATH}", self.delete_replica),
             web.get(f"{base}replicas/{BLOCK_PATH}", self.get_replicas, allow_head=False),
+            web.post(f"{base}replicas:batch", self.put_replicas),
             web.post(f"{base}lookup", self.lookup),
             web.put(f"{base}instance-status", self.put_instance_status),
             web.put(f"{base}descriptors/{{compat:{HEX32_SEGMENT}}}", self.put_descriptor),
@@ -59,6 +71,25 @@ class IndexRoutes(ServiceRoutes[IndexService]):
             return record_response(published.record)
         location = self.replica_location(BlockRef.of(published.record), ReplicaId.of(published.record))
         return record_response(published.record, status=201, headers={"Location": location})
+
+    async def put_replicas(self, request: web.Request) -> web.Response:
+        """Ours: ``POST {is}replicas:batch`` with ``{"records": [Replica Record, ...]}``, a
+        holder's batched §6.1 refresh; each record authorized as the single PUT, all before
+        any is stored. 200 with ``{"results": [{"created": bool, "ttl_ms": granted}, ...]}``
+        in the order of the records."""
+        principal = authenticate(request)
+        body = await read_json_object(request, self.max_body)
+        items = body.get("records")
+        if not isinstance(items, list):
+            raise RecordError("records", "must be an array of Replica Records")
+        limit = self.service.config.max_batch_records
+        if len(items) > limit:
+            raise RecordError("records", f"{len(items)} records exceed the limit of {limit}")
+        records = [_batch_record(i, item) for i, item in enumerate(items)]
+        published = await self.service.publish_many(principal, records)
+        results = [{"created": p.created, "ttl_ms": p.record.ttl_ms} for p in published]
+        return web.Response(body=json.dumps({"results": results}, separators=(",", ":")).encode(),
+                            content_type=KVSP_JSON)
 
     async def delete_replica(self, request: web.Request) -> web.Response:
         """§6.1 withdraw: ``?holder=URL[&moqt_namespace=NS]`` names the replica; 204."""

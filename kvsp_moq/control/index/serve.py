@@ -11,9 +11,11 @@ from aiohttp import web
 
 from ..common.clock import Clock
 from ..common.config import ControlConfig
+from ..common.errors import StoreUnavailable
 from ..http.server import RunningServer, build_app, serve_app
 from .routes import IndexRoutes
 from .service import IndexService
+from .redis_store import RedisIndexStore
 from .status_table import InstanceStatusTable
 from .store import IndexStore
 
@@ -33,6 +35,8 @@ async def _purge_periodically(app: web.Application) -> AsyncIterator[None]:
             await asyncio.sleep(service.config.purge_interval_ms / 1000)
             try:
                 await service.purge()
+            except StoreUnavailable as exc:  # Redis down: reads fail with 503 meanwhile
+                log.warning("purge of the index failed: %s", exc)
             except Exception:  # a failing store must not stop the loop
                 log.exception("purge of the index failed")
 
@@ -52,7 +56,16 @@ async def serve_index(
     store: IndexStore | None = None,
 ) -> RunningServer:
     """Run an Index Service per ``config`` on ``host:port`` (0: any free port, reported in
-    the result). ``store`` defaults to the embedded store; ``clock`` drives every TTL."""
+    the result). ``store`` defaults to the one ``[index] store`` names: the embedded store
+    ("memory"), or Redis (``redis_store.RedisIndexStore``, closed with the server); ``clock``
+    drives every TTL of the embedded store (Redis keeps its own time) and of the instance
+    statuses, which stay in this process's memory (they only feed §6.4 estimates and are
+    re-reported every few seconds)."""
+    spec = config.index.store_spec
+    owned: IndexStore | None = None
+    if store is None and not spec.is_memory:
+        store = owned = RedisIndexStore.open(spec)
+        log.info("index records in %s", spec.redacted)
     if store is None:
         service = IndexService.in_memory(config.index, clock=clock)
     else:
@@ -60,6 +73,13 @@ async def serve_index(
         service = IndexService(store, config=config.index, statuses=statuses)
     app = build_app(auth=config.auth, routes=IndexRoutes(service).routes())
     app[INDEX_SERVICE] = service
+    if owned is not None:
+        closing = owned
+
+        async def close_store(_: web.Application) -> None:
+            await closing.close()
+
+        app.on_cleanup.append(close_store)
     if service.config.purge_interval_ms > 0:
         app.cleanup_ctx.append(_purge_periodically)
     return await serve_app(app, host, port, base_path=config.index.base_path)

@@ -8,7 +8,7 @@ contradicts its request). :mod:`.routes` maps HTTP onto it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,22 @@ class IndexService:
             record = dataclasses.replace(record, ttl_ms=ttl)
         created = await self.store.put(record, ttl)
         return Published(record, created)
+
+    async def publish_many(self, principal: Principal, records: Sequence[ReplicaRecord]) -> list[Published]:
+        """Store or refresh several replica records at once (ours: a holder's batched refresh
+        of §6.1, ``POST {is}replicas:batch``). Each record is authorized exactly as
+        :meth:`publish` authorizes it, all of them before any is stored: one refusal refuses
+        the batch and stores nothing. At most ``config.max_batch_records`` records."""
+        if len(records) > self.config.max_batch_records:
+            raise RecordError("records", f"{len(records)} records exceed the limit of {self.config.max_batch_records}")
+        granted: list[ReplicaRecord] = []
+        for record in records:
+            require_scope(principal, record.scope_id)
+            require_holder(principal, record.holder)
+            ttl = min(record.ttl_ms, self.config.max_ttl_ms)
+            granted.append(record if ttl == record.ttl_ms else dataclasses.replace(record, ttl_ms=ttl))
+        created = await self.store.put_many([(record, record.ttl_ms) for record in granted])
+        return [Published(record, new) for record, new in zip(granted, created)]
 
     async def withdraw(self, principal: Principal, block: BlockRef, replica: ReplicaId) -> None:
         """Remove a replica record (§6.1 DELETE), under the same authorization as publishing.

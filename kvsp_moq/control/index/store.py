@@ -1,7 +1,8 @@
 """Storage of the Index Service: replica records with TTLs (kvsp-draft §6.1, §6.2).
 
-:class:`IndexStore` is the interface a distributed store (a replicated key-value store with
-native TTLs, for instance) implements; :class:`MemoryIndexStore` is the embedded one.
+:class:`IndexStore` is the interface a distributed store implements; :class:`MemoryIndexStore`
+is the embedded one (the default, ``store = "memory"``) and ``redis_store.RedisIndexStore``
+keeps the records in Redis (``store = "redis://..."``, DESIGN.md §8).
 
 Records are filed under their :class:`BlockRef` (compat_id, scope_id, block_key) and, within
 a block, under their :class:`ReplicaId`: the holder URL and, for a replica served over MOQT,
@@ -72,6 +73,11 @@ class IndexStore(ABC):
         """Store ``record`` (replacing the one with the same block and replica id) to expire
         ``ttl_ms`` (> 0) from now. True if no unexpired record had that id (a new replica),
         False for a refresh."""
+
+    async def put_many(self, records: Sequence[tuple[ReplicaRecord, int]]) -> list[bool]:
+        """:meth:`put` of each ``(record, ttl_ms)`` in order (a holder's batched refresh,
+        §6.1); one result per record. A networked store overrides it to batch its writes."""
+        return [await self.put(record, ttl_ms) for record, ttl_ms in records]
 
     @abstractmethod
     async def delete(self, block: BlockRef, replica: ReplicaId) -> bool:
