@@ -42,7 +42,7 @@ def batch(sid: uuid.UUID, epoch: int, tokens: dict[int, int], end: int | None = 
 async def test_exactly_once_with_duplicates_and_a_lower_epoch_interleaved() -> None:
     async with front_end() as (server, fe, http):
         sid = uuid.uuid4()
-        fe.register(sid, SCOPE_A, max_tokens=16)
+        await fe.register(sid, SCOPE_A, max_tokens=16)
         url = f"{server.url}sessions/{sid}/tokens"
         reader = asyncio.create_task(read_stream(http, url))
 
@@ -84,7 +84,7 @@ async def test_exactly_once_with_duplicates_and_a_lower_epoch_interleaved() -> N
 async def test_hostile_deliveries_are_problems_and_change_nothing() -> None:
     async with front_end(max_ahead=4) as (server, fe, http):
         sid = uuid.uuid4()
-        fe.register(sid, SCOPE_A, max_tokens=10)
+        await fe.register(sid, SCOPE_A, max_tokens=10)
         url = f"{server.url}sessions/{sid}/tokens"
 
         async def deliver(body: Any, who: str | None = "inst", **kw: Any) -> Any:

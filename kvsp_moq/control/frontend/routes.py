@@ -7,6 +7,7 @@ import json
 from aiohttp import web
 
 from ...kvsp.errors import RecordError
+from ..common.errors import StoreUnavailable
 from ..common.session_records import (
     ClientSessionRequest,
     OutputTokens,
@@ -54,36 +55,40 @@ class FrontEndRoutes(ServiceRoutes[FrontEnd]):
         """An instance delivers output tokens (§6.8); 409 ``kvsp-stale-epoch`` for a lower epoch."""
         principal = authenticate(request)
         batch = await read_record(request, OutputTokens, self.max_body)
-        return record_response(self.service.deliver(principal, path_session(request), batch))
+        return record_response(await self.service.deliver(principal, path_session(request), batch))
 
     async def post_failed(self, request: web.Request) -> web.Response:
         """Ours (§6.8): the PC gave the session up; its client streams end with the reason.
         204; 409 ``kvsp-stale-epoch`` for an epoch lower than one seen here."""
         principal = authenticate(request)
         notice = await read_record(request, SessionFailed, self.max_body)
-        self.service.fail(principal, path_session(request), notice)
+        await self.service.fail(principal, path_session(request), notice)
         return web.Response(status=204)
 
     async def get_tokens(self, request: web.Request) -> web.StreamResponse:
         """The client's stream: NDJSON lines ``{"index", "token"}`` in index order, each index
         once, then ``{"end": n}``, or ``{"failed": reason, "next": n}`` when the PC gave the
-        session up; ``?from=i`` starts at index i."""
+        session up; ``?from=i`` starts at index i. A store lost mid-stream ends the stream
+        without its end line (503 ``kvsp-unavailable`` when lost before it starts)."""
         principal = authenticate(request)
         start = request.query.get("from", "0")
         if not (start.isascii() and start.isdigit() and len(start) <= 16):
             raise RecordError("from", f"must be a token index, got {start[:40]!r}")
-        items = self.service.stream(principal, path_session(request), int(start))
+        items = await self.service.stream(principal, path_session(request), int(start))
         response = web.StreamResponse(status=200, headers={"Cache-Control": "no-store"})
         response.content_type = NDJSON
         await response.prepare(request)
-        async for item in items:
-            line: dict[str, object]
-            if isinstance(item, StreamEnd):
-                line = {"end": item.end}
-            elif isinstance(item, StreamFailed):
-                line = {"failed": item.reason, "next": item.next}
-            else:
-                line = item.to_json()
-            await response.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        try:
+            async for item in items:
+                line: dict[str, object]
+                if isinstance(item, StreamEnd):
+                    line = {"end": item.end}
+                elif isinstance(item, StreamFailed):
+                    line = {"failed": item.reason, "next": item.next}
+                else:
+                    line = item.to_json()
+                await response.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        except StoreUnavailable:
+            pass  # the stream stops without its end line; the client reads again from its next index
         await response.write_eof()
         return response

@@ -9,6 +9,8 @@ from aiohttp import web
 from ..client.http import HttpClient, HttpPcClient
 from ..common.config import ControlConfig, FrontEndConfig
 from ..http.server import BoundUrl, RunningServer, build_app, serve_app
+from .delivery import DeliveryStore, MemoryDeliveryStore
+from .delivery_redis import RedisDeliveryStore
 from .routes import FrontEndRoutes
 from .service import FrontEnd
 
@@ -23,17 +25,23 @@ async def serve_frontend(
     port: int = 0,
     *,
     pc: HttpPcClient | None = None,
+    store: DeliveryStore | None = None,
 ) -> RunningServer:
     """Run a front end per ``config.frontend`` (§6.8). ``pc`` defaults to :class:`HttpPcClient`
     for ``pc_url`` with ``pc_token`` (none: clients cannot start sessions, instances can still
-    deliver to sessions registered in Python). Its URL is ``url``, else the bound address."""
+    deliver to sessions registered in Python). Its URL is ``url``, else the bound address.
+    The delivery state lives in ``store``, by default the one ``[frontend] store`` names
+    (``memory``, or Redis: :mod:`.delivery_redis`); the server closes it when it stops."""
     fc: FrontEndConfig = config.frontend
     owned: list[HttpClient] = []
     if pc is None and fc.pc_url is not None:
         pc = HttpPcClient(fc.pc_url, fc.pc_token)
         owned.append(pc)
     url = BoundUrl(fc.url)
-    service = FrontEnd(config=fc, pc=pc, url=url)
+    if store is None:
+        spec = fc.store_spec
+        store = MemoryDeliveryStore() if spec.is_memory else RedisDeliveryStore(spec)
+    service = FrontEnd(config=fc, pc=pc, url=url, store=store)
     app = build_app(auth=config.auth, routes=FrontEndRoutes(service).routes())
     app[FRONTEND_SERVICE] = service
 
@@ -46,6 +54,7 @@ async def serve_frontend(
         yield
         for client in owned:
             await client.close()
+        await service.aclose()
 
     app.cleanup_ctx.append(close_clients)
     server = await serve_app(app, host, port, base_path=fc.base_path)

@@ -46,10 +46,24 @@ from ..common.session_records import (
     OutputToken,
     OutputTokens,
     SessionFailed,
+    MAX_OUTPUT_TOKENS,
     SessionOpen,
     SessionView,
     StreamEnd,
     StreamFailed,
+)
+from .delivery import (
+    END_LOW,
+    END_MAX,
+    FAILED,
+    INDEX,
+    MISSING,
+    OK,
+    STALE,
+    DeliveryStore,
+    MemoryDeliveryStore,
+    Registration,
+    Snapshot,
 )
 
 __all__ = ["DeliveryObserver", "DeliveryTally", "FrontEnd", "SessionOpener"]
@@ -79,40 +93,40 @@ class DeliveryTally:
 DeliveryObserver = Callable[[uuid.UUID, OutputTokens, "DeliveryAnswer | None"], None]
 
 
-@dataclass
-class _Output:
-    scope_id: bytes
-    max_tokens: int
-    epoch: int = 0  # the highest epoch seen
-    delivered: list[int] = field(default_factory=list)  # tokens of indices 0..next-1, in order
-    pending: dict[int, int] = field(default_factory=dict)  # index -> token, beyond next
-    end: int | None = None
-    failed: str | None = None  # why the PC gave the session up (no more output will come)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    tally: DeliveryTally = field(default_factory=lambda: DeliveryTally())
-
-    def notify(self) -> None:
-        event, self.changed = self.changed, asyncio.Event()
-        event.set()
+#: Tokens one store read gives a stream (a long output is streamed in reads of this size).
+READ_CHUNK = 1024
+#: Registrations (immutable) kept in process, so a delivery costs one store call.
+REGISTRATION_CACHE = 4096
 
 
 class FrontEnd:
-    """Output delivery of sessions (see the module notes)."""
+    """Output delivery of sessions (see the module notes). The per-session state lives in
+    ``store`` (:mod:`.delivery`; memory by default); ``tally`` and the observers count what
+    this process handled."""
 
     def __init__(self, *, config: FrontEndConfig | None = None, pc: SessionOpener | None = None,
-                 url: Callable[[], str] | None = None) -> None:
+                 url: Callable[[], str] | None = None, store: DeliveryStore | None = None) -> None:
         self.config = config if config is not None else FrontEndConfig()
         self.pc = pc
         self._url = url
-        self._outputs: dict[uuid.UUID, _Output] = {}
+        self.store: DeliveryStore = store if store is not None else MemoryDeliveryStore()
+        self._registrations: dict[uuid.UUID, Registration] = {}
+        self._changed: dict[uuid.UUID, asyncio.Event] = {}  # a reader waits on its session's event
+        self._tallies: dict[uuid.UUID, DeliveryTally] = {}
+        self._watching = False
         self.closed = False
         self.observers: list[DeliveryObserver] = []
 
     def close(self) -> None:
         """End every open stream (shutdown): readers see the stream stop without its end."""
         self.closed = True
-        for output in self._outputs.values():
-            output.notify()
+        for session in list(self._changed):
+            self._notify(session)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then close the store."""
+        self.close()
+        await self.store.close()
 
     @property
     def url(self) -> str:
@@ -122,20 +136,26 @@ class FrontEnd:
             raise RuntimeError("the front end's URL is not known")
         return self.config.url
 
+    def _notify(self, session: uuid.UUID) -> None:
+        """Wake the readers of ``session`` in this process (they re-read the store)."""
+        event = self._changed.pop(session, None)
+        if event is not None:
+            event.set()
+
     # -- sessions ----------------------------------------------------------------------------------
 
-    def register(self, session: uuid.UUID, scope_id: bytes, max_tokens: int) -> None:
+    async def register(self, session: uuid.UUID, scope_id: bytes, max_tokens: int) -> None:
         """Expect the output of ``session`` (what :meth:`open` does before asking the PC)."""
-        if session in self._outputs:
-            return
-        if len(self._outputs) >= self.config.max_sessions:
-            raise NotActive(f"the front end serves {self.config.max_sessions} sessions, its maximum")
-        self._outputs[session] = _Output(scope_id=scope_id, max_tokens=max_tokens)
+        registration = Registration(scope_id=scope_id, max_tokens=max_tokens)
+        await self.store.register(session, registration, max_sessions=self.config.max_sessions)
+        self._remember(session, registration)
+        self._tally(session)
 
-    def forget(self, session: uuid.UUID) -> None:
-        output = self._outputs.pop(session, None)
-        if output is not None:
-            output.notify()
+    async def forget(self, session: uuid.UUID) -> None:
+        self._registrations.pop(session, None)
+        self._tallies.pop(session, None)
+        await self.store.forget(session)
+        self._notify(session)
 
     async def open(self, principal: Principal, request: ClientSessionRequest) -> ClientSession:
         """A client starts a session: a new UUID, then ``POST {pc}sessions`` (§6.4 placement).
@@ -144,7 +164,7 @@ class FrontEnd:
         if self.pc is None:
             raise NotActive("this front end has no PC to start sessions")
         session = uuid.uuid4()
-        self.register(session, request.scope_id, request.max_tokens)
+        await self.register(session, request.scope_id, request.max_tokens)
         body = SessionOpen(
             session=session, compat_id=request.compat_id, scope_id=request.scope_id, prompt_blocks=request.prompt_blocks,
             prompt_tail=request.prompt_tail, tokens=request.tokens, sampler=request.sampler, max_tokens=request.max_tokens,
@@ -153,128 +173,152 @@ class FrontEnd:
         try:
             view = await self.pc.open_session(body)
         except SessionOpenFailed as exc:
-            self.forget(session)
+            await self.forget(session)
             raise NotActive(f"the PC did not start the session: {exc}") from None
         return ClientSession(session=session, instance=view.instance, epoch=view.epoch,
                              tokens_url=f"{self.url}sessions/{session}/tokens")
 
-    def _output(self, principal: Principal, session: uuid.UUID) -> _Output:
-        output = self._outputs.get(session)
-        if output is None:
-            raise NotFound(f"the front end has no session {session}")
-        require_scope(principal, output.scope_id)
-        return output
+    def _remember(self, session: uuid.UUID, registration: Registration) -> None:
+        if len(self._registrations) >= REGISTRATION_CACHE:
+            del self._registrations[next(iter(self._registrations))]
+        self._registrations[session] = registration
+
+    def _tally(self, session: uuid.UUID) -> DeliveryTally:
+        tally = self._tallies.get(session)
+        if tally is None:
+            if len(self._tallies) >= self.config.max_sessions:
+                del self._tallies[next(iter(self._tallies))]
+            tally = self._tallies[session] = DeliveryTally()
+        return tally
+
+    async def _registration(self, principal: Principal, session: uuid.UUID) -> Registration:
+        registration = self._registrations.get(session)
+        if registration is None:
+            registration = await self.store.registration(session)
+            if registration is None:
+                raise NotFound(f"the front end has no session {session}")
+            self._remember(session, registration)
+        require_scope(principal, registration.scope_id)
+        return registration
+
+    def _missing(self, session: uuid.UUID) -> NotFound:
+        self._registrations.pop(session, None)  # forgotten (or expired) since it was cached
+        return NotFound(f"the front end has no session {session}")
 
     # -- delivery (§6.8) ---------------------------------------------------------------------------
 
-    def deliver(self, principal: Principal, session: uuid.UUID, batch: OutputTokens) -> DeliveryAnswer:
-        """Take a batch of output tokens (see the module notes). The batch is checked whole
-        before any token is used: one bad token refuses all (400)."""
+    async def deliver(self, principal: Principal, session: uuid.UUID, batch: OutputTokens) -> DeliveryAnswer:
+        """Take a batch of output tokens (see the module notes), in one atomic store step. The
+        batch is checked whole before any token is used: one bad token refuses all (400)."""
         if batch.session != session:
             raise RecordError("session", f"must be the session of the path ({session})")
-        out = self._output(principal, session)
-        if out.failed is not None:
-            out.tally.stale_batches += 1
+        registration = await self._registration(principal, session)
+        out = await self.store.accept(session, batch, max_ahead=self.config.max_ahead)
+        tally = self._tally(session)
+        if out.code in (FAILED, STALE):
+            tally.stale_batches += 1
             for observe in self.observers:
                 observe(session, batch, None)
-            raise StaleEpoch(f"the session failed, its output is closed: {out.failed}")
-        if batch.epoch < out.epoch:
-            out.tally.stale_batches += 1
-            for observe in self.observers:
-                observe(session, batch, None)
+            if out.code == FAILED:
+                raise StaleEpoch(f"the session failed, its output is closed: {out.failed}")
             raise StaleEpoch(f"epoch {batch.epoch} is lower than epoch {out.epoch}, already seen for the session")
-        next_index = len(out.delivered)
-        limit = min(out.max_tokens, next_index + self.config.max_ahead)
-        for i, t in enumerate(batch.tokens):
-            if t.index >= limit:
-                why = "max_tokens" if t.index >= out.max_tokens else f"{self.config.max_ahead} beyond the next index ({next_index})"
-                raise RecordError(f"tokens[{i}].index", f"{t.index} is at or beyond {why}")
-        if batch.end is not None:
-            if batch.end > out.max_tokens:
-                raise RecordError("end", f"is beyond max_tokens ({out.max_tokens})")
-            if batch.end < next_index:
-                raise RecordError("end", f"is below the {next_index} tokens already delivered")
-        if batch.epoch > out.epoch:
-            out.epoch = batch.epoch
-            out.pending.clear()
-        accepted = duplicates = 0
-        for t in batch.tokens:
-            if t.index < len(out.delivered) or t.index in out.pending:
-                duplicates += 1
-                continue
-            out.pending[t.index] = t.token
-            accepted += 1
-        if batch.end is not None:
-            out.end = batch.end
-            out.pending = {i: t for i, t in out.pending.items() if i < batch.end}
-        while len(out.delivered) in out.pending:
-            out.delivered.append(out.pending.pop(len(out.delivered)))
-        out.notify()
-        out.tally.accepted[batch.epoch] = out.tally.accepted.get(batch.epoch, 0) + accepted
-        out.tally.duplicates += duplicates
-        answer = DeliveryAnswer(accepted=accepted, duplicates=duplicates, next=len(out.delivered))
+        if out.code == MISSING:
+            raise self._missing(session)
+        if out.code == INDEX:
+            why = {"max_tokens": "max_tokens", "end": "the output's end"}.get(
+                out.kind, f"{self.config.max_ahead} beyond the next index ({out.next})")
+            raise RecordError(f"tokens[{out.at}].index", f"{out.index} is at or beyond {why}")
+        if out.code == END_MAX:
+            raise RecordError("end", f"is beyond max_tokens ({registration.max_tokens})")
+        if out.code == END_LOW:
+            raise RecordError("end", f"is below the {out.next} tokens already delivered")
+        self._notify(session)
+        tally.accepted[batch.epoch] = tally.accepted.get(batch.epoch, 0) + out.accepted
+        tally.duplicates += out.duplicates
+        answer = DeliveryAnswer(accepted=out.accepted, duplicates=out.duplicates, next=out.next)
         for observe in self.observers:
             observe(session, batch, answer)
         return answer
 
-    def fail(self, principal: Principal, session: uuid.UUID, notice: SessionFailed) -> None:
+    async def fail(self, principal: Principal, session: uuid.UUID, notice: SessionFailed) -> None:
         """``POST {fe}sessions/{id}/failed`` (ours): the PC gave the session up (see the module
         notes). ``StaleEpoch`` when ``notice.epoch`` is lower than an epoch already seen here
         (the notice is about a session state this front end has moved past). A session whose
         output is complete is left as it is; a repeated notice changes nothing."""
-        out = self._output(principal, session)
-        if out.end is not None and len(out.delivered) >= out.end:
-            return  # complete: every client stream ends normally
-        if out.failed is not None:
-            return
-        if notice.epoch < out.epoch:
+        await self._registration(principal, session)
+        out = await self.store.fail(session, notice)
+        if out.code == MISSING:
+            raise self._missing(session)
+        if out.code == STALE:
             raise StaleEpoch(f"epoch {notice.epoch} is lower than epoch {out.epoch}, already seen for the session")
-        out.epoch = notice.epoch
-        out.failed = notice.reason
-        out.pending.clear()  # tokens beyond a gap that will never be filled
-        out.notify()
+        if out.code == OK:
+            self._notify(session)
 
     # -- the client's stream -------------------------------------------------------------------------
 
-    def stream(self, principal: Principal, session: uuid.UUID,
-               start: int = 0) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
+    async def stream(self, principal: Principal, session: uuid.UUID,
+                     start: int = 0) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
         """The session's output from index ``start``, in order, each index once, then
         :class:`StreamEnd` when the output is complete, or :class:`StreamFailed` when the PC
         gave the session up; waits for tokens as they are delivered.
-        ``NotFound``/``Forbidden`` are raised here, before anything is streamed."""
-        return self._iterate(session, self._output(principal, session), start)
+        ``NotFound``/``Forbidden`` (and ``StoreUnavailable``) are raised here, before anything
+        is streamed; a store lost later ends the iteration with ``StoreUnavailable``."""
+        await self._registration(principal, session)
+        if not self._watching:
+            self._watching = True
+            self.store.watch(self._notify)  # deliveries through other front-end processes
+        return self._iterate(session, start)
 
-    async def _iterate(self, session: uuid.UUID, out: _Output,
-                       index: int) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
+    async def _iterate(self, session: uuid.UUID, index: int) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
         while True:
-            while index < len(out.delivered):
-                yield OutputToken(index=index, token=out.delivered[index])
+            # take the event before reading, so a change after the read is not missed
+            changed = self._changed.setdefault(session, asyncio.Event())
+            snap = await self.store.read(session, index, READ_CHUNK)
+            if snap is None:
+                return  # forgotten
+            for token in snap.tokens:
+                yield OutputToken(index=index, token=token)
                 index += 1
-            if out.end is not None and index >= out.end:
-                yield StreamEnd(end=out.end)
+            if index < snap.next:
+                continue  # more than one read's worth
+            if snap.end is not None and index >= snap.end:
+                yield StreamEnd(end=snap.end)
                 return
-            if out.failed is not None:
-                yield StreamFailed(reason=out.failed, next=len(out.delivered))
+            if snap.failed is not None:
+                yield StreamFailed(reason=snap.failed, next=snap.next)
                 return
-            if self.closed or self._outputs.get(session) is not out:
-                return  # shut down, or forgotten
-            await out.changed.wait()
+            if self.closed:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=self.store.poll_s)
+            except TimeoutError:
+                pass  # re-read: a change another process made may have gone unannounced
+
+    async def snapshot(self, session: uuid.UUID) -> Snapshot | None:
+        """The whole delivery state of ``session`` (any store)."""
+        return await self.store.read(session, 0, MAX_OUTPUT_TOKENS)
+
+    def _peek(self, session: uuid.UUID) -> Snapshot | None:
+        if not isinstance(self.store, MemoryDeliveryStore):
+            raise RuntimeError("only the memory store is read synchronously: use `await snapshot()`")
+        return self.store.peek(session)
 
     def delivered(self, session: uuid.UUID) -> list[int]:
-        """The tokens delivered so far (tests, embedding)."""
-        output = self._outputs.get(session)
-        return list(output.delivered) if output else []
+        """The tokens delivered so far (tests, embedding; memory store)."""
+        snap = self._peek(session)
+        return list(snap.tokens) if snap else []
 
     def tally(self, session: uuid.UUID) -> DeliveryTally | None:
-        """What was delivered for ``session``, counted (tests, embedding)."""
-        output = self._outputs.get(session)
-        return output.tally if output else None
+        """What this process handled for ``session``, counted (tests, embedding)."""
+        return self._tallies.get(session)
 
     def epoch(self, session: uuid.UUID) -> int | None:
-        output = self._outputs.get(session)
-        return output.epoch if output else None
+        """The highest epoch seen for ``session`` (tests, embedding; memory store)."""
+        snap = self._peek(session)
+        return snap.epoch if snap else None
 
     def failure(self, session: uuid.UUID) -> str | None:
-        """Why the PC gave ``session`` up, once it told this front end (tests, embedding)."""
-        output = self._outputs.get(session)
-        return output.failed if output else None
+        """Why the PC gave ``session`` up, once it told this front end (tests, embedding;
+        memory store)."""
+        snap = self._peek(session)
+        return snap.failed if snap else None
