@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from ..client.http import HttpClient, HttpPcClient
-from ..common.config import ControlConfig, FrontEndConfig
+from ..common.config import ControlConfig, FrontEndConfig, pc_targets
 from ..http.server import BoundUrl, RunningServer, build_app, serve_app
 from .delivery import DeliveryStore, MemoryDeliveryStore
 from .delivery_redis import RedisDeliveryStore
@@ -34,8 +34,8 @@ async def serve_frontend(
     (``memory``, or Redis: :mod:`.delivery_redis`); the server closes it when it stops."""
     fc: FrontEndConfig = config.frontend
     owned: list[HttpClient] = []
-    if pc is None and fc.pc_url is not None:
-        pc = HttpPcClient(fc.pc_url, fc.pc_token)
+    if pc is None and (fc.pc_url is not None or fc.pc_urls):
+        pc = HttpPcClient(pc_targets(fc.pc_url, fc.pc_urls), fc.pc_token, failover_ms=fc.pc_failover_ms)
         owned.append(pc)
     url = BoundUrl(fc.url)
     if store is None:

@@ -267,20 +267,23 @@ class FrontEnd:
         if not self._watching:
             self._watching = True
             self.store.watch(self._notify)  # deliveries through other front-end processes
-        return self._iterate(session, start)
+        changed = self._changed.setdefault(session, asyncio.Event())
+        first = await self.store.read(session, start, READ_CHUNK)  # a lost store is a 503, not a cut stream
+        if first is None:
+            raise self._missing(session)
+        return self._iterate(session, start, changed, first)
 
-    async def _iterate(self, session: uuid.UUID, index: int) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
+    async def _iterate(self, session: uuid.UUID, index: int, changed: asyncio.Event,
+                       snap: Snapshot | None) -> AsyncIterator[OutputToken | StreamEnd | StreamFailed]:
         while True:
-            # take the event before reading, so a change after the read is not missed
-            changed = self._changed.setdefault(session, asyncio.Event())
-            snap = await self.store.read(session, index, READ_CHUNK)
             if snap is None:
                 return  # forgotten
             for token in snap.tokens:
                 yield OutputToken(index=index, token=token)
                 index += 1
-            if index < snap.next:
-                continue  # more than one read's worth
+            if index < snap.next:  # more than one read's worth
+                snap = await self.store.read(session, index, READ_CHUNK)
+                continue
             if snap.end is not None and index >= snap.end:
                 yield StreamEnd(end=snap.end)
                 return
@@ -293,6 +296,9 @@ class FrontEnd:
                 await asyncio.wait_for(changed.wait(), timeout=self.store.poll_s)
             except TimeoutError:
                 pass  # re-read: a change another process made may have gone unannounced
+            # take the event before reading, so a change after the read is not missed
+            changed = self._changed.setdefault(session, asyncio.Event())
+            snap = await self.store.read(session, index, READ_CHUNK)
 
     async def snapshot(self, session: uuid.UUID) -> Snapshot | None:
         """The whole delivery state of ``session`` (any store)."""
