@@ -9,7 +9,7 @@ SUBSCRIBE_NAMESPACE listings show only the scopes it may use. Real QUIC on 127.0
 sleeps.
 
 The pubsub API takes request parameters only on ``subscribe``, so FETCH and TRACK_STATUS with
-a request token go through ``Session._request`` (as tests/test_relay_auth.py does).
+a request token go through ``MoqtSession._request`` (as tests/test_relay_auth.py does).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kvsp_moq.control.common.moqt_auth import ControlScopeAuthorizer
 from kvsp_moq.kvsp.naming import NAMESPACE_TAG, BlockName, scope_prefix
 from kvsp_moq.moqt.errors import RequestErrorCode
 from kvsp_moq.moqt.messages import MessageParameters, Token
-from kvsp_moq.pubsub import FetchStream, MoqtError, Session, connect
+from kvsp_moq.pubsub import FetchStream, MoqtError, MoqtSession, connect
 from kvsp_moq.storage import BlockStore, HostTier, RecordKey
 from relay import Relay, RelayConfig
 from relay.auth import parse_auth_config
@@ -103,23 +103,23 @@ def name_of(node: HolderNode, k: RecordKey) -> BlockName:
     return k.block_name(node.store.info(k).replica_id)
 
 
-async def client(node: HolderNode, *setup_tokens: str) -> Session:
+async def client(node: HolderNode, *setup_tokens: str) -> MoqtSession:
     return await within(connect(node.url, client_config(), setup_tokens=setup_tokens))
 
 
-async def fetch(s: Session, name: BlockName, *tokens: Token) -> FetchStream:
+async def fetch(s: MoqtSession, name: BlockName, *tokens: Token) -> FetchStream:
     _, _, f = await within(s._request(
         lambda m: m.fetch(name.namespace_fields(), b"raw", (0, 0), None, parameters=P(*tokens)),
         lambda rid: FetchStream(s, rid)))
     return f
 
 
-async def track_status(s: Session, name: BlockName, *tokens: Token):
+async def track_status(s: MoqtSession, name: BlockName, *tokens: Token):
     return (await within(s._request(
         lambda m: m.track_status(name.namespace_fields(), b"raw", P(*tokens)))))[1]
 
 
-async def subscribe(s: Session, name: BlockName, *tokens: Token):
+async def subscribe(s: MoqtSession, name: BlockName, *tokens: Token):
     return await within(s.subscribe(name.namespace_fields(), "raw", parameters=P(*tokens)))
 
 
@@ -129,7 +129,7 @@ async def refusal(aw) -> tuple[int, str]:
     return e.value.code, e.value.reason
 
 
-async def listing(s: Session, prefix: tuple[bytes, ...], *tokens: Token) -> list[tuple[bytes, ...]]:
+async def listing(s: MoqtSession, prefix: tuple[bytes, ...], *tokens: Token) -> list[tuple[bytes, ...]]:
     """The NAMESPACE suffixes of a SUBSCRIBE_NAMESPACE on ``prefix``, up to and including the
     public block (the holder lists its namespaces in ascending order on one request stream,
     so nothing that sorts before the public block can still be on its way)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsp_moq.pubsub import ReceivedObject, Session, serve
+from kvsp_moq.pubsub import ReceivedObject, MoqtSession, serve
 from kvsp_moq.transport import TransportConfig
 from kvsp_moq.transport.tls import make_self_signed
 
@@ -97,7 +97,7 @@ async def test_publish_as_client_to_a_server_that_subscribes(data_file: tuple[Pa
     cert = make_self_signed()
     received: asyncio.Future[list[ReceivedObject]] = asyncio.get_running_loop().create_future()
 
-    async def on_session(session: Session) -> None:
+    async def on_session(session: MoqtSession) -> None:
         kind, ns = await session.namespace_updates.get()
         assert (kind, ns) == ("publish_namespace", (b"kvsp-1", b"up"))
         sub = await session.subscribe(ns, "raw")

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from kvsp_moq.transport import TransportConfig
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
@@ -42,19 +42,19 @@ class Net:
 
     def __init__(self) -> None:
         self.relays: list[Relay] = []
-        self.sessions: list[Session] = []
+        self.sessions: list[MoqtSession] = []
 
     async def relay(self, **kw) -> Relay:
         r = await Relay(relay_config(**kw)).start()
         self.relays.append(r)
         return r
 
-    async def client(self, relay: Relay, catalog: Catalog | None = None) -> Session:
+    async def client(self, relay: Relay, catalog: Catalog | None = None) -> MoqtSession:
         s = await within(connect(relay.url, client_config(), catalog=catalog))
         self.sessions.append(s)
         return s
 
-    async def publisher(self, relay: Relay, ns=NS) -> tuple[Session, Catalog]:
+    async def publisher(self, relay: Relay, ns=NS) -> tuple[MoqtSession, Catalog]:
         catalog = Catalog()
         s = await self.client(relay, catalog)
         await within(s.publish_namespace(ns))

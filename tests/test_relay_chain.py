@@ -29,7 +29,7 @@ from test_relay import (  # noqa: F401  (net is a fixture)
 )
 
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
-from kvsp_moq.pubsub import MoqtError, Session, connect
+from kvsp_moq.pubsub import MoqtError, MoqtSession, connect
 from relay import Relay
 from relay.auth import parse_auth_config
 from relay.namespaces import UpstreamInterest
@@ -45,7 +45,7 @@ async def chain(net: Net, **d_kw) -> tuple[Relay, Relay, Relay]:
     return a, d, b
 
 
-async def next_update(s: Session) -> tuple[str, tuple[bytes, ...]]:
+async def next_update(s: MoqtSession) -> tuple[str, tuple[bytes, ...]]:
     return await within(s.namespace_updates.get())
 
 

@@ -12,7 +12,7 @@ from interop.client_support import joining_fetch
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import LocationFilter, MessageParameters
 from kvsp_moq.moqt.messages.fetch import FetchType, JoiningFetch
-from kvsp_moq.pubsub import MoqtError, Session, connect
+from kvsp_moq.pubsub import MoqtError, MoqtSession, connect
 from kvsp_moq.pubsub.receive import FetchStream
 from relay.fetch import WHOLE_GROUP
 from relay.fill import fill_range, joining_range
@@ -27,7 +27,7 @@ from test_relay import (  # noqa: F401  (net is a fixture)
 )
 
 
-async def draft_client(net: Net, relay, draft: int) -> Session:
+async def draft_client(net: Net, relay, draft: int) -> MoqtSession:
     s = await within(connect(relay.url, client_config(alpn_protocols=[f"moqt-{draft}"])))
     net.sessions.append(s)
     return s
@@ -67,7 +67,7 @@ def want(groups) -> dict:
     return {(g, o): expected(g, o) for g in groups for o in range(5)}
 
 
-async def raw_joining_fetch(s: Session, fetch_type: FetchType, joining_rid: int,
+async def raw_joining_fetch(s: MoqtSession, fetch_type: FetchType, joining_rid: int,
                             start: int) -> FetchStream:
     _, _, stream = await s._request(
         lambda m: m._request(lambda r: JoiningFetch(r, fetch_type, joining_rid, start,

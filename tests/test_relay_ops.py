@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvsp_moq.moqt.errors import RequestErrorCode
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from kvsp_moq.transport import ConnectError, TransportConfig, TransportError
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
@@ -75,7 +75,7 @@ async def scrape(port: int) -> dict[str, float]:
 
 async def test_metrics_endpoint_moves_with_traffic() -> None:
     relay = await Relay(relay_config(metrics=("127.0.0.1", 0))).start()
-    sessions: list[Session] = []
+    sessions: list[MoqtSession] = []
     try:
         assert relay.metrics is not None
         port = relay.metrics.port
@@ -190,7 +190,7 @@ async def test_json_logs_and_metrics_of_python_m_relay(tmp_path: Path) -> None:
     assert all({"ts", "level", "logger", "msg"} <= d.keys() for d in docs)
 
 
-async def _connect_retrying(url: str, attempts: int = 20, **kw) -> Session:
+async def _connect_retrying(url: str, attempts: int = 20, **kw) -> MoqtSession:
     """The reconnect of a client: a bounded number of attempts, each bounded in time."""
     last: Exception | None = None
     for _ in range(attempts):

@@ -25,7 +25,7 @@ import pytest
 from kvsp_moq.moqt.errors import PublishDoneCode
 from kvsp_moq.moqt.messages import MessageParameters
 from kvsp_moq.moqt.objects import GroupOrder
-from kvsp_moq.pubsub import Session, connect
+from kvsp_moq.pubsub import MoqtSession, connect
 from relay.schedule import LazyHeap, Piece, Schedule, stream_key
 
 from test_relay import GUARD, NS, Net, client_config, net, payload, within  # noqa: F401
@@ -196,7 +196,7 @@ class StalledSubscriber(threading.Thread):
     (label, group, object) in the order objects completed."""
 
     def __init__(self, url: str, main: asyncio.AbstractEventLoop,
-                 script: Callable[[Session, StalledSubscriber], Awaitable[object]]) -> None:
+                 script: Callable[[MoqtSession, StalledSubscriber], Awaitable[object]]) -> None:
         super().__init__(daemon=True)
         self.url, self.main, self.script = url, main, script
         self.release = threading.Event()
@@ -276,7 +276,7 @@ async def test_subscriber_priority_across_subscriptions_and_request_update(
     witness = await net.client(relay)
     wa, wb = [await within(witness.subscribe(NS, n)) for n in ("a", "b")]
 
-    async def script(s: Session, c: StalledSubscriber):
+    async def script(s: MoqtSession, c: StalledSubscriber):
         a = await s.subscribe(NS, "a", parameters=MessageParameters(subscriber_priority=10),
                               on_object_begin=c.begin, on_object_progress=c.progress("a"))
         b = await s.subscribe(NS, "b", parameters=MessageParameters(subscriber_priority=200),
@@ -325,7 +325,7 @@ async def test_subscription_vs_fetch_on_one_session(net: Net, sub_priority: int)
     assert len(await within(first.collect())) == N
     wl = await within(witness.subscribe(NS, "live"))
 
-    async def script(s: Session, c: StalledSubscriber):
+    async def script(s: MoqtSession, c: StalledSubscriber):
         sub = await s.subscribe(NS, "live", on_object_begin=c.begin,
                                 on_object_progress=c.progress("live"),
                                 parameters=MessageParameters(subscriber_priority=sub_priority))

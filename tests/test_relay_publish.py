@@ -12,20 +12,20 @@ from interop.client_support import publish_done_now, publish_track, subscribe_tr
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import MessageParameters
 from kvsp_moq.moqt.session import events as ev
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from tests.test_relay import Net, client_config, net, within  # noqa: F401 (fixture)
 
 NS = ("pub-test", "live")
 BNS = tuple(f.encode() for f in NS)
 
 
-async def accepting(net: Net, relay) -> Session:  # noqa: ANN001
+async def accepting(net: Net, relay) -> MoqtSession:  # noqa: ANN001
     s = await within(connect(relay.url, client_config(), accept_publish=True))
     net.sessions.append(s)
     return s
 
 
-def spy_updates(s: Session) -> asyncio.Queue:
+def spy_updates(s: MoqtSession) -> asyncio.Queue:
     """REQUEST_UPDATEs the peer sends on our requests (pubsub does not surface them)."""
     q: asyncio.Queue = asyncio.Queue()
     orig = s.dispatch

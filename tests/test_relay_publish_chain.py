@@ -20,7 +20,7 @@ from test_relay import NS, Net, client_config, net, payload, within  # noqa: F40
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import LocationFilter, MessageParameters
 from kvsp_moq.moqt.session import events as ev
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from kvsp_moq.pubsub.errors import DatagramTooLargeError
 from relay import Relay
 from relay.fanout import Subscriber
@@ -28,7 +28,7 @@ from relay.fanout import Subscriber
 NSB = tuple(f.encode() for f in NS)
 
 
-def spy_updates(s: Session) -> asyncio.Queue:
+def spy_updates(s: MoqtSession) -> asyncio.Queue:
     """REQUEST_UPDATEs the peer sends on ``s``'s requests (seen before pubsub answers)."""
     q: asyncio.Queue = asyncio.Queue()
     orig = s.dispatch

@@ -25,7 +25,7 @@ from test_relay import (  # noqa: F401  (net is a fixture)
 
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import Token
-from kvsp_moq.pubsub import Catalog, MoqtError, Session, connect
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from relay import Relay, RelayConfig
 from relay.__main__ import build_config, parse_args
 from relay.auth import parse_auth_config
@@ -46,7 +46,7 @@ def observed(relay: Relay, kind: str, ns: tuple[bytes, ...]) -> asyncio.Future:
 
 async def solicited_publisher(net: Net, relay: Relay, *names: tuple[str, ...],
                               setup_tokens=(), wait: tuple[bytes, ...] | None = NSB
-                              ) -> tuple[Session, Catalog, dict]:
+                              ) -> tuple[MoqtSession, Catalog, dict]:
     """A pubsub publisher with tracks ``names`` (namespace, track) that announces nothing;
     returns once the relay routed ``wait``."""
     catalog = Catalog()
@@ -60,7 +60,7 @@ async def solicited_publisher(net: Net, relay: Relay, *names: tuple[str, ...],
     return s, catalog, tracks
 
 
-async def setup_seen(relay: Relay, s: Session) -> None:
+async def setup_seen(relay: Relay, s: MoqtSession) -> None:
     """A round trip that the relay answers only after handling ``s``'s SETUP (a request is
     never processed before SETUP)."""
     with pytest.raises(MoqtError):

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsp_moq.pubsub import Catalog, Session, connect, serve  # noqa: E402
+from kvsp_moq.pubsub import Catalog, MoqtSession, connect, serve  # noqa: E402
 from kvsp_moq.sinks import LayerSink, LayerState, NumpySink, TorchSink  # noqa: E402
 from kvsp_moq.transport import TransportConfig  # noqa: E402
 from kvsp_moq.transport.tls import make_self_signed  # noqa: E402
@@ -37,7 +37,7 @@ class Pair:
 
     async def start(self) -> Pair:
         self.catalog = Catalog()
-        sessions: asyncio.Queue[Session] = asyncio.Queue()
+        sessions: asyncio.Queue[MoqtSession] = asyncio.Queue()
         self.server = await serve(
             "127.0.0.1", 0,
             TransportConfig(certificate_pem=_CERT.cert_pem, private_key_pem=_CERT.key_pem),

@@ -34,7 +34,7 @@ from ..kvsp.naming import NAMESPACE_TAG, BlockName, NamingError
 from ..kvsp.records import ReplicaRecord
 from ..moqt.messages import Message, SubscribeNamespace, SubscribeTracks, Token
 from ..moqt.session import SessionConfig
-from ..pubsub import Catalog, MoqtError, MoqtServer, Session, connect, serve
+from ..pubsub import Catalog, MoqtError, MoqtServer, MoqtSession, connect, serve
 from ..pubsub.session import token_values
 from ..storage import BlockStore, BlockWriter, RecordKey
 from ..transport import TransportConfig
@@ -77,17 +77,17 @@ class ScopeGate:
     def __init__(self, authorizer: ScopeAuthorizer) -> None:
         self.authorizer = authorizer
 
-    def _tokens(self, session: Session, message: Message) -> tuple[bytes | None, ...]:
+    def _tokens(self, session: MoqtSession, message: Message) -> tuple[bytes | None, ...]:
         params = getattr(message, "parameters", None)
         own = token_values(getattr(params, "authorization_tokens", ())
                            if params is not None else ())
         return (*session.peer_setup_tokens, *own, None)  # None: the anonymous rights
 
-    def _may_use(self, session: Session, message: Message, scope: bytes) -> bool:
+    def _may_use(self, session: MoqtSession, message: Message, scope: bytes) -> bool:
         allowed = [self.authorizer.allowed(t, scope) for t in self._tokens(session, message)]
         return any(allowed)  # every token is asked: the time taken does not tell which matched
 
-    def allows(self, session: Session, message: Message) -> bool:
+    def allows(self, session: MoqtSession, message: Message) -> bool:
         if isinstance(message, SubscribeNamespace | SubscribeTracks):
             prefix = tuple(message.track_namespace_prefix)
             if len(prefix) >= 3 and prefix[0] == NAMESPACE_TAG:
@@ -99,7 +99,7 @@ class ScopeGate:
         scope = _scope_of(tuple(namespace))
         return scope is not None and self._may_use(session, message, scope)
 
-    def shows(self, session: Session, message: Message, namespace: tuple[bytes, ...]) -> bool:
+    def shows(self, session: MoqtSession, message: Message, namespace: tuple[bytes, ...]) -> bool:
         scope = _scope_of(namespace)
         return scope is not None and self._may_use(session, message, scope)
 
@@ -123,7 +123,7 @@ class MoqtHolder:
         self._expires: dict[bytes, float] = {}
         self._server: MoqtServer | None = None
         self._host = "127.0.0.1"
-        self._relays: dict[str, Session] = {}
+        self._relays: dict[str, MoqtSession] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         store.add_evict_listener(self._on_evict)
         self._listening = True
@@ -148,7 +148,7 @@ class MoqtHolder:
 
     async def attach_relay(self, url: str, config: TransportConfig | None = None, *,
                            session_config: SessionConfig | None = None,
-                           setup_tokens: Sequence[Token | bytes | str] = ()) -> Session:
+                           setup_tokens: Sequence[Token | bytes | str] = ()) -> MoqtSession:
         """Connect to a relay as a publisher: PUBLISH_NAMESPACE every published replica (and
         every later one); the relay's SUBSCRIBE / FETCH are answered from the store.
         ``setup_tokens`` are sent as AUTHORIZATION_TOKEN Setup Options: the token of a
@@ -229,7 +229,7 @@ class MoqtHolder:
             session.withdraw_namespace(track.namespace)
         self._spawn(track.withdraw("replica evicted"))
 
-    async def _announce(self, session: Session, track: BlockTrack) -> None:
+    async def _announce(self, session: MoqtSession, track: BlockTrack) -> None:
         try:
             await session.publish_namespace(track.namespace)
         except MoqtError as exc:

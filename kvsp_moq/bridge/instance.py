@@ -21,7 +21,7 @@ from ..kvsp.layout import Geometry
 from ..kvsp.naming import BlockName
 from ..kvsp.records import ReplicaRecord
 from ..moqt.messages import LocationFilter, LocationFilterType, MessageParameters, SubscribeOk
-from ..pubsub import MoqtError, Session
+from ..pubsub import MoqtError, MoqtSession
 from ..sinks import LayerState, make_sink
 from ..transport import TransportConfig
 from .binding import BindingError, TrackInfo
@@ -72,7 +72,7 @@ async def load_block(records: ReplicaRecord | Source | Sequence[ReplicaRecord | 
     return result
 
 
-async def block_info(session: Session, name: BlockName, codec: str = "raw") -> TrackInfo:
+async def block_info(session: MoqtSession, name: BlockName, codec: str = "raw") -> TrackInfo:
     """The Track Properties of a block track (TRACK_STATUS), e.g. for a block found by
     namespace alone (SUBSCRIBE_NAMESPACE on the scope prefix)."""
     msg = await session.track_status(name.namespace_fields(), codec)

@@ -25,7 +25,7 @@ from typing import Any
 from ..kvsp.layout import Geometry
 from ..kvsp.naming import BlockName
 from ..kvsp.records import ReplicaRecord
-from ..pubsub import MoqtError, Session
+from ..pubsub import MoqtError, MoqtSession
 from ..sinks import LayerFailed, LayerSink, LayerState, make_sink
 from ..transport import TransportConfig
 from .binding import BLOCK_GROUP, BindingError, TrackInfo
@@ -228,7 +228,7 @@ class BlockLoad:
                 self.sink.abort(layer, reason)
 
 
-async def fetch_into(session: Session, name: BlockName, codec: str, sink: Sink, first: int,
+async def fetch_into(session: MoqtSession, name: BlockName, codec: str, sink: Sink, first: int,
                      last: int, *, timeout: float = 30.0,
                      accept_announced_digests: bool = False) -> tuple[tuple[int, ...], str | None]:
     """FETCH layers ``first..last`` (objects ``{0, first}..{0, last}``) into ``sink``.

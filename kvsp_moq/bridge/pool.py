@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from ..moqt.messages import Token
 from ..moqt.session import SessionConfig
-from ..pubsub import Session, connect
+from ..pubsub import MoqtSession, connect
 from ..transport import TransportConfig
 
 __all__ = ["MoqtPool", "SessionPool"]
@@ -32,9 +32,9 @@ class MoqtPool:
         self.session_config = session_config
         self.setup_tokens = tuple(setup_tokens)
         self.connect_timeout = connect_timeout
-        self._sessions: dict[str, asyncio.Future[Session]] = {}
+        self._sessions: dict[str, asyncio.Future[MoqtSession]] = {}
 
-    async def get(self, url: str) -> Session:
+    async def get(self, url: str) -> MoqtSession:
         fut = self._sessions.get(url)
         if fut is not None and fut.done() and (fut.exception() is not None or
                                                _closed(fut.result())):
@@ -65,5 +65,5 @@ class MoqtPool:
         await self.close()
 
 
-def _closed(session: Session) -> bool:
+def _closed(session: MoqtSession) -> bool:
     return session.closed.done() or session.moqt is None or session.moqt.closed

@@ -17,7 +17,7 @@ from pathlib import Path
 from collections.abc import Callable, Coroutine, Iterable
 
 from ..moqt.version import Version
-from ..pubsub import Catalog, MoqtError, ReceivedObject, Session, TrackPublisher, connect, serve
+from ..pubsub import Catalog, MoqtError, ReceivedObject, MoqtSession, TrackPublisher, connect, serve
 from ..transport import TransportConfig, run
 from ..transport.tls import make_self_signed
 from .core import UsageError
@@ -147,7 +147,7 @@ async def _publish(args: argparse.Namespace) -> int:
         return 0
     if not args.url:
         raise UsageError("give the relay URL, or --serve HOST:PORT")
-    session: Session = await connect(args.url, _config(args))
+    session: MoqtSession = await connect(args.url, _config(args))
     try:
         track = session.create_track(ns, args.track)
         await session.publish_namespace(ns)

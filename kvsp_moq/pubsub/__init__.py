@@ -21,8 +21,6 @@ from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Su
 from .endpoints import MoqtServer, connect, serve
 from .session import IncomingPublish, MoqtSession, token_values
 
-Session = MoqtSession  # TEMP-ALIAS(issue14): bridge/, control/, cli/, bench/ and their tests
-
 __all__ = [
     "Catalog",
     "DatagramTooLargeError",
@@ -36,7 +34,6 @@ __all__ = [
     "ReceiveStats",
     "ReceivedObject",
     "MoqtSession",
-    "Session",
     "SessionClosedError",
     "StoredObject",
     "Subscription",

@@ -135,7 +135,7 @@ def open_redis(spec: StoreSpec) -> Redis:
         user = quote(unquote(parts.username or ""), safe="")
         netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
         url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    client: Redis = Redis.from_url(  # type: ignore[no-untyped-call]
+    client: Redis = Redis.from_url(
         url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
