@@ -49,7 +49,7 @@ async def test_status_epochs_and_index_feed() -> None:
         assert w.pc_service.registry.record(IX).epoch == 5
         assert (await report(w, status(IX, epoch=5))).status == 200
         # a restart (higher epoch) forgets what the PC had assigned to the old incarnation
-        w.pc_service.registry.assign(IX, "draining")
+        await w.pc_service.registry.assign(IX, "draining")
         assert w.pc_service.registry.state(IX) == "draining"
         assert (await report(w, status(IX, epoch=6))).json == {"state": "active"}
 

@@ -455,15 +455,68 @@ class PcRefused(Exception):
         super().__init__(f"{status} {problem or ''}: {detail}")
 
 
-class HttpPcClient(HttpClient):
-    """:class:`~.instance.reporter.PcClient` over HTTP: ``PUT {pc}instance-status``."""
+#: 503 problems after which the next PC is tried: a standby, or one whose store is down.
+PC_FAILOVER_PROBLEMS = (problems.NOT_LEADER, problems.UNAVAILABLE)
+PC_ROUND_PAUSE_S = 0.1  # between two rounds over every PC URL, while the deadline allows
 
-    def __init__(self, pc_url: str, token: str | None, **kw: object) -> None:
+
+class HttpPcClient(HttpClient):
+    """:class:`~.instance.reporter.PcClient` over HTTP: ``PUT {pc}instance-status``.
+
+    ``pc_url`` may name several PCs (active/standby, ``pc/leader.py``). A call goes to the
+    one that answered last; on a refused connection, a timeout or a 503 ``kvsp-not-leader`` /
+    ``kvsp-unavailable`` it tries the next, each at most once per round, and rounds repeat
+    (``PC_ROUND_PAUSE_S`` apart) until ``failover_ms`` has passed since the call began: enough
+    for a standby to take over (about 4/3 of the PC's ``leader_lease_ms``). The last answer,
+    or transport error, is the call's. With one URL: one attempt, as with a single PC.
+    """
+
+    def __init__(self, pc_url: str | tuple[str, ...] | list[str], token: str | None, *, failover_ms: int = 10_000,
+                 **kw: object) -> None:
         super().__init__(token, **kw)  # type: ignore[arg-type]
-        self.pc_url = _base(pc_url)
+        urls = [pc_url] if isinstance(pc_url, str) else list(pc_url)
+        if not urls:
+            raise ValueError("at least one PC URL is required")
+        self.pc_urls = tuple(_base(u) for u in urls)
+        self.failover_s = failover_ms / 1000
+        self._current = 0
+
+    @property
+    def pc_url(self) -> str:
+        """The PC that answered last (the first, before any call)."""
+        return self.pc_urls[self._current]
+
+    async def _pc_call(self, method: str, path: str, body: Record | None = None) -> tuple[int, bytes, str | None, str]:
+        """One call to the PCs, ``path`` relative to a PC's URL (see the class notes)."""
+        if len(self.pc_urls) == 1:
+            return await self._call(method, f"{self.pc_urls[0]}{path}", body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.failover_s
+        last: tuple[int, bytes, str | None, str] | BaseException | None = None
+        while True:
+            for step in range(len(self.pc_urls)):
+                at = (self._current + step) % len(self.pc_urls)
+                try:
+                    answer = await self._call(method, f"{self.pc_urls[at]}{path}", body)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    last = exc
+                    continue
+                if answer[0] == 503 and answer[2] in PC_FAILOVER_PROBLEMS:
+                    last = answer
+                    continue
+                self._current = at
+                return answer
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await asyncio.sleep(min(PC_ROUND_PAUSE_S, remaining))
+        if isinstance(last, BaseException):
+            raise last
+        assert last is not None
+        return last
 
     async def report(self, record: InstanceStatusRecord) -> StatusAnswer:
-        status, body, name, detail = await self._call("PUT", f"{self.pc_url}instance-status", record)
+        status, body, name, detail = await self._pc_call("PUT", "instance-status", record)
         if status != 200:
             raise PcRefused(status, name, detail)
         return parse_json(body, StatusAnswer)
@@ -472,7 +525,7 @@ class HttpPcClient(HttpClient):
         """For a running session (``instance.sessions.CheckpointSink``): ``Superseded`` on
         ``kvsp-stale-epoch``, ``PeerUnreachable`` on anything else."""
         try:
-            status, data, name, detail = await self._call(method, f"{self.pc_url}{path}", body)
+            status, data, name, detail = await self._pc_call(method, path, body)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise PeerUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if status == 409 and name == problems.STALE_EPOCH:
@@ -500,7 +553,7 @@ class HttpPcClient(HttpClient):
     async def open_session(self, body: SessionOpen) -> SessionView:
         """``POST {pc}sessions`` (ours; ``frontend.service.SessionOpener``)."""
         try:
-            status, data, name, detail = await self._call("POST", f"{self.pc_url}sessions", body)
+            status, data, name, detail = await self._pc_call("POST", "sessions", body)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise SessionOpenFailed(f"{type(exc).__name__}: {exc}") from exc
         if status != 201:

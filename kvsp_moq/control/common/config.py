@@ -215,6 +215,22 @@ def _check_url(section: str, name: str, value: object) -> None:
         raise ConfigError(f"{section}.{name}", "must be an absolute URL ending in '/'")
 
 
+def _check_pc_urls(section: str, config: object) -> None:
+    """``pc_urls`` (a TOML array becomes a tuple) and ``pc_failover_ms`` of a PC client."""
+    urls = getattr(config, "pc_urls")
+    if not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) for u in urls):
+        raise ConfigError(f"{section}.pc_urls", "must be an array of URLs")
+    for url in urls:
+        _check_url(section, "pc_urls", url)
+    object.__setattr__(config, "pc_urls", tuple(urls))
+    _check_ints(section, config, (("pc_failover_ms", 1),))
+
+
+def pc_targets(pc_url: str | None, pc_urls: tuple[str, ...]) -> tuple[str, ...]:
+    """Every PC a client may call: ``pc_url`` first, then ``pc_urls`` (each once)."""
+    return tuple(dict.fromkeys(((pc_url,) if pc_url else ()) + pc_urls))
+
+
 def _check_base_path(section: str, value: object) -> None:
     if not isinstance(value, str) or not (value.startswith("/") and value.endswith("/")):
         raise ConfigError(f"{section}.base_path", "must start and end with '/'")
@@ -258,6 +274,9 @@ class PcConfig:
     failure_check_ms: int = 0
     #: §6.9: deadline_ms of the reshard plans it sends, unless the request names one.
     reshard_deadline_ms: int = 5_000
+    #: Active/standby over a shared (redis://) store: the leader lock's lease; the active PC
+    #: renews it every third of it, a standby takes over within about 4/3 of it (pc/leader.py).
+    leader_lease_ms: int = 3_000
 
     #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
     #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
@@ -282,7 +301,7 @@ class PcConfig:
         _check_ints("pc", self, (
             ("max_status_ttl_ms", 1), ("max_body_octets", 1024), ("mean_service_us", 0), ("max_cost_us", 0),
             ("max_queued", 0), ("min_active", 0), ("prefetch_deadline_ms", 1), ("prefetch_lease_ms", 1),
-            ("max_sessions", 1), ("failure_check_ms", 0), ("reshard_deadline_ms", 1),
+            ("max_sessions", 1), ("failure_check_ms", 0), ("reshard_deadline_ms", 1), ("leader_lease_ms", 30),
         ))
         if isinstance(self.max_kv_utilization, bool) or not isinstance(self.max_kv_utilization, (int, float)) or not 0 <= self.max_kv_utilization <= 1:
             raise ConfigError("pc.max_kv_utilization", "must be a number in [0, 1]")
@@ -307,6 +326,10 @@ class InstanceConfig:
     #: The instance URL (status records, the holder of its replicas); default: the bound address.
     url: str | None = None
     pc_url: str | None = None
+    #: Several PCs (active/standby, pc/leader.py): the client tries them in turn, for up to
+    #: pc_failover_ms per call, on a refused connection, a timeout or 503 kvsp-not-leader.
+    pc_urls: tuple[str, ...] = ()
+    pc_failover_ms: int = 10_000
     index_url: str | None = None
     #: The instance's bearer token at the PC, the IS and the holders.
     token: str | None = None
@@ -351,6 +374,7 @@ class InstanceConfig:
             raise ConfigError("instance.session_engine", 'must be "model" or "none"')
         for name in ("url", "pc_url", "index_url"):
             _check_url("instance", name, getattr(self, name))
+        _check_pc_urls("instance", self)
         _check_ints("instance", self, (
             ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
             ("max_body_octets", 1024), ("max_directives", 1), ("prefetch_blocks_in_flight", 1), ("max_sessions", 1), ("batch_size", 0),
@@ -378,6 +402,9 @@ class FrontEndConfig:
     #: The PC that places the sessions clients start, and the token presented to it.
     pc_url: str | None = None
     pc_token: str | None = None
+    #: Several PCs (active/standby), as ``[instance] pc_urls``; ``pc_failover_ms`` per call.
+    pc_urls: tuple[str, ...] = ()
+    pc_failover_ms: int = 10_000
     max_body_octets: int = 1 * MiB
     max_sessions: int = 65_536
     #: Out-of-order tokens buffered per session: an index this far beyond the next one is refused.
@@ -401,6 +428,7 @@ class FrontEndConfig:
         _check_base_path("frontend", self.base_path)
         for name in ("url", "pc_url"):
             _check_url("frontend", name, getattr(self, name))
+        _check_pc_urls("frontend", self)
         if self.pc_token is not None and not isinstance(self.pc_token, str):
             raise ConfigError("frontend.pc_token", "must be a string")
         _check_ints("frontend", self, (("max_body_octets", 1024), ("max_sessions", 1), ("max_ahead", 1)))

@@ -31,7 +31,7 @@ from ..client.http import (
 from ..client.publisher import ReplicaPublisher
 from ..client.retrieval import BlockFetcher, MoqtRetriever
 from ..common.clock import MonotonicClock, Timer
-from ..common.config import ControlConfig, InstanceConfig
+from ..common.config import ControlConfig, InstanceConfig, pc_targets
 from ..common.shard_store import ShardStore
 from ..common.tiers import build_store
 from ..engine.counters import CountingFetcher, CountingRetriever, EngineCounters
@@ -85,8 +85,9 @@ async def serve_instance(
     if ic.index_url is not None:
         index_client = HttpIndexClient(ic.index_url, ic.token)
         owned.append(index_client)
-    if pc is None and ic.pc_url is not None:
-        pc_client = HttpPcClient(ic.pc_url, ic.token)
+    pcs = pc_targets(ic.pc_url, ic.pc_urls)  # several: active/standby PCs, tried in turn
+    if pc is None and pcs:
+        pc_client = HttpPcClient(pcs, ic.token, failover_ms=ic.pc_failover_ms)
         owned.append(pc_client)
         pc = pc_client
     leases = HttpLeaseClient(ic.token)
@@ -107,8 +108,8 @@ async def serve_instance(
         moqt_retriever=counted_retriever if counted_retriever is not None else moqt_retriever,
     )
     session_pc = pc if isinstance(pc, HttpPcClient) else None
-    if session_pc is None and ic.pc_url is not None:
-        session_pc = HttpPcClient(ic.pc_url, ic.token)
+    if session_pc is None and pcs:
+        session_pc = HttpPcClient(pcs, ic.token, failover_ms=ic.pc_failover_ms)
         owned.append(session_pc)
     front_ends = HttpFrontEndClient(ic.token)
     shard_fetcher = HttpShardFetcher(ic.token)

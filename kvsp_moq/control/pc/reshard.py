@@ -15,6 +15,9 @@
 
 One reshard per map at a time (412 while one runs). The PC's calls go through
 :class:`ReshardClient` (``client.http.HttpInstanceClient.reshard``).
+
+The maps are the active PC's cache of its store (``pc/store``): a map is stored (the store
+refuses a version at or below the stored one, atomically) before it becomes authoritative here.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from ..common.auth import Principal, require_instance
 from ..common.clock import MonotonicClock, Timer
 from ..common.errors import InstanceUnreachable, NotFound, PreconditionFailed, StaleEpoch
 from ..common.session_records import CANCELLED, REFUSED, TIMED_OUT, MemberOutcome, ReshardAck, ReshardOutcome
+from .leader import Leadership
 from .reshard_plan import reshard_plans
+from .store import MemoryPcStore, PcSnapshot
 
 __all__ = ["ReshardClient", "ReshardCoordinator"]
 
@@ -47,12 +52,24 @@ class ReshardClient(Protocol):
 class ReshardCoordinator:
     """Shard Maps by id, and the version steps between them (see the module notes)."""
 
-    def __init__(self, *, client: ReshardClient | None, timer: Timer | None = None, deadline_ms: int = 5_000) -> None:
+    def __init__(self, *, client: ReshardClient | None, timer: Timer | None = None, deadline_ms: int = 5_000,
+                 leader: Leadership | None = None) -> None:
         self.client = client
+        self.leader = leader if leader is not None else Leadership(MemoryPcStore(), lease_ms=None)
         self.timer: Timer = timer if timer is not None else MonotonicClock()
         self.deadline_ms = deadline_ms
         self.maps: dict[str, ShardMap] = {}
         self._busy: set[str] = set()
+
+    def load(self, snapshot: PcSnapshot) -> None:
+        self.maps = dict(snapshot.shard_maps)
+
+    def clear(self) -> None:
+        self.maps = {}
+
+    async def _keep(self, shard_map: ShardMap) -> None:
+        await self.leader.write(lambda token: self.leader.store.put_shard_map(token, shard_map))
+        self.maps[shard_map.map] = shard_map
 
     def get(self, principal: Principal, map_id: str) -> ShardMap:
         shard_map = self.maps.get(map_id)
@@ -68,7 +85,7 @@ class ReshardCoordinator:
         for shard in new.shards + (old.shards if old else ()):
             require_instance(principal, shard.instance)
         if old is None:
-            self.maps[new.map] = new
+            await self._keep(new)
             return ReshardOutcome(map=new.map, state="installed", version=new.version)
         if new.version <= old.version:
             if new == old:
@@ -83,8 +100,8 @@ class ReshardCoordinator:
         try:
             members = await self._send_plans(plans, deadline_ms or self.deadline_ms)
             if all(m.result == "acknowledged" for m in members):
+                await self._keep(new)  # authoritative once stored (§6.9)
                 await self._broadcast(list(plans), ReshardCommit(map=new.map, commit=new.version))
-                self.maps[new.map] = new
                 return ReshardOutcome(map=new.map, state="committed", version=new.version, members=members)
             await self._broadcast(list(plans), ReshardAbort(map=new.map, abort=new.version))
             return ReshardOutcome(map=new.map, state="aborted", version=old.version, members=members)

@@ -1,7 +1,14 @@
 """HTTP routes of the Placement Controller (kvsp-draft §6.3, §6.4, §6.8, §6.9;
-docs/http-api.md "Placement Controller", "Sessions" and "Resharding")."""
+docs/http-api.md "Placement Controller", "Sessions" and "Resharding").
+
+A standby PC (``pc/leader.py``) answers every route with 503 ``kvsp-not-leader``: its state
+is the active PC's, in the store, and its clients move on to their next PC URL. A store that
+cannot be reached answers 503 ``kvsp-unavailable`` within the store's timeout.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -22,18 +29,34 @@ from .service import PlacementController
 
 __all__ = ["PcRoutes", "PcSessionRoutes"]
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def leading(service: PlacementController, handler: Handler) -> Handler:
+    """``handler``, answered only by the active PC (module notes)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        service.leader.require()
+        return await handler(request)
+
+    return handle
+
+
+def led(service: PlacementController, routes: list[web.RouteDef]) -> list[web.RouteDef]:
+    return [web.RouteDef(r.method, r.path, leading(service, r.handler), dict(r.kwargs)) for r in routes]
+
 
 class PcRoutes(ServiceRoutes[PlacementController]):
     """Routes of the PC under ``service.config.base_path`` (docs/http-api.md "Placement Controller")."""
 
     def routes(self) -> list[web.RouteDef]:
         base = self.base
-        return [
+        return led(self.service, [
             web.put(f"{base}instance-status", self.put_instance_status),
             web.put(f"{base}instance-state", self.put_instance_state),
             web.get(f"{base}instances", self.get_instances, allow_head=False),
             web.post(f"{base}placements", self.post_placement),
-        ]
+        ])
 
     async def put_instance_status(self, request: web.Request) -> web.Response:
         """§6.3 status PUT: 200 ``{"state": ...}``; 409 ``kvsp-stale-epoch`` for a lower epoch."""
@@ -64,7 +87,7 @@ class PcSessionRoutes(ServiceRoutes[PlacementController]):
     def routes(self) -> list[web.RouteDef]:
         base = self.base
         session = f"{base}sessions/{{session:{UUID_SEGMENT}}}"
-        return [
+        return led(self.service, [
             web.post(f"{base}sessions", self.post_session),
             web.get(session, self.get_session, allow_head=False),
             web.put(f"{session}/checkpoint", self.put_checkpoint),
@@ -73,7 +96,7 @@ class PcSessionRoutes(ServiceRoutes[PlacementController]):
             web.post(f"{base}failures", self.post_failure),
             web.put(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.put_shard_map),
             web.get(f"{base}shard-maps/{{map:{MAP_SEGMENT}}}", self.get_shard_map, allow_head=False),
-        ]
+        ])
 
     async def post_session(self, request: web.Request) -> web.Response:
         """Ours: place (§6.4) and start a session; 201 with its view."""
@@ -89,12 +112,12 @@ class PcSessionRoutes(ServiceRoutes[PlacementController]):
         """§6.8: 200 with the acknowledgement; 409 ``kvsp-stale-epoch`` for a lower epoch."""
         principal = authenticate(request)
         cp = await read_record(request, SessionCheckpoint, self.max_body)
-        return record_response(self.service.sessions.checkpoint(principal, path_session(request), cp))
+        return record_response(await self.service.sessions.checkpoint(principal, path_session(request), cp))
 
     async def post_done(self, request: web.Request) -> web.Response:
         principal = authenticate(request)
         body = await read_record(request, SessionDone, self.max_body)
-        self.service.sessions.done(principal, path_session(request), body)
+        await self.service.sessions.done(principal, path_session(request), body)
         return web.Response(status=204)
 
     async def post_failed(self, request: web.Request) -> web.Response:

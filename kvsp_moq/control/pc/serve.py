@@ -1,4 +1,8 @@
-"""Serving a Placement Controller (kvsp-draft §6.3, §6.4, §6.8) over HTTP: :func:`serve_pc`."""
+"""Serving a Placement Controller (kvsp-draft §6.3, §6.4, §6.8) over HTTP: :func:`serve_pc`.
+
+``[pc] store`` chooses where its state lives (``pc/store``): in memory (the default; the
+process is the only PC), or Redis, where several PC processes run active/standby over the
+same state with the leader lock of ``pc/leader.py`` (``leader_lease_ms``)."""
 
 from __future__ import annotations
 
@@ -14,8 +18,10 @@ from ..common.clock import Clock, MonotonicClock, Timer
 from ..common.config import ControlConfig, PcConfig
 from ..http.server import RunningServer, build_app, serve_app
 from .routes import PcRoutes, PcSessionRoutes
+from .leader import Leadership
 from .service import InstanceClient, PcIndex, PlacementController, SleepPolicy, StartInstance
 from .sessions import SessionInstanceClient
+from .store import PcStore, open_pc_store
 
 __all__ = ["PC_SERVICE", "serve_pc"]
 
@@ -35,13 +41,19 @@ async def serve_pc(
     policy: SleepPolicy | None = None,
     start_instance: StartInstance | None = None,
     session_client: SessionInstanceClient | None = None,
+    store: PcStore | None = None,
 ) -> RunningServer:
     """Run a PC per ``config.pc``. With ``failure_check_ms`` set, every that many ms on ``clock`` (when it can wait:
     ``MonotonicClock``, ``ManualClock``) it migrates the sessions of failed instances (§6.8). ``index`` defaults to :class:`HttpIndexClient` for
     ``index_url`` (none: no lookups, every placement recomputes); ``instances`` to
     :class:`HttpInstanceClient` with ``instance_token``; ``start_instance`` is the
-    deployment's hook (§6.4)."""
+    deployment's hook (§6.4). ``store`` defaults to the one ``[pc] store`` names; with a shared
+    store the PC answers only once it holds the leader lock (503 ``kvsp-not-leader`` until then,
+    see ``pc/leader.py``); the server closes the store when it stops."""
     pcc: PcConfig = config.pc
+    spec = pcc.store_spec
+    store = store if store is not None else open_pc_store(spec)
+    leader = Leadership(store, lease_ms=None if spec.is_memory else pcc.leader_lease_ms)
     owned: list[HttpClient | HttpIndexClient] = []
     if index is None and pcc.index_url is not None:
         index_client = HttpIndexClient(pcc.index_url, pcc.index_token)
@@ -59,20 +71,24 @@ async def serve_pc(
     service = PlacementController(
         clock=clock, index=index, instances=instances, config=pcc, policy=policy, start_instance=start_instance,
         session_client=session_client if session_client is not None else http_instances,
-        reshard_client=http_instances, timer=timer, front_ends=front_ends,
+        reshard_client=http_instances, timer=timer, front_ends=front_ends, leader=leader,
     )
+    await leader.start()  # the first try: a PC that finds the lock free is active at once
     app = build_app(auth=config.auth, routes=[*PcRoutes(service).routes(), *PcSessionRoutes(service).routes()])
     app[PC_SERVICE] = service
 
     async def close_clients(app: web.Application) -> AsyncIterator[None]:
         monitor = asyncio.create_task(_watch_failures(service, timer, pcc.failure_check_ms)) if pcc.failure_check_ms else None
+        lock = asyncio.create_task(leader.run())
         yield
-        if monitor is not None:
-            monitor.cancel()
-            await asyncio.gather(monitor, return_exceptions=True)
-        await service.close()
+        for task in (monitor, lock):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await service.close()  # gives the leader lock up: a standby takes over at once
         for client in owned:
             await client.close()
+        await store.close()
 
     app.cleanup_ctx.append(close_clients)
     return await serve_app(app, host, port, base_path=pcc.base_path)
@@ -82,6 +98,8 @@ async def _watch_failures(service: PlacementController, timer: Timer, interval_m
     """§6.3/§6.8: look for expired instances and migrate their sessions, forever."""
     while True:
         await timer.sleep_ms(interval_ms)
+        if not service.leader.leading:
+            continue  # a standby: the active PC does this
         try:
             await service.sessions.check_failures()
         except Exception:  # must not stop the loop

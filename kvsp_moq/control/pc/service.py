@@ -14,7 +14,11 @@ A plain class: callers pass an authenticated :class:`~.common.auth.Principal` an
 - :data:`StartInstance` — the deployment's hook that starts a new instance (§6.4 MAY);
 - :class:`~.pc.sessions.SessionManager` (``sessions``) — §6.8 checkpoints, session epochs and
   migration, placing with :meth:`PlacementController.rank`;
-- :class:`~.pc.reshard.ReshardCoordinator` (``reshard``) — §6.9 Shard Maps and reshard plans.
+- :class:`~.pc.reshard.ReshardCoordinator` (``reshard``) — §6.9 Shard Maps and reshard plans;
+- :class:`~.pc.leader.Leadership` (``leader``) — the store (``pc/store``, DESIGN.md §8) and the
+  leader lock: the three collaborators above are the active PC's cache of the store, written
+  through ``leader.write`` (fenced), loaded by :meth:`PlacementController.elected` when this PC
+  becomes the active one and dropped by :meth:`PlacementController.deposed`.
 
 The §6.3 MUSTs: a record with a lower epoch is discarded (``StaleEpoch``, 409); an expired
 record makes the instance failed; requests are assigned, and directives sent, only to active
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
@@ -48,9 +53,11 @@ from ..common.config import PcConfig
 from ..common.errors import InstanceUnreachable, NotActive, NotFound
 from ..common.records import Candidate, InstanceList, InstanceView, Placement, PlacementRequest, StatusAnswer
 from . import placement
+from .leader import Leadership
 from .registry import InstanceRegistry
 from .reshard import ReshardClient, ReshardCoordinator
 from .sessions import FrontEndNotifier, SessionInstanceClient, SessionManager
+from .store import IssuedDirective, MemoryPcStore, PcSnapshot
 
 __all__ = [
     "InstanceClient",
@@ -161,12 +168,17 @@ class PlacementController:
         reshard_client: ReshardClient | None = None,
         timer: Timer | None = None,
         front_ends: FrontEndNotifier | None = None,
+        leader: Leadership | None = None,
     ) -> None:
         self.config = config if config is not None else PcConfig()
         self.clock = clock
         self.index = index
         self.instances = instances
-        self.registry = InstanceRegistry(clock, max_ttl_ms=self.config.max_status_ttl_ms)
+        #: The store and the leader lock (default: the memory store, held for good).
+        self.leader = leader if leader is not None else Leadership(MemoryPcStore(), lease_ms=None)
+        self.leader.on_elected = self.elected
+        self.leader.on_deposed = self.deposed
+        self.registry = InstanceRegistry(clock, max_ttl_ms=self.config.max_status_ttl_ms, leader=self.leader)
         self.policy = policy if policy is not None else sleep_policy(self.config.sleep_policy, min_active=self.config.min_active)
         self.start_instance = start_instance
         mean = float(self.config.mean_service_us)
@@ -181,8 +193,29 @@ class PlacementController:
                                        prefetch=self.prefetch_to, max_sessions=self.config.max_sessions,
                                        front_ends=front_ends)
         #: §6.9 Shard Maps and resharding (``pc/reshard.py``); deadlines on ``timer``.
-        self.reshard = ReshardCoordinator(client=reshard_client, timer=timer, deadline_ms=self.config.reshard_deadline_ms)
+        self.reshard = ReshardCoordinator(client=reshard_client, timer=timer, deadline_ms=self.config.reshard_deadline_ms,
+                                          leader=self.leader)
         self._background: set[asyncio.Task[object]] = set()
+
+    # -- active/standby (pc/leader.py) -------------------------------------------------------------
+
+    async def elected(self, snapshot: PcSnapshot) -> None:
+        """This PC became the active one: the stored state becomes its own. The duties start
+        at once, in the background: sessions of instances that failed meanwhile, and pending
+        ones, are placed (§6.8)."""
+        self.registry.load(snapshot)
+        self.sessions.load(snapshot)
+        self.reshard.load(snapshot)
+        if self.sessions.tracking():
+            self.spawn(self.sessions.check_failures())  # runs once ``leader.leading`` is set
+
+    def deposed(self) -> None:
+        """Another PC is the active one: forget the cache; background work stops."""
+        for task in list(self._background):
+            task.cancel()
+        self.registry.clear()
+        self.sessions.clear()
+        self.reshard.clear()
 
     # -- §6.3 status and lifecycle --------------------------------------------------------------
 
@@ -197,7 +230,7 @@ class PlacementController:
         """
         require_instance(principal, record.instance)
         previous = self.registry.highest_epoch(record.instance)
-        record = self.registry.report(record)
+        record = await self.registry.report(record)
         state = self.registry.state(record.instance)
         if previous is not None and record.epoch > previous:
             # §6.3 the instance restarted: the sessions its earlier incarnation ran are gone (§6.8).
@@ -209,7 +242,7 @@ class PlacementController:
         if record.requested_state == SLEEPING and state == ACTIVE:
             active = [r.instance for r in self.registry.active_records()]
             if self.policy(record, active):
-                self.registry.assign(record.instance, DRAINING)
+                await self.registry.assign(record.instance, DRAINING)
                 state = DRAINING
         if self.index is not None:
             try:
@@ -228,12 +261,12 @@ class PlacementController:
             raise NotFound(f"the PC knows no instance {instance!r}")
         if self.instances is None:
             raise NotActive("this PC has no client to reach instances")
-        self.registry.assign(instance, state)
+        await self.registry.assign(instance, state)
         try:
             reported = await self.instances.put_state(instance, state)
         except InstanceUnreachable as exc:
             raise NotActive(f"instance {instance} did not take the state change: {exc}") from None
-        self.registry.assign(instance, reported)  # e.g. draining for "sleeping" with sessions in flight
+        await self.registry.assign(instance, reported)  # e.g. draining for "sleeping" with sessions in flight
         return StatusAnswer(state=reported)
 
     def views(self, principal: Principal) -> InstanceList:
@@ -358,6 +391,7 @@ class PlacementController:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self.leader.close()
 
     # -- §6.5 prefetch directives --------------------------------------------------------------
 
@@ -415,4 +449,6 @@ class PlacementController:
             raise NotActive(f"instance {instance} is {self.registry.state(instance) or 'unknown'}, not active")
         if self.instances is None:
             raise NotActive("this PC has no client to reach instances")
+        issued = IssuedDirective(instance, directive, int(time.time() * 1000) + directive.deadline_ms + directive.lease_ms)
+        await self.leader.write(lambda token: self.leader.store.put_directive(token, issued))
         return await self.instances.prefetch(instance, directive)

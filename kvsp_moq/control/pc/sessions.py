@@ -44,11 +44,22 @@ instance reports its status — the moment a migration target is known to be ali
 
 The PC's calls to instances go through :class:`SessionInstanceClient` (``client.http.HttpInstanceClient``
 over HTTP), which raises :class:`~.common.errors.InstanceUnreachable` on any refusal.
+
+The sessions are the active PC's cache of its store (``pc/store``, DESIGN.md §8). Every change
+is written there before it takes effect here, and before anything is sent that depends on it:
+a raised epoch is stored before the order carrying it goes out, so that a PC taking over
+accepts that run's checkpoints and refuses the older run's. The store applies the epoch rules
+itself, atomically (a compare-and-set on the session epoch; the highest ``output_offset`` per
+epoch for checkpoints), so two PCs cannot both move a session, and a checkpoint is
+acknowledged only once it is stored (§6.8: what an instance releases on the acknowledgement
+survives the PC). A PC that becomes active loads them (:meth:`SessionManager.load`); sessions
+it finds pending are placed by its next :meth:`SessionManager.check_failures`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -73,6 +84,7 @@ from ..common.session_records import (
     SessionView,
 )
 from .registry import InstanceRegistry
+from .store import PcSnapshot, StoredSession
 
 __all__ = [
     "DirectiveObserver",
@@ -143,6 +155,18 @@ class SessionEntry:
         return SessionView(session=self.open.session, instance=self.instance, epoch=self.epoch,
                            output_offset=self.checkpoint.output_offset, failed=self.failed)
 
+    def stored(self) -> StoredSession:
+        """What the store keeps of it (the checkpoint is kept beside it)."""
+        return StoredSession(open=self.open, epoch=self.epoch, instance=self.instance, instance_epoch=self.instance_epoch,
+                             fresh=self.fresh, resumed=self.resumed, refused=frozenset(self.refused), failed=self.failed,
+                             directives=tuple(self.directives))
+
+    @classmethod
+    def from_stored(cls, stored: StoredSession, checkpoint: SessionCheckpoint) -> SessionEntry:
+        return cls(open=stored.open, epoch=stored.epoch, checkpoint=checkpoint, instance=stored.instance,
+                   instance_epoch=stored.instance_epoch, fresh=stored.fresh, resumed=stored.resumed,
+                   refused=set(stored.refused), failed=stored.failed, directives=list(stored.directives))
+
 
 class SessionManager:
     """Sessions, checkpoints and migration (§6.8)."""
@@ -157,7 +181,36 @@ class SessionManager:
         self.prefetch = prefetch
         self.directive_observers: list[DirectiveObserver] = []
         self.max_sessions = max_sessions
+        self.leader = registry.leader
         self._sessions: dict[uuid.UUID, SessionEntry] = {}
+
+    # -- the store (module notes) -------------------------------------------------------------------
+
+    def load(self, snapshot: PcSnapshot) -> None:
+        """The stored sessions (this PC became the active one)."""
+        self._sessions = {sid: SessionEntry.from_stored(stored, snapshot.checkpoints[sid])
+                          for sid, stored in snapshot.sessions.items()}
+
+    def clear(self) -> None:
+        self._sessions = {}
+
+    async def _commit(self, entry: SessionEntry, **changes: object) -> None:
+        """Store ``changes`` of ``entry`` (a compare-and-set on its epoch), then apply them."""
+        new = dataclasses.replace(entry.stored(), **changes)  # type: ignore[arg-type]
+        expected = entry.epoch
+        await self.leader.write(lambda token: self.leader.store.save_session(token, new, expected_epoch=expected))
+        for name, value in changes.items():
+            if name == "refused":
+                value = set(value)  # type: ignore[call-overload]
+            elif name == "directives":
+                value = list(value)  # type: ignore[call-overload]
+            setattr(entry, name, value)
+
+    async def _forget(self, entry: SessionEntry) -> None:
+        session, epoch = entry.open.session, entry.epoch
+        await self.leader.write(lambda token: self.leader.store.delete_session(token, session, epoch))
+        if self._sessions.get(session) is entry:
+            del self._sessions[session]
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -197,16 +250,27 @@ class SessionManager:
         entry = SessionEntry(open=body, epoch=0, checkpoint=body.initial_checkpoint())
         self._sessions[body.session] = entry
         async with entry.lock:
+            try:
+                stored = entry.stored()
+                created = await self.leader.write(
+                    lambda token: self.leader.store.create_session(token, stored, entry.checkpoint))
+            except BaseException:
+                del self._sessions[body.session]
+                raise
+            if not created:
+                del self._sessions[body.session]
+                raise RecordError("session", "names a session the store holds already")
             placed = await self._place(entry, exclude=(), resume=False)
-        if not placed:
-            del self._sessions[body.session]
-            raise NotActive("no instance took the session")
+            if not placed:
+                await self._forget(entry)
+                raise NotActive("no instance took the session")
         return entry.view()
 
     # -- checkpoints (§6.8) ----------------------------------------------------------------------
 
-    def checkpoint(self, principal: Principal, session: uuid.UUID, cp: SessionCheckpoint) -> CheckpointAck:
-        """Keep ``cp`` if it covers more than the kept checkpoint (§6.8); see the module notes."""
+    async def checkpoint(self, principal: Principal, session: uuid.UUID, cp: SessionCheckpoint) -> CheckpointAck:
+        """Keep ``cp`` if it covers more than the kept checkpoint (§6.8); see the module notes.
+        Acknowledged once stored."""
         if cp.session != session:
             raise RecordError("session", f"must be the session of the path ({session})")
         entry = self.entry(session)
@@ -224,12 +288,15 @@ class SessionManager:
         if cp.output_offset >= kept.output_offset:
             if cp.generated[: kept.output_offset] != kept.generated:
                 raise RecordError("generated", f"does not extend the {kept.output_offset} tokens already checkpointed")
-            entry.checkpoint = cp
+            # the store keeps the highest output_offset of the epoch, atomically (store/base.py)
+            offset = await self.leader.write(lambda token: self.leader.store.put_checkpoint(token, cp))
+            if offset == cp.output_offset and cp.output_offset >= entry.checkpoint.output_offset:
+                entry.checkpoint = cp
         elif kept.generated[: cp.output_offset] != cp.generated:
             raise RecordError("generated", "differs from the tokens already checkpointed")
         return CheckpointAck(session=session, epoch=entry.epoch, output_offset=entry.checkpoint.output_offset)
 
-    def done(self, principal: Principal, session: uuid.UUID, body: SessionDone) -> None:
+    async def done(self, principal: Principal, session: uuid.UUID, body: SessionDone) -> None:
         """The serving instance completed the session: the PC forgets it."""
         entry = self.entry(session)
         require_scope(principal, entry.open.scope_id)
@@ -237,7 +304,7 @@ class SessionManager:
             require_instance(principal, entry.instance)
         if body.epoch != entry.epoch:
             raise StaleEpoch(f"epoch {body.epoch} is not the session's epoch {entry.epoch}")
-        del self._sessions[session]
+        await self._forget(entry)
 
     async def failed(self, principal: Principal, session: uuid.UUID, body: SessionFailed) -> SessionView:
         """``POST sessions/{id}/failed``: the serving instance cannot serve the session (module
@@ -257,16 +324,15 @@ class SessionManager:
                 return entry.view()  # moved meanwhile
             refusing = entry.instance
             log.warning("session %s: %s cannot serve epoch %d: %s", session, refusing, body.epoch, body.reason)
-            entry.refused.add(refusing)
-            entry.epoch += 1  # the refusing run's messages are stale from now on (§6.8)
-            entry.fresh = True
-            entry.instance = entry.instance_epoch = None
+            # the refusing run's messages are stale from now on (§6.8)
+            await self._commit(entry, refused=frozenset(entry.refused | {refusing}), epoch=entry.epoch + 1,
+                               fresh=True, instance=None, instance_epoch=None)
             if await self._place(entry, exclude=entry.refused, resume=entry.resumed):
                 return entry.view()
             others = [i for i in self.registry.instances() if i not in entry.refused and self.registry.state(i) != FAILED]
             if others:
                 return entry.view()
-            entry.failed = f"every instance refused it; the last, {refusing}: {body.reason}"[:MAX_REASON_CHARS]
+            await self._commit(entry, failed=f"every instance refused it; the last, {refusing}: {body.reason}"[:MAX_REASON_CHARS])
             log.warning("session %s failed: %s", session, entry.failed)
             view = entry.view()
         await self._tell_front_end(entry)  # outside the lock: the front end may be slow
@@ -293,7 +359,7 @@ class SessionManager:
         highest = self.registry.highest_epoch(report.instance)
         if report.epoch is not None and highest is not None and report.epoch < highest:
             raise StaleEpoch(f"epoch {report.epoch} of {report.instance} is older than {highest}")
-        self.registry.fail(report.instance)
+        await self.registry.fail(report.instance)
         return SessionList(sessions=tuple(await self.instance_failed(report.instance)))
 
     async def instance_failed(self, instance: str, *, before_epoch: int | None = None) -> list[SessionView]:
@@ -311,9 +377,8 @@ class SessionManager:
         async with entry.lock:
             if entry.instance != failed or self._sessions.get(entry.open.session) is not entry:
                 return entry.view()  # moved or finished meanwhile
-            entry.epoch += 1  # from now on the failed instance's messages are stale (§6.8)
-            entry.fresh = True
-            entry.instance = entry.instance_epoch = None
+            # from now on the failed instance's messages are stale (§6.8); stored first
+            await self._commit(entry, epoch=entry.epoch + 1, fresh=True, instance=None, instance_epoch=None)
             exclude = entry.refused | ({failed} if self.registry.state(failed) == FAILED else set())
             await self._place(entry, exclude=exclude, resume=True)
             return entry.view()
@@ -353,9 +418,8 @@ class SessionManager:
             return False
         request = self._request(entry)
         for instance in await self.rank(request, exclude):
-            if not entry.fresh:
-                entry.epoch += 1
-            entry.fresh = False
+            # a new epoch per attempt, stored before the order that carries it (module notes)
+            await self._commit(entry, epoch=entry.epoch if entry.fresh else entry.epoch + 1, fresh=False)
             order = SessionOrder(epoch=entry.epoch, checkpoint=entry.checkpoint, front_end=entry.open.front_end,
                                  max_tokens=entry.open.max_tokens)
             await self._prefetch(entry, request, instance)
@@ -367,9 +431,8 @@ class SessionManager:
             except InstanceUnreachable as exc:
                 log.warning("session %s: %s did not take epoch %d: %s", entry.open.session, instance, entry.epoch, exc)
                 continue
-            entry.instance = instance
-            entry.instance_epoch = self.registry.highest_epoch(instance)
-            entry.resumed = resume
+            await self._commit(entry, instance=instance, instance_epoch=self.registry.highest_epoch(instance),
+                               resumed=resume, directives=tuple(entry.directives))
             return True
         log.warning("session %s: no instance took it; pending", entry.open.session)
         return False

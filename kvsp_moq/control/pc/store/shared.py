@@ -1,0 +1,206 @@
+"""The PC's state in Redis (``[pc] store = "redis://HOST:PORT/DB"``; Valkey works too): several
+PC processes share it, one active at a time (``pc/leader.py``), and it outlives them.
+
+Keys, under ``{key_prefix}pc:`` (``kvsp:pc:`` by default):
+
+===================  ============  ====================================================
+``leader``           string        the leader token, with the lease as its PX expiry
+``epochs``           hash          instance URL -> highest epoch (§6.3)
+``instances``        hash          instance URL -> :class:`StoredInstance` JSON
+``session-ids``      set           the ids of the stored sessions
+``s:{id}``           hash          ``epoch``, ``doc`` (:class:`StoredSession` JSON),
+                                   ``cp`` (the kept checkpoint, §6.8), ``offset`` (its output_offset)
+``map-versions``     hash          map id -> version (§6.9)
+``maps``             hash          map id -> Shard Map JSON
+``directives``       hash + zset   ``directives``: id -> :class:`IssuedDirective` JSON;
+``directive-until``                ``directive-until``: id scored by when it may be forgotten
+===================  ============  ====================================================
+
+Each write is one Lua script (``store/scripts.py``) that checks the leader token and the rule
+it applies in the same atomic step, so a write costs one round trip. Every call is bounded by
+``store_timeout_ms`` (``common/store.py``) and raises ``StoreUnavailable`` past it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from ....kvsp.errors import RecordError
+from ....kvsp.records import SessionCheckpoint, ShardMap
+from ...common.errors import NotFound, NotLeader, StaleEpoch
+from ...common.store import StoreSpec, open_redis, store_call
+from . import scripts
+from .records import IssuedDirective, PcSnapshot, StoredInstance, StoredSession, dumps
+
+__all__ = ["RedisPcStore"]
+
+LOAD_CHUNK = 512  # sessions read per pipeline while loading
+
+
+def _spec(store: RedisPcStore) -> StoreSpec:
+    return store.spec
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisPcStore:
+    """:class:`~.base.PcStore` over Redis (module notes)."""
+
+    def __init__(self, spec: StoreSpec, client: Redis | None = None) -> None:
+        self.spec = spec
+        self.redis: Redis = client if client is not None else open_redis(spec)
+        p = f"{spec.key_prefix}pc:"
+        self.k_leader, self.k_epochs, self.k_instances = p + "leader", p + "epochs", p + "instances"
+        self.k_ids, self.k_session = p + "session-ids", p + "s:"
+        self.k_versions, self.k_maps = p + "map-versions", p + "maps"
+        self.k_directives, self.k_until = p + "directives", p + "directive-until"
+        r = self.redis
+        self._renew = r.register_script(scripts.RENEW)
+        self._release = r.register_script(scripts.RELEASE)
+        self._put_instance = r.register_script(scripts.PUT_INSTANCE)
+        self._create = r.register_script(scripts.CREATE_SESSION)
+        self._save = r.register_script(scripts.SAVE_SESSION)
+        self._checkpoint = r.register_script(scripts.PUT_CHECKPOINT)
+        self._delete = r.register_script(scripts.DELETE_SESSION)
+        self._put_map = r.register_script(scripts.PUT_SHARD_MAP)
+        self._put_directive = r.register_script(scripts.PUT_DIRECTIVE)
+
+    def _key(self, session: uuid.UUID) -> str:
+        return f"{self.k_session}{session}"
+
+    # -- the leader lock ------------------------------------------------------------------------
+
+    @store_call(_spec)
+    async def acquire(self, token: str, lease_ms: int | None) -> bool:
+        if lease_ms is None:
+            raise ValueError("a Redis leader lock is a lease: lease_ms is required")
+        if await self.redis.set(self.k_leader, token, nx=True, px=lease_ms):
+            return True
+        return await self.renew(token, lease_ms)
+
+    @store_call(_spec)
+    async def renew(self, token: str, lease_ms: int) -> bool:
+        return bool(await self._renew(keys=[self.k_leader], args=[token, lease_ms]))
+
+    @store_call(_spec)
+    async def release(self, token: str) -> None:
+        await self._release(keys=[self.k_leader], args=[token])
+
+    @store_call(_spec)
+    async def holder(self) -> str | None:
+        value = await self.redis.get(self.k_leader)
+        return None if value is None else _text(value)
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _outcome(answer: Sequence[object], what: str) -> tuple[str, str]:
+        status, value = _text(answer[0]), _text(answer[1])
+        if status == "not-leader":
+            raise NotLeader("this PC no longer holds the leader lock")
+        if status == "missing":
+            raise NotFound(f"the PC has no {what}")
+        return status, value
+
+    @store_call(_spec)
+    async def load(self) -> PcSnapshot:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.smembers(self.k_ids)
+            pipe.hgetall(self.k_epochs)
+            pipe.hgetall(self.k_instances)
+            pipe.hgetall(self.k_maps)
+            pipe.hgetall(self.k_directives)
+            ids, epochs, instances, maps, directives = await pipe.execute()
+        out = PcSnapshot(
+            epochs={_text(k): int(v) for k, v in epochs.items()},
+            instances={_text(k): StoredInstance.from_doc(v) for k, v in instances.items()},
+            shard_maps={_text(k): ShardMap.from_json(json.loads(v)) for k, v in maps.items()},
+        )
+        now = time.time() * 1000
+        for v in directives.values():
+            issued = IssuedDirective.from_doc(v)
+            if issued.until_unix_ms > now:
+                out.directives[issued.directive.directive] = issued
+        sessions = sorted(uuid.UUID(_text(i)) for i in ids)
+        for at in range(0, len(sessions), LOAD_CHUNK):
+            chunk = sessions[at:at + LOAD_CHUNK]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for sid in chunk:
+                    pipe.hgetall(self._key(sid))
+                rows = await pipe.execute()
+            for sid, row in zip(chunk, rows):
+                if not row:
+                    continue  # deleted between the two reads
+                fields = {_text(k): v for k, v in row.items()}
+                out.sessions[sid] = StoredSession.from_doc(fields["doc"], int(fields["epoch"]))
+                out.checkpoints[sid] = SessionCheckpoint.from_json(json.loads(fields["cp"]))
+        return out
+
+    @store_call(_spec)
+    async def put_instance(self, token: str, entry: StoredInstance) -> None:
+        answer = await self._put_instance(keys=[self.k_leader, self.k_epochs, self.k_instances],
+                                          args=[token, entry.instance, entry.epoch, entry.to_doc()])
+        status, value = self._outcome(answer, f"instance {entry.instance}")
+        if status == "stale":
+            raise StaleEpoch(f"epoch {entry.epoch} of {entry.instance} is lower than {value}, already seen")
+
+    @store_call(_spec)
+    async def create_session(self, token: str, session: StoredSession, checkpoint: SessionCheckpoint) -> bool:
+        answer = await self._create(
+            keys=[self.k_leader, self._key(session.session), self.k_ids],
+            args=[token, str(session.session), session.epoch, session.to_doc(), dumps(checkpoint.to_json()),
+                  checkpoint.output_offset])
+        status, _ = self._outcome(answer, f"session {session.session}")
+        return status == "ok"
+
+    @store_call(_spec)
+    async def save_session(self, token: str, session: StoredSession, *, expected_epoch: int) -> None:
+        answer = await self._save(keys=[self.k_leader, self._key(session.session)],
+                                  args=[token, expected_epoch, session.epoch, session.to_doc()])
+        status, value = self._outcome(answer, f"session {session.session}")
+        if status == "stale":
+            raise StaleEpoch(f"session {session.session} is at epoch {value}, not {expected_epoch}")
+
+    @store_call(_spec)
+    async def put_checkpoint(self, token: str, checkpoint: SessionCheckpoint) -> int:
+        answer = await self._checkpoint(keys=[self.k_leader, self._key(checkpoint.session)],
+                                        args=[token, checkpoint.epoch, checkpoint.output_offset,
+                                              dumps(checkpoint.to_json())])
+        status, value = self._outcome(answer, f"session {checkpoint.session}")
+        if status == "stale":
+            raise StaleEpoch(f"checkpoint epoch {checkpoint.epoch} is lower than the session's epoch {value}")
+        if status == "ahead":
+            raise RecordError("epoch", f"the PC assigned epoch {value} to this session, not {checkpoint.epoch}")
+        return int(value)
+
+    @store_call(_spec)
+    async def delete_session(self, token: str, session: uuid.UUID, epoch: int) -> None:
+        answer = await self._delete(keys=[self.k_leader, self._key(session), self.k_ids], args=[token, str(session), epoch])
+        status, value = self._outcome(answer, f"session {session}")
+        if status == "stale":
+            raise StaleEpoch(f"epoch {epoch} is not the session's epoch {value}")
+
+    @store_call(_spec)
+    async def put_shard_map(self, token: str, shard_map: ShardMap) -> None:
+        answer = await self._put_map(keys=[self.k_leader, self.k_versions, self.k_maps],
+                                     args=[token, shard_map.map, shard_map.version, dumps(shard_map.to_json())])
+        status, value = self._outcome(answer, f"shard map {shard_map.map}")
+        if status == "stale":
+            raise StaleEpoch(f"map {shard_map.map!r} is at version {value}; got {shard_map.version}")
+
+    @store_call(_spec)
+    async def put_directive(self, token: str, issued: IssuedDirective) -> None:
+        answer = await self._put_directive(
+            keys=[self.k_leader, self.k_directives, self.k_until],
+            args=[token, str(issued.directive.directive), issued.to_doc(), issued.until_unix_ms, int(time.time() * 1000)])
+        self._outcome(answer, "directive")
+
+    async def close(self) -> None:
+        await self.redis.aclose()
