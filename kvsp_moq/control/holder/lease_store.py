@@ -16,6 +16,10 @@ run them over both):
   leased octets") and records the lease in one atomic step: two requests, or two holder
   processes over one store, never both pass the last bit of a quota.
 - Renew, release and get see only the owner's own leases (another owner gets ``None``).
+- :meth:`LeaseStore.grant` and :meth:`LeaseStore.usage` first drop the owner's expired leases;
+  :meth:`LeaseStore.purge` returns the expired leases still there (their pins in the block
+  store lapse on their own at the same expiry, so a lease dropped without being returned
+  leaves nothing pinned).
 """
 
 from __future__ import annotations
@@ -126,8 +130,13 @@ class MemoryLeaseStore:
         self._leases: dict[str, Lease] = {}
 
     def _usage(self, owner: str, now_ms: int) -> Usage:
-        mine = [lease for lease in self._leases.values() if lease.owner == owner and lease.expires_ms > now_ms]
-        return Usage(sum(lease.octets for lease in mine), len(mine))
+        """The owner's usage, after dropping its expired leases."""
+        mine = [lease for lease in self._leases.values() if lease.owner == owner]
+        for lease in mine:
+            if lease.expires_ms <= now_ms:
+                del self._leases[lease.id]
+        live = [lease for lease in mine if lease.expires_ms > now_ms]
+        return Usage(sum(lease.octets for lease in live), len(live))
 
     def _live(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
         lease = self._leases.get(lease_id)
