@@ -34,3 +34,32 @@ def test_bench_index_prints_its_figures() -> None:
 def test_bench_index_refuses_fewer_records_than_a_prompt() -> None:
     proc = kvsp("bench", "index", "--records", "10", check=False)
     assert proc.returncode == 2 and "--prompt-blocks" in proc.stderr and proc.stdout == ""
+
+
+REDIS_FIGURES = {
+    "is_lookup_http_redis": ("lookups/s", "is_lookup_http"),
+    "is_refresh_batched_redis": ("records/s", "is_refresh_single_put_redis"),
+    "is_refresh_vs_ttl_redis": ("records/s", "refresh_needed"),
+}
+
+
+def test_bench_index_on_redis_prints_its_figures() -> None:
+    """``--store redis`` starts its own redis-server: lookups beside the memory store's, the
+    batched refresh beside single PUTs and the rate the TTL needs."""
+    proc = kvsp("bench", "index", "--store", "redis", "--records", "2000", "--block-mib", "2", "--lookups", "10",
+                "--repeat", "1", "--refresh-records", "600", "--single-puts", "50")
+    figures = {f["name"] + "/" + f["baseline_name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    memory = figures["is_lookup_http/is_lookup_in_process"]
+    for name, (unit, baseline) in REDIS_FIGURES.items():
+        fig = figures[f"{name}/{baseline}"]
+        assert fig["unit"] == unit and fig["value"] > 0 and fig["baseline_value"] > 0
+        assert fig["ratio"] == pytest.approx(fig["value"] / fig["baseline_value"], rel=1e-3)
+    assert figures["is_lookup_http_redis/is_lookup_http"]["baseline_value"] == memory["value"]
+    assert figures["is_refresh_vs_ttl_redis/refresh_needed"]["baseline_value"] == pytest.approx(600 / 20)
+    assert figures["is_refresh_vs_ttl_redis/refresh_needed"]["params"] == {
+        "records": 600, "batch": 256, "single_puts": 50, "ttl_ms": 60_000, "layer_digests": 32}
+
+
+def test_bench_index_redis_url_needs_the_redis_store() -> None:
+    proc = kvsp("bench", "index", "--redis-url", "redis://127.0.0.1:1/0", check=False)
+    assert proc.returncode == 2 and "--store redis" in proc.stderr and proc.stdout == ""

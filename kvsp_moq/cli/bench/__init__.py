@@ -93,6 +93,10 @@ def _index(args: argparse.Namespace) -> int:
 
     if args.records < args.prompt_blocks or args.prompt_blocks < 1:
         raise UsageError(f"--records {args.records} must hold at least one prompt of --prompt-blocks {args.prompt_blocks}")
+    if args.refresh_records < 1 or args.single_puts < 1:
+        raise UsageError("--refresh-records and --single-puts must be >= 1")
+    if args.redis_url is not None and args.store != "redis":
+        raise UsageError("--redis-url needs --store redis")
     if args.block_layers < 1 or args.layer_digests < 1 or args.lookups < 1 or args.repeat < 1 \
             or (args.block_mib << 20) // args.block_layers < 2:
         raise UsageError("--block-layers, --layer-digests, --lookups, --repeat must be >= 1 and "
@@ -101,7 +105,8 @@ def _index(args: argparse.Namespace) -> int:
                           layers=args.layer_digests, lookups=args.lookups,
                           block_layers=args.block_layers,
                           layer_bytes=(args.block_mib << 20) // args.block_layers,
-                          repeat=args.repeat))
+                          repeat=args.repeat, store=args.store, redis_url=args.redis_url,
+                          refresh_records=args.refresh_records, single_puts=args.single_puts))
     return 0
 
 
@@ -190,4 +195,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--block-mib", type=int, default=32, help="block size for the GET figures")
     q.add_argument("--block-layers", type=int, default=32)
     q.add_argument("--repeat", type=int, default=3, help="timed runs per figure; the best is kept")
+    q.add_argument("--store", choices=("memory", "redis"), default="memory",
+                   help="redis: also lookups on a Redis store and the batched record refresh")
+    q.add_argument("--redis-url", help="the Redis to use (default: a redis-server of its own)")
+    q.add_argument("--refresh-records", type=int, default=100_000, help="records refreshed (--store redis)")
+    q.add_argument("--single-puts", type=int, default=5_000, help="records of the single-PUT baseline")
     q.set_defaults(handler=_index)

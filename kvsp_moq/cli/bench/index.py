@@ -19,6 +19,22 @@ measured in the same run.
   digest, size). **Baseline**: a raw TCP socket copy of the same number of bytes
   (``bench.baseline.tcp_copy``), same run.
 
+With ``--store redis`` (``[index] store = "redis://..."``, index/redis_store.py), also:
+
+* **Lookup on Redis**: the same HTTP lookups against an IS whose records are in Redis,
+  beside the in-memory store's figure of the same run (ratio: the cost of the networked
+  store; target >= 0.5).
+* **Record refresh** (§6.1 "refresh records before expiry"): ``refresh_records`` (default
+  100 000) records already at the IS (on Redis) are refreshed through the control plane's own
+  ``HttpIndexClient.publish_many`` in batches of ``ReplicaPublisher``'s size (``POST
+  {is}replicas:batch``, what ``ReplicaPublisher.refresh`` sends, one request at a time);
+  **baselines**: single PUTs (``HttpIndexClient.publish``, as holders did before, timed on
+  ``single_puts`` records) and the rate the TTL needs: every record once per refresh period,
+  ``refresh_records / (ttl / 3)`` with the holder's default 60 s TTL.
+
+The bench starts its own ``redis-server`` (``bench.redis_process``) unless given a URL; its
+keys are under their own prefix and deleted at the end.
+
 This module lives in ``kvsp_moq.cli`` (not ``kvsp_moq.bench``) because it starts control-plane
 servers, which ``kvsp_moq.bench`` may not import (tests/test_layering.py); its HTTP clients
 are the control plane's own (``kvsp_moq.control.client.http``).
@@ -26,9 +42,12 @@ are the control plane's own (``kvsp_moq.control.client.http``).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import cast
 
@@ -41,7 +60,12 @@ from ...control.common.config import ControlConfig, HolderConfig, IndexConfig, T
 from ...control.index.serve import INDEX_SERVICE, serve_index
 from ...control.client.http import HttpBlockFetcher, HttpIndexClient
 from ...control.holder.serve import serve_holder
+from ...control.index.redis_store import RedisIndexStore
 from ...control.index.service import IndexService
+from ...control.index.store import IndexStore
+from ...control.client.publisher import DEFAULT_BATCH
+from ...control.common.store import parse_store
+from ...bench.redis_process import RedisProcess
 from ...control.client.retrieval import BlockFetcher, block_url, retrieve_block
 from ...kvsp.container import replica_digest
 from ...kvsp.records import LookupRequest, ReplicaRecord, Residency
@@ -106,14 +130,15 @@ async def _best_rate(once: Callable[[], Awaitable[None]], operations: int, repea
 
 
 async def _measure_lookups(records: int, prompt_blocks: int, layers: int, lookups: int,
-                           repeat: int) -> tuple[float, float]:
-    """(HTTP lookups/s, in-process lookups/s)."""
-    server = await serve_index(_config())
+                           repeat: int, store: IndexStore | None = None) -> tuple[float, float]:
+    """(HTTP lookups/s, in-process lookups/s) on ``store`` (default: the embedded one)."""
+    server = await serve_index(_config(), store=store)
     client = HttpIndexClient(server.url, _TOKEN)
     try:
         service: IndexService = server.app[INDEX_SERVICE]
-        for record in _records(records, layers):  # straight into the service's store
-            await service.store.put(record, _TTL_MS)
+        filled = _records(records, layers)
+        for start in range(0, records, 1_000):  # straight into the service's store
+            await service.store.put_many([(r, _TTL_MS) for r in filled[start:start + 1_000]])
         prompts = _prompts(records, prompt_blocks, lookups)
 
         async def over_http() -> None:
@@ -134,6 +159,54 @@ async def _measure_lookups(records: int, prompt_blocks: int, layers: int, lookup
     finally:
         await client.close()
         await server.close()
+
+
+_REFRESH_TTL_MS = 60_000  # the holder's default record TTL; it refreshes every third of it
+
+
+async def _measure_refresh(store: IndexStore, records: int, single: int, layers: int) -> tuple[float, float]:
+    """(records/s refreshed in batches, records/s refreshed by single PUTs) at an IS on
+    ``store`` holding ``records`` records (published first, untimed)."""
+    server = await serve_index(_config(), store=store)
+    client = HttpIndexClient(server.url, _TOKEN, timeout_s=60)
+    try:
+        recs = [dataclasses.replace(r, ttl_ms=_REFRESH_TTL_MS) for r in _records(records, layers)]
+        chunks = [recs[i:i + DEFAULT_BATCH] for i in range(0, records, DEFAULT_BATCH)]
+        for chunk in chunks:  # the first publication
+            await client.publish_many(chunk)
+        start = time.perf_counter()
+        for chunk in chunks:
+            await client.publish_many(chunk)
+        batched = records / (time.perf_counter() - start)
+        start = time.perf_counter()
+        for record in recs[:single]:
+            await client.publish(record)
+        return batched, single / (time.perf_counter() - start)
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def _measure_redis(url: str, records: int, prompt_blocks: int, layers: int, lookups: int, repeat: int,
+                         refresh_records: int, single_puts: int) -> tuple[float, float, float]:
+    """(HTTP lookups/s on Redis, batched refresh records/s, single-PUT refresh records/s);
+    the bench's keys (their own prefix) are deleted afterwards."""
+    spec = parse_store("index", url, key_prefix=f"kvsp-bench-{uuid.uuid4().hex[:8]}:")
+    store = RedisIndexStore.open(spec)
+    try:
+        http, _ = await _measure_lookups(records, prompt_blocks, layers, lookups, repeat, store=store)
+        await _drop(store)
+        batched, single = await _measure_refresh(store, refresh_records, single_puts, layers)
+        return http, batched, single
+    finally:
+        await _drop(store)
+        await store.close()
+
+
+async def _drop(store: RedisIndexStore) -> None:
+    keys = [k async for k in store.redis.scan_iter(match=f"{store.spec.key_prefix}*", count=10_000)]
+    for start in range(0, len(keys), 10_000):
+        await store.redis.unlink(*keys[start:start + 10_000])
 
 
 async def _measure_block_get(block_layers: int, layer_bytes: int, repeat: int) -> tuple[float, float]:
@@ -172,13 +245,20 @@ async def _measure_block_get(block_layers: int, layer_bytes: int, repeat: int) -
 
 
 def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, lookups: int = 200,
-        block_layers: int = 32, layer_bytes: int = 1 << 20, repeat: int = 3) -> list[Figure]:
+        block_layers: int = 32, layer_bytes: int = 1 << 20, repeat: int = 3, store: str = "memory",
+        redis_url: str | None = None, refresh_records: int = 100_000, single_puts: int = 5_000) -> list[Figure]:
     if records < prompt_blocks:
         raise ValueError(f"--records {records} is fewer than one prompt of {prompt_blocks} blocks")
     loop = new_event_loop(use_uvloop=True)
     try:
         http, local = loop.run_until_complete(_measure_lookups(records, prompt_blocks, layers, lookups, repeat))
         plain, verified = loop.run_until_complete(_measure_block_get(block_layers, layer_bytes, repeat))
+        on_redis: tuple[float, float, float] | None = None
+        if store == "redis":
+            with contextlib.ExitStack() as stack:
+                url = redis_url if redis_url is not None else stack.enter_context(RedisProcess())
+                on_redis = loop.run_until_complete(_measure_redis(
+                    url, records, prompt_blocks, layers, lookups, repeat, refresh_records, single_puts))
     finally:
         loop.close()
     block = block_layers * layer_bytes
@@ -188,8 +268,22 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
     lookup_params: dict[str, object] = {"records": records, "prompt_blocks": prompt_blocks,
                                         "layer_digests": layers, "lookups": lookups}
     block_params: dict[str, object] = {"layers": block_layers, "layer_bytes": layer_bytes}
-    return [
+    figures = [
         Figure("is_lookup_http", "lookups/s", http, "is_lookup_in_process", local, params=lookup_params),
         Figure("holder_block_get", "MB/s", plain, "tcp_copy", tcp, params=block_params),
         Figure("holder_block_get_verified", "MB/s", verified, "tcp_copy", tcp, params=block_params),
     ]
+    if on_redis is not None:
+        on_redis_http, batched, single = on_redis
+        needed = refresh_records / (_REFRESH_TTL_MS / 3 / 1000)
+        refresh_params: dict[str, object] = {"records": refresh_records, "batch": DEFAULT_BATCH,
+                                             "single_puts": single_puts, "ttl_ms": _REFRESH_TTL_MS,
+                                             "layer_digests": layers}
+        figures += [
+            Figure("is_lookup_http_redis", "lookups/s", on_redis_http, "is_lookup_http", http, params=lookup_params),
+            Figure("is_refresh_batched_redis", "records/s", batched, "is_refresh_single_put_redis", single,
+                   params=refresh_params),
+            Figure("is_refresh_vs_ttl_redis", "records/s", batched, "refresh_needed", needed,
+                   params=refresh_params),
+        ]
+    return figures

@@ -48,9 +48,12 @@ from ...kvsp.records import ReplicaRecord
 from ...storage import BlockStore, RecordKey, ReplicaInfo
 from ..common.clock import Clock
 
-__all__ = ["IndexClient", "IndexRefused", "IndexUnreachable", "ReplicaPublisher"]
+__all__ = ["DEFAULT_BATCH", "IndexClient", "IndexRefused", "IndexUnreachable", "ReplicaPublisher"]
 
 log = logging.getLogger(__name__)
+
+#: Records per batched refresh request (``POST {is}replicas:batch``).
+DEFAULT_BATCH = 256
 
 
 class IndexUnreachable(Exception):
@@ -100,7 +103,7 @@ class ReplicaPublisher:
         refresh_ms: int = 20_000,
         retry_ms: int = 200,
         retry_max_ms: int = 10_000,
-        batch_size: int = 256,
+        batch_size: int = DEFAULT_BATCH,
     ) -> None:
         self.store = store
         self.client = client
