@@ -255,3 +255,19 @@ def _checkpoint(sid: uuid.UUID) -> SessionCheckpoint:
     sampler = Sampler(method="greedy", params={}, seed=1, step=0, deterministic=True)  # tokens released at once
     return SessionCheckpoint(session=sid, epoch=1, compat_id=COMPAT, scope_id=SCOPE_A, prompt_blocks=(),
                              prompt_tail=(1, 2), generated=(), output_offset=0, sampler=sampler)
+
+
+async def test_concurrent_deliveries_through_two_clients_take_each_index_once(
+        redis_server: RedisServer) -> None:  # noqa: F811
+    """The accept script is atomic: batches racing through two connections (as two front-end
+    processes would) take every index exactly once between them."""
+    sid, n = uuid.uuid4(), 200
+    values = {i: (i * 13) % 32000 for i in range(n)}
+    async with registrar(redis_server.url) as one, registrar(redis_server.url) as two:
+        await one.register(sid, Registration(SCOPE_A, n), max_sessions=16)
+        batches = [OutputTokens.from_json(body(sid, 1, range(at, min(n, at + 20)), values)) for at in range(0, n, 10)]
+        outcomes = await asyncio.gather(*(store.accept(sid, b, max_ahead=4096)
+                                          for b in batches for store in (one, two)))
+        snap = await two.read(sid, 0, n)
+    assert sum(o.accepted for o in outcomes) == n and all(o.code == "ok" for o in outcomes)
+    assert snap is not None and list(snap.tokens) == [values[i] for i in range(n)]
