@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kvsp_moq.control.common.errors import StoreUnavailable
 from kvsp_moq.control.common.store import parse_store
 from kvsp_moq.control.holder.lease_redis import PURGE_BATCH, RedisLeaseStore
 from kvsp_moq.control.holder.lease_store import Lease, LeaseLimits, LeaseStore, MemoryLeaseStore, Usage
@@ -157,3 +158,21 @@ async def test_two_key_prefixes_are_two_holders(tmp_path: Path) -> None:
         await second.close()
     finally:
         server.close()
+
+
+async def test_a_read_only_replica_is_unavailable_not_a_500(tmp_path: Path) -> None:
+    """After a failover the old primary may be a replica: its READONLY refusal is a store that
+    cannot take writes (503 kvsp-unavailable), while reads still answer."""
+    primary, replica = RedisServer(tmp_path / "primary"), RedisServer(tmp_path / "replica")
+    primary.start()
+    replica.start()
+    try:
+        store = RedisLeaseStore(parse_store("holder", replica.url))
+        await store.client.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+        with pytest.raises(StoreUnavailable, match="unavailable"):
+            await store.grant(lease("L1"), LIMITS, NOW)
+        assert await store.get("alice", "L1", NOW) is None
+        await store.close()
+    finally:
+        replica.close()
+        primary.close()

@@ -4,6 +4,8 @@ NOT evict the leased replicas"; DESIGN.md §8), each with a real ``redis-server`
 - a real ``kvsp holder`` process with a disk tier, SIGKILLed and restarted: its leases are
   still there (GET, renew), still pin their replicas under eviction pressure while an unleased
   one goes, and the quota usage is the same;
+- two ``kvsp holder`` processes over one Redis, racing lease requests at a quota edge: exactly
+  the quota is granted;
 - Redis with the append-only file SIGKILLed and restarted: the leases survive (and without
   it they are gone, which the holder reports as 404, never as a 500);
 - Redis stopped (SIGSTOP): a lease request answers 503 ``kvsp-unavailable`` within a bound,
@@ -64,6 +66,29 @@ def lease_body(keys: list[int], ttl_ms: int = 60_000) -> dict[str, object]:
     return {"block_keys": [bkey(i).hex() for i in keys], "compat_id": COMPAT.hex(), "scope_id": SCOPE_A.hex(), "ttl_ms": ttl_ms}
 
 
+def holder_toml(path: Path, store: str, *, max_leased_octets: int, tier: str) -> Path:
+    path.write_text(f"""
+[holder]
+store = "{store}"
+store_timeout_ms = 2000
+max_lease_ttl_ms = 60000
+max_leased_octets = {max_leased_octets}
+tiers = [{tier}]
+
+[[principals]]
+name = "client"
+token = "{TOKEN}"
+scopes = ["{SCOPE_A.hex()}"]
+""")
+    return path
+
+
+async def stop(holder: HolderProcess) -> None:
+    if holder.proc.returncode is None:
+        holder.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(holder.proc.wait(), START_TIMEOUT_S) == 0, holder.log.read_text()[-4000:]
+
+
 async def start_holder(config: Path, log: Path) -> HolderProcess:
     """``python -m kvsp_moq holder``; it prints its URL once it has reloaded its leases and serves."""
     with open(log, "ab") as err:
@@ -78,20 +103,8 @@ async def start_holder(config: Path, log: Path) -> HolderProcess:
 
 
 async def test_sigkilled_holder_comes_back_with_its_leases_pinning(tmp_path: Path, redis_server: RedisServer) -> None:  # noqa: F811
-    config = tmp_path / "holder.toml"
-    config.write_text(f"""
-[holder]
-store = "{redis_server.url}"
-store_timeout_ms = 2000
-max_lease_ttl_ms = 60000
-max_leased_octets = {2 * CONTAINER_SIZE}
-tiers = [{{kind = "disk", path = "blocks", capacity = {3 * BLOCK_SIZE}}}]
-
-[[principals]]
-name = "client"
-token = "{TOKEN}"
-scopes = ["{SCOPE_A.hex()}"]
-""")
+    config = holder_toml(tmp_path / "holder.toml", redis_server.url, max_leased_octets=2 * CONTAINER_SIZE,
+                         tier=f'{{kind = "disk", path = "blocks", capacity = {3 * BLOCK_SIZE}}}')
     log = tmp_path / "holder.log"
     holder = await start_holder(config, log)
     try:
@@ -128,9 +141,31 @@ scopes = ["{SCOPE_A.hex()}"]
             assert (await call(s, "DELETE", holder.url + f"leases/{lease}"))[0] == 204
             assert (await call(s, "POST", holder.url + "leases", lease_body([3])))[0] == 201
     finally:
-        if holder.proc.returncode is None:
-            holder.proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(holder.proc.wait(), START_TIMEOUT_S) == 0, log.read_text()[-4000:]
+        await stop(holder)
+
+
+async def test_two_holder_processes_over_one_redis_never_both_pass_a_quota(tmp_path: Path, redis_server: RedisServer) -> None:  # noqa: F811
+    """§6.6 quota, atomic in Redis: two ``kvsp holder`` processes sharing one Redis and key
+    prefix (one holder's leases served by two processes) get 12 concurrent lease requests for a
+    client whose quota admits 3 blocks: exactly 3 are granted, whichever process answers."""
+    config = holder_toml(tmp_path / "pair.toml", redis_server.url, max_leased_octets=3 * CONTAINER_SIZE,
+                         tier=f'{{kind = "host", capacity = {8 * BLOCK_SIZE}}}')
+    holders = [await start_holder(config, tmp_path / f"holder{n}.log") for n in range(2)]
+    try:
+        async with http() as s:
+            for holder in holders:
+                assert (await call(s, "PUT", holder.url + block_path(0), container(0)))[0] == 201
+            replies = await asyncio.gather(*(call(s, "POST", holders[i % 2].url + "leases", lease_body([0]))
+                                             for i in range(12)))
+            assert sorted(status for status, _ in replies) == [201] * 3 + [429] * 9
+            granted = [LeaseGrant.from_json(body).lease for status, body in replies if status == 201 and body]
+            # Either process knows every lease (the state is Redis's, not the process's).
+            for lease in granted:
+                for holder in holders:
+                    assert (await call(s, "GET", holder.url + f"leases/{lease}"))[0] == 200
+    finally:
+        for holder in holders:
+            await stop(holder)
 
 
 async def test_leases_survive_a_redis_restart_with_aof(redis_aof: RedisServer) -> None:  # noqa: F811
