@@ -128,14 +128,26 @@ class MemoryLeaseStore:
 
     def __init__(self) -> None:
         self._leases: dict[str, Lease] = {}
+        self._by_owner: dict[str, dict[str, Lease]] = {}  # a grant looks at its owner's only
+
+    def _add(self, lease: Lease) -> None:
+        self._leases[lease.id] = lease
+        self._by_owner.setdefault(lease.owner, {})[lease.id] = lease
+
+    def _remove(self, lease: Lease) -> None:
+        del self._leases[lease.id]
+        mine = self._by_owner[lease.owner]
+        del mine[lease.id]
+        if not mine:
+            del self._by_owner[lease.owner]
 
     def _usage(self, owner: str, now_ms: int) -> Usage:
         """The owner's usage, after dropping its expired leases."""
-        mine = [lease for lease in self._leases.values() if lease.owner == owner]
+        mine = list(self._by_owner.get(owner, {}).values())
+        live = [lease for lease in mine if lease.expires_ms > now_ms]
         for lease in mine:
             if lease.expires_ms <= now_ms:
-                del self._leases[lease.id]
-        live = [lease for lease in mine if lease.expires_ms > now_ms]
+                self._remove(lease)
         return Usage(sum(lease.octets for lease in live), len(live))
 
     def _live(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
@@ -150,20 +162,20 @@ class MemoryLeaseStore:
             return GrantOutcome(False, usage, duplicate=True)
         if usage.leases + 1 > limits.max_leases or usage.octets + lease.octets > limits.max_octets:
             return GrantOutcome(False, usage)
-        self._leases[lease.id] = replace(lease, replicas=dict(lease.replicas))
+        self._add(replace(lease, replicas=dict(lease.replicas)))
         return GrantOutcome(True, usage)
 
     async def renew(self, owner: str, lease_id: str, expires_ms: int, now_ms: int) -> Lease | None:
         lease = self._live(owner, lease_id, now_ms)
         if lease is None:
             return None
-        self._leases[lease_id] = lease = replace(lease, expires_ms=expires_ms)
+        self._add(lease := replace(lease, expires_ms=expires_ms))
         return lease
 
     async def release(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
         lease = self._live(owner, lease_id, now_ms)
         if lease is not None:
-            del self._leases[lease_id]
+            self._remove(lease)
         return lease
 
     async def get(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
@@ -175,7 +187,7 @@ class MemoryLeaseStore:
     async def purge(self, now_ms: int) -> list[Lease]:
         expired = [lease for lease in self._leases.values() if lease.expires_ms <= now_ms]
         for lease in expired:
-            del self._leases[lease.id]
+            self._remove(lease)
         return expired
 
     async def live(self, now_ms: int) -> list[Lease]:
