@@ -91,13 +91,22 @@ class Cluster:
     http: aiohttp.ClientSession
     index: RunningServer
     holder: RunningServer
-    pc: RunningServer
+    pc: RunningServer | None  # None: the PCs are processes (``pc_urls``, tests/test_pc_failover.py)
     fe: RunningServer
     instances: dict[str, InstanceProcess] = field(default_factory=dict)
+    pc_urls: tuple[str, ...] = ()
 
     @property
     def pc_service(self) -> PlacementController:
+        assert self.pc is not None
         return self.pc.app[PC_SERVICE]
+
+    def pc_keys(self) -> str:
+        """The ``[instance]`` keys naming the PC(s)."""
+        if self.pc_urls:
+            return f"pc_urls = {json.dumps(list(self.pc_urls))}\npc_failover_ms = 30000\n"
+        assert self.pc is not None
+        return f'pc_url = "{self.pc.url}"\n'
 
     @property
     def fe_service(self) -> FrontEnd:
@@ -112,7 +121,7 @@ class Cluster:
         (self.tmp / "scope.key").write_text(SCOPE_KEY.hex() + "\n")
         config = self.tmp / f"{name}.toml"
         text = (PRINCIPALS_TOML
-                + f'[instance]\npc_url = "{self.pc.url}"\nindex_url = "{self.index.url}"\ntoken = "{TOKEN}"\n'
+                + f'[instance]\n{self.pc_keys()}index_url = "{self.index.url}"\ntoken = "{TOKEN}"\n'
                 f"status_ttl_ms = {status_ttl_ms}\ncheckpoint_every = {checkpoint_every}\n"
                 f"session_load_timeout_ms = {load_timeout_ms}\n")
         if engine:
@@ -173,7 +182,10 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(tmp: Path, model_dir: Path, descriptor: dict[str, Any], compat_id: bytes) -> AsyncIterator[Cluster]:
+async def cluster(tmp: Path, model_dir: Path, descriptor: dict[str, Any], compat_id: bytes, *,
+                  pc_urls: tuple[str, ...] = ()) -> AsyncIterator[Cluster]:
+    """The roles in this process; with ``pc_urls`` the PCs are the caller's processes (the
+    front end and the instances fail over between them)."""
     auth = everyone()
     clock = MonotonicClock()
     async with AsyncExitStack() as stack:
@@ -182,11 +194,14 @@ async def cluster(tmp: Path, model_dir: Path, descriptor: dict[str, Any], compat
             ControlConfig(auth=auth, index=IndexConfig(descriptors=(descriptor,))), clock=clock))
         hc = HolderConfig(index_url=index.url, index_token=TOKEN, tiers=(TierConfig("host", 64 * MiB),))
         holder = await stack.enter_async_context(await serve_holder(ControlConfig(auth=auth, holder=hc), clock=clock))
-        pcc = PcConfig(index_url=index.url, index_token=TOKEN, instance_token=TOKEN)
-        pc = await stack.enter_async_context(await serve_pc(ControlConfig(auth=auth, pc=pcc), clock=clock))
-        fc = FrontEndConfig(pc_url=pc.url, pc_token=TOKEN)
+        pc = None
+        if not pc_urls:
+            pcc = PcConfig(index_url=index.url, index_token=TOKEN, instance_token=TOKEN)
+            pc = await stack.enter_async_context(await serve_pc(ControlConfig(auth=auth, pc=pcc), clock=clock))
+        fc = (FrontEndConfig(pc_urls=pc_urls, pc_token=TOKEN, pc_failover_ms=30_000) if pc_urls
+              else FrontEndConfig(pc_url=pc.url if pc else None, pc_token=TOKEN))
         fe = await stack.enter_async_context(await serve_frontend(ControlConfig(auth=auth, frontend=fc)))
-        c = Cluster(tmp, model_dir, compat_id, http, index, holder, pc, fe)
+        c = Cluster(tmp, model_dir, compat_id, http, index, holder, pc, fe, pc_urls=pc_urls)
         try:
             yield c
         finally:
