@@ -67,3 +67,27 @@ async def test_bad_config_exits_2(tmp_path: Path) -> None:
     )
     _, err = await asyncio.wait_for(proc.communicate(), GUARD)
     assert proc.returncode == 2 and err.decode().startswith("kvsp: pc.sleep_policy:")
+
+
+def test_the_pc_urls_and_leader_lease_keys(tmp_path: Path) -> None:
+    import pytest
+
+    from kvsp_moq.control.common.config import load_config, pc_targets
+    from kvsp_moq.control.common.errors import ConfigError
+
+    (tmp_path / "ok.toml").write_text(
+        '[instance]\npc_url = "http://a/"\npc_urls = ["http://b/", "http://a/"]\npc_failover_ms = 500\n'
+        '[frontend]\npc_urls = ["http://a/", "http://b/"]\n'
+        '[pc]\nstore = "redis://127.0.0.1:6379/0"\nleader_lease_ms = 1500\n')
+    config = load_config(tmp_path / "ok.toml")
+    assert config.instance.pc_urls == ("http://b/", "http://a/") and config.instance.pc_failover_ms == 500
+    assert pc_targets(config.instance.pc_url, config.instance.pc_urls) == ("http://a/", "http://b/")
+    assert pc_targets(config.frontend.pc_url, config.frontend.pc_urls) == ("http://a/", "http://b/")
+    assert config.frontend.pc_failover_ms == 10_000 and config.pc.leader_lease_ms == 1500
+    for text, key in (('[instance]\npc_urls = "http://a/"\n', "instance.pc_urls"),
+                      ('[frontend]\npc_urls = ["a"]\n', "frontend.pc_urls"),
+                      ('[frontend]\npc_failover_ms = 0\n', "frontend.pc_failover_ms"),
+                      ('[pc]\nleader_lease_ms = 10\n', "pc.leader_lease_ms")):
+        (tmp_path / "bad.toml").write_text(text)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(tmp_path / "bad.toml")

@@ -120,3 +120,48 @@ async def test_the_session_rules_and_a_migration_over_redis(redis_server: RedisS
             assert (await reader.load()).sessions == {}
         finally:
             await reader.close()
+
+
+def free_url() -> str:
+    """A loopback URL nothing listens on (a PC that died)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/"
+
+
+async def test_the_pc_client_fails_over_to_the_active_pc_and_gives_up_in_bounded_time(redis_server: RedisServer) -> None:
+    """Two PCs in this process over one Redis: the first to start is active, the other a
+    standby. ``HttpPcClient`` with several URLs skips a dead one and the standby's 503
+    kvsp-not-leader, sticks to the PC that answered, and gives up after ``failover_ms``."""
+    from contextlib import AsyncExitStack
+
+    from kvsp_moq.control.client.http import HttpPcClient, PcRefused
+    from kvsp_moq.control.common.config import ControlConfig
+    from kvsp_moq.control.pc.serve import serve_pc
+    from test_instance_support import AUTH
+
+    config = ControlConfig(auth=AUTH, pc=redis_pc(redis_server.url))
+    async with AsyncExitStack() as stack:
+        active = await stack.enter_async_context(await serve_pc(config))
+        standby = await stack.enter_async_context(await serve_pc(config))
+        assert active.app[PC_SERVICE].leader.leading and not standby.app[PC_SERVICE].leader.leading
+        record = status("http://127.0.0.1:9/ix/")
+        client = HttpPcClient([free_url(), standby.url, active.url], TOKENS["inst"], failover_ms=5_000)
+        try:
+            assert (await client.report(record)).state == "active"
+            assert client.pc_url == active.url  # the next call goes there first
+            assert (await client.report(record)).state == "active"
+        finally:
+            await client.close()
+        hopeless = HttpPcClient([free_url(), standby.url], TOKENS["inst"], failover_ms=300)
+        try:
+            began = time.monotonic()
+            try:
+                await hopeless.report(record)
+                raise AssertionError("a standby answered")
+            except PcRefused as exc:
+                assert exc.status == 503 and exc.problem == "kvsp-not-leader"
+            assert time.monotonic() - began < 3 * 0.3  # rounds until failover_ms, then the last answer
+        finally:
+            await hopeless.close()
