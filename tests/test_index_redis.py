@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -126,3 +127,19 @@ async def test_a_killed_redis_is_503_in_bounded_time(redis_server: RedisServer) 
         redis_server.start()
         assert (await ix.lookup([key(0)])).json["matched"] == 0  # an empty Redis, but answering
         assert (await ix.put(replica(key(0)))).status == 201
+
+
+async def test_a_password_from_a_file(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis-pw", password="s3cret-pw")
+    server.start()
+    try:
+        (tmp_path / "pw").write_text("s3cret-pw\n")
+        async with redis_index(server.url, store_password_file=str(tmp_path / "pw")) as ix:
+            assert (await ix.put(replica(key(0)))).status == 201
+            assert (await ix.lookup([key(0)])).json["matched"] == 1
+        (tmp_path / "pw").write_text("wrong\n")
+        async with redis_index(server.url, store_password_file=str(tmp_path / "pw")) as ix:
+            reply, took = await answered(ix, ix.lookup([key(0)]))
+            assert (reply.status, reply.problem) == (503, "kvsp-unavailable") and took < BOUND_S
+    finally:
+        server.close()
