@@ -50,7 +50,7 @@ from ..common import estimates
 from ..common.auth import Principal, require_instance, require_scope
 from ..common.clock import Clock, Timer
 from ..common.config import PcConfig
-from ..common.errors import InstanceUnreachable, NotActive, NotFound
+from ..common.errors import InstanceUnreachable, NotActive, NotFound, StoreUnavailable
 from ..common.records import Candidate, InstanceList, InstanceView, Placement, PlacementRequest, StatusAnswer
 from . import placement
 from .leader import Leadership
@@ -450,5 +450,8 @@ class PlacementController:
         if self.instances is None:
             raise NotActive("this PC has no client to reach instances")
         issued = IssuedDirective(instance, directive, int(time.time() * 1000) + directive.deadline_ms + directive.lease_ms)
-        await self.leader.write(lambda token: self.leader.store.put_directive(token, issued))
+        try:  # a record of what was sent: a store that cannot take it does not stop the directive
+            await self.leader.write(lambda token: self.leader.store.put_directive(token, issued))
+        except StoreUnavailable as exc:
+            log.warning("recording directive %s failed: %s", directive.directive, exc)
         return await self.instances.prefetch(instance, directive)
