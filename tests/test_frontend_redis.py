@@ -229,7 +229,7 @@ async def test_a_hung_redis_is_a_503_in_bounded_time_and_the_instance_retries(
         assert elapsed < 3 * timeout_ms / 1000, elapsed  # answered within a bound, never a hang
         assert read_status == 503
         # The instance side: SessionOutput delivers through HttpFrontEndClient and retries a
-        # failed delivery (delivery_attempts, immediately). Redis hangs for the first attempt
+        # failed delivery (with a growing pause, until delivery_deadline_ms). Redis hangs for the first attempt
         # and is resumed when it has failed: the retry delivers, nothing is lost.
         order = SessionOrder(epoch=1, front_end=server.url, max_tokens=8,
                              checkpoint=_checkpoint(sid))

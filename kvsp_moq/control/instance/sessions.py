@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Protocol
@@ -103,6 +104,11 @@ class SessionEngine(Protocol):
         ...
 
 
+#: Pauses between delivery attempts to a front end: doubling from the first to the largest.
+DELIVERY_RETRY_FIRST_S = 0.1
+DELIVERY_RETRY_MAX_S = 2.0
+
+
 class SessionOutput:
     """One run's output: labels, release rules and checkpoints (see the module notes)."""
 
@@ -113,7 +119,7 @@ class SessionOutput:
         pc: CheckpointSink | None,
         front_end: TokenSink | None,
         checkpoint_every: int = 64,
-        delivery_attempts: int = 3,
+        delivery_deadline_ms: int = 15_000,
     ) -> None:
         self.order = order
         self.session = order.session
@@ -121,7 +127,7 @@ class SessionOutput:
         self.pc = pc
         self.front_end = front_end
         self.checkpoint_every = checkpoint_every
-        self.delivery_attempts = delivery_attempts
+        self.delivery_deadline_ms = delivery_deadline_ms
         base = order.checkpoint
         self.deterministic = base.sampler.deterministic
         self.sampler = base.sampler
@@ -205,14 +211,22 @@ class SessionOutput:
         if self.front_end is None or target is None:
             return
         batch = OutputTokens(session=self.session, epoch=self.epoch, tokens=tuple(tokens), end=end)
-        for attempt in range(self.delivery_attempts):
+        # A front end that cannot take the batch now (restarting, its store answering 503) is
+        # retried with a growing pause until delivery_deadline_ms; a retried batch is safe, the
+        # front end drops the indexes it already has (§6.8 exactly once per index).
+        deadline = time.monotonic() + self.delivery_deadline_ms / 1000
+        pause = DELIVERY_RETRY_FIRST_S
+        while True:
             try:
                 await self.front_end.deliver(target, batch)
                 return
             except PeerUnreachable as exc:
-                if attempt + 1 == self.delivery_attempts:
+                if time.monotonic() + pause > deadline:
                     raise
-                log.warning("session %s: delivery to %s failed, retrying: %s", self.session, target, exc)
+                log.warning("session %s: delivery to %s failed, retrying in %.1f s: %s",
+                            self.session, target, pause, exc)
+                await asyncio.sleep(pause)  # back-off between attempts, bounded by the deadline
+                pause = min(pause * 2, DELIVERY_RETRY_MAX_S)
 
 
 class InstanceSessions:
