@@ -1,7 +1,9 @@
 """``python -m relay --listen HOST:PORT [--upstream URL] [--cert PEM --key PEM]
-[--insecure-upstream] [--config AUTH.toml] [--metrics [HOST:]PORT] [--log-format json]``
+[--upstream-ca PEM | --insecure-upstream] [--config AUTH.toml] [--metrics [HOST:]PORT] [--log-format json]``
 
-Without ``--cert``/``--key`` a self-signed certificate is made for the listen host. Prints
+Without ``--cert``/``--key`` a self-signed certificate is made for the listen host. The
+upstream relay's certificate is verified (against ``--upstream-ca``, else the system trust
+store); ``--insecure-upstream`` turns that off, with a warning logged. Prints
 ``relay listening on moqt://HOST:PORT/moq`` once bound (port 0 picks one). On SIGTERM or
 SIGINT: GOAWAY to every session, wait for them to leave (``--drain-timeout``), exit 0.
 A bad ``--config`` file: a message naming the file and key on stderr, exit 2.
@@ -16,7 +18,7 @@ import signal
 import sys
 
 from kvsp_moq.transport import TransportConfig, run
-from kvsp_moq.transport.tls import make_self_signed
+from kvsp_moq.transport.tls import make_self_signed, warn_unverified
 
 from .auth import AuthConfigError, load_auth_config
 from .config import MiB, RelayConfig
@@ -54,13 +56,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "namespaces are announced to it, namespace interest forwarded)")
     p.add_argument("--cert", help="certificate PEM file (default: self-signed)")
     p.add_argument("--key", help="private key PEM file")
+    p.add_argument("--upstream-ca", metavar="PEM",
+                   help="trust anchors (PEM) for the upstream relay's certificate "
+                        "(default: the system trust store)")
     p.add_argument("--insecure-upstream", action="store_true",
-                   help="do not verify the upstream relay's certificate")
+                   help="do not verify the upstream relay's certificate (dev only; logged)")
     p.add_argument("--cache-mib", type=int, default=256, help="object cache budget (MiB)")
     p.add_argument("--subscriber-queue-mib", type=float, default=8,
                    help="per-subscriber queue bound before TOO_FAR_BEHIND (MiB)")
     p.add_argument("--drain-timeout", type=float, default=10.0,
                    help="seconds to wait for sessions after GOAWAY on SIGTERM")
+    p.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds an upstream request may wait for its answer (a FETCH: "
+                        "between objects) before it is cancelled and answered TIMEOUT")
+    p.add_argument("--max-requests-per-session", type=int, default=4096,
+                   help="open requests one downstream session may have (beyond: "
+                        "REQUEST_ERROR EXCESSIVE_LOAD)")
     p.add_argument("--max-datagram-size", type=int, default=1200,
                    help="largest UDP payload sent (same value on both ends)")
     p.add_argument("--config", metavar="FILE",
@@ -86,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if bool(args.cert) != bool(args.key):
         p.error("--cert and --key go together")
+    if args.upstream_ca and args.insecure_upstream:
+        p.error("--upstream-ca and --insecure-upstream exclude each other")
     args.auth = None
     if args.config:
         try:
@@ -105,12 +118,16 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
             make_self_signed(ip_addresses=tuple(dict.fromkeys(("127.0.0.1", "::1", host))))
         server = TransportConfig(certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem,
                                  max_datagram_size=args.max_datagram_size)
-    upstream = TransportConfig(insecure=args.insecure_upstream,
+    if args.insecure_upstream and args.upstream:
+        warn_unverified(f"the upstream relay {args.upstream} (--insecure-upstream)")
+    upstream = TransportConfig(insecure=args.insecure_upstream, ca_file=getattr(args, "upstream_ca", None),
                                max_datagram_size=args.max_datagram_size)
     return RelayConfig(host=host, port=port, server_transport=server, upstream=args.upstream,
                        upstream_transport=upstream, cache_bytes=args.cache_mib * MiB,
                        subscriber_queue_bytes=int(args.subscriber_queue_mib * MiB),
                        drain_timeout=args.drain_timeout, auth=getattr(args, "auth", None),
+                       request_timeout=getattr(args, "request_timeout", 30.0),
+                       max_requests_per_session=getattr(args, "max_requests_per_session", 4096),
                        metrics=getattr(args, "metrics", None),
                        solicit_namespaces=getattr(args, "solicit_namespaces", True),
                        solicit_prefix=getattr(args, "solicit_prefix", ()))

@@ -15,6 +15,13 @@ to be complete (so a FETCH can be answered without asking upstream).
   cached. Objects received on subscriptions are cached too (they serve TRACK_STATUS and the
   objects of a later complete range), but a subscription alone never proves that a range is
   complete (an object that does not exist and one not yet received look the same).
+* One budget bounds everything (hostile peers, issue 18): each object is charged its
+  payload, properties and :data:`OBJECT_OVERHEAD`; each track entry (Track Properties,
+  Largest Object, complete ranges) :data:`TRACK_OVERHEAD` plus its properties, and it is
+  dropped with the track's last cached object, so 100 000 distinct tracks through a small
+  cache leave no more entries than the budget holds; the bytes of objects still arriving
+  are reserved (:meth:`ObjectCache.reserve`) before they are buffered, so cached plus in
+  flight never exceeds the budget.
 """
 
 from __future__ import annotations
@@ -22,16 +29,19 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvsp_moq.moqt.objects import ObjectStatus
 
-__all__ = ["CachedObject", "CachedRange", "ObjectCache", "TrackName", "max_cache_duration_ms"]
+__all__ = ["CachedObject", "CachedRange", "OBJECT_OVERHEAD", "ObjectCache", "TRACK_OVERHEAD",
+           "TrackName", "max_cache_duration_ms"]
 
 TrackName = tuple[tuple[bytes, ...], bytes]
 Loc = tuple[int, int]
 #: Bookkeeping bytes charged per cached object on top of payload and properties.
 OBJECT_OVERHEAD = 128
+#: Bookkeeping bytes charged per track entry on top of its Track Properties.
+TRACK_OVERHEAD = 256
 MAX_CACHE_DURATION = 0x04
 
 
@@ -85,55 +95,163 @@ class RangeHit:
     end_of_track: bool
 
 
+@dataclass(slots=True, eq=False)
+class _Track:
+    """What the cache keeps of one track besides its objects: its Track Properties, its
+    Largest Object among the cached ones, its complete ranges and how many objects it has.
+    Charged against the budget (:data:`TRACK_OVERHEAD` + the properties' bytes) and
+    dropped with the track's last cached object, so a flood of distinct tracks cannot
+    grow it past what the budget holds."""
+
+    properties: tuple[tuple[int, int | bytes], ...]
+    size: int
+    largest: Loc | None = None
+    objects: int = 0
+    ranges: list[CachedRange] = field(default_factory=list)
+
+
+def _properties_size(props: Sequence[tuple[int, int | bytes]]) -> int:
+    return sum(16 + (len(v) if isinstance(v, bytes) else 0) for _t, v in props)
+
+
 class ObjectCache:
+    """Objects and per-track metadata under one byte budget (see the module docstring).
+
+    ``bytes`` counts what is held (objects, track entries); ``reserved`` what is in flight:
+    bytes of objects still arriving, reserved (:meth:`reserve`) *before* they are buffered,
+    so that cached + in flight never exceeds ``budget``."""
+
     def __init__(self, budget_bytes: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = budget_bytes
         self.clock = clock
         self.bytes = 0
+        self.reserved = 0
         self._objects: OrderedDict[tuple[TrackName, int, int], CachedObject] = OrderedDict()
-        self._ranges: dict[TrackName, list[CachedRange]] = {}
-        self._properties: dict[TrackName, tuple[tuple[int, int | bytes], ...]] = {}
-        self._largest: dict[TrackName, Loc] = {}
+        self._tracks: dict[TrackName, _Track] = {}
+        #: Track entries holding no object (Track Properties only), oldest first: the first
+        #: to go when room is needed.
+        self._idle: OrderedDict[TrackName, None] = OrderedDict()
         self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._objects)
 
+    @property
+    def track_count(self) -> int:
+        """Track entries held (each has an object, or is an idle entry under the budget)."""
+        return len(self._tracks)
+
+    # -- room ----------------------------------------------------------------------------------
+    def _make_room(self, n: int) -> bool:
+        """Evict (idle track entries first, then the least recently used objects) until
+        ``n`` more bytes fit; False if they cannot fit at all."""
+        if n + self.reserved > self.budget:
+            return False
+        while self.bytes + self.reserved + n > self.budget:
+            if self._idle:
+                self._drop_track(next(iter(self._idle)))
+            elif self._objects:
+                self._evict(next(iter(self._objects)))
+            else:  # pragma: no cover - bytes are only ever held by the two above
+                return False
+        return True
+
+    def reserve(self, n: int) -> bool:
+        """Count ``n`` bytes about to be buffered (an object being received) against the
+        budget, evicting to make room; False (nothing reserved) if they cannot fit."""
+        if n < 0 or not self._make_room(n):
+            return False
+        self.reserved += n
+        return True
+
+    def release(self, n: int) -> None:
+        """Give back a reservation (the object was stored, or abandoned)."""
+        self.reserved = max(0, self.reserved - n)
+
     # -- tracks ------------------------------------------------------------------------------
+    def _entry(self, track: TrackName,
+               props: Sequence[tuple[int, int | bytes]] | None) -> _Track | None:
+        t = self._tracks.get(track)
+        if t is not None:
+            if props is not None and tuple(props) != t.properties:
+                self._set_properties(t, props)
+            return t
+        p = tuple(props) if props is not None else ()
+        size = TRACK_OVERHEAD + _properties_size(p)
+        if not self._make_room(size):
+            return None
+        t = self._tracks[track] = _Track(p, size)
+        self.bytes += size
+        self._idle[track] = None
+        return t
+
+    def _set_properties(self, t: _Track, props: Sequence[tuple[int, int | bytes]]) -> None:
+        p = tuple(props)
+        size = TRACK_OVERHEAD + _properties_size(p)
+        self.bytes += size - t.size
+        t.properties, t.size = p, size
+
+    def _drop_track(self, track: TrackName) -> None:
+        t = self._tracks.pop(track, None)
+        self._idle.pop(track, None)
+        if t is not None:
+            self.bytes -= t.size
+
     def set_track_properties(self, track: TrackName,
                              props: Sequence[tuple[int, int | bytes]]) -> None:
-        self._properties[track] = tuple(props)
+        """Remember ``track``'s Track Properties (an entry charged against the budget; one
+        holding no object is the first evicted)."""
+        self._entry(track, props)
 
     def track_properties(self, track: TrackName) -> tuple[tuple[int, int | bytes], ...] | None:
-        return self._properties.get(track)
+        t = self._tracks.get(track)
+        return t.properties if t is not None else None
 
     def largest(self, track: TrackName) -> Loc | None:
-        return self._largest.get(track)
+        """The Largest Object of ``track`` among its cached objects (None once none is)."""
+        t = self._tracks.get(track)
+        return t.largest if t is not None else None
 
-    def expiry_for(self, track: TrackName, began_at: float) -> float | None:
-        ms = max_cache_duration_ms(self._properties.get(track, ()))
+    def expiry_for(self, track: TrackName, began_at: float,
+                   properties: Sequence[tuple[int, int | bytes]] | None = None) -> float | None:
+        """The MAX_CACHE_DURATION deadline of an object of ``track`` begun at ``began_at``
+        (``properties``: the track's, when the caller holds them; else the cached ones)."""
+        if properties is None:
+            t = self._tracks.get(track)
+            properties = t.properties if t is not None else ()
+        ms = max_cache_duration_ms(properties)
         return None if ms is None else began_at + ms / 1000.0
 
     # -- objects -----------------------------------------------------------------------------
-    def put(self, track: TrackName, obj: CachedObject) -> bool:
-        """Store ``obj`` (a duplicate replaces nothing: first copy wins). False if it does
-        not fit the budget at all or already expired."""
-        loc = obj.location
-        if self._largest.get(track, (-1, -1)) < loc:
-            self._largest[track] = loc
+    def put(self, track: TrackName, obj: CachedObject,
+            properties: Sequence[tuple[int, int | bytes]] | None = None) -> bool:
+        """Store ``obj`` (a duplicate replaces nothing: first copy wins), with the track's
+        ``properties`` when the caller has them. False if it does not fit the budget at
+        all or already expired."""
         key = (track, obj.group_id, obj.object_id)
         if key in self._objects:
             self._objects.move_to_end(key)
             return True
-        if obj.size > self.budget:
+        if obj.size + TRACK_OVERHEAD > self.budget:
             return False
         if obj.expires_at is not None and obj.expires_at <= self.clock():
             return False
+        t = self._entry(track, properties)
+        if t is None:
+            return False
+        # Held by this object from now on: never evicted to make its own room.
+        self._idle.pop(track, None)
+        t.objects += 1
+        if not self._make_room(obj.size):
+            t.objects -= 1
+            if not t.objects:
+                self._idle[track] = None
+            return False
         self._objects[key] = obj
         self.bytes += obj.size
-        while self.bytes > self.budget:
-            old_key, _ = next(iter(self._objects.items()))
-            self._evict(old_key)
+        loc = obj.location
+        if t.largest is None or t.largest < loc:
+            t.largest = loc
         return True
 
     def get(self, track: TrackName, group: int, obj: int) -> CachedObject | None:
@@ -154,28 +272,32 @@ class ObjectCache:
         self.bytes -= o.size
         self.evictions += 1
         track = key[0]
-        ranges = self._ranges.get(track)
-        if ranges:
+        t = self._tracks.get(track)
+        if t is None:  # pragma: no cover - every object has its track entry
+            return
+        t.objects -= 1
+        if t.objects <= 0:
+            self._drop_track(track)  # the track's last object: its metadata goes too
+            return
+        if t.ranges:
             loc = (key[1], key[2])
-            kept = [r for r in ranges if not (r.start <= loc <= r.end)]
-            if kept:
-                self._ranges[track] = kept
-            else:
-                del self._ranges[track]
+            t.ranges = [r for r in t.ranges if not (r.start <= loc <= r.end)]
 
     # -- complete ranges ---------------------------------------------------------------------
     def record_range(self, track: TrackName, start: Loc, end: Loc, keys: Sequence[Loc],
                      end_of_track: bool) -> None:
         """An upstream FETCH returned every object from ``start`` to ``end``: ``keys``."""
-        if not keys or any((track, g, o) not in self._objects for g, o in keys):
+        t = self._tracks.get(track)
+        if t is None or not keys or any((track, g, o) not in self._objects for g, o in keys):
             return  # something did not fit: the range cannot be served from here
-        self._ranges.setdefault(track, []).append(
+        t.ranges.append(
             CachedRange(tuple(start), tuple(end), tuple(keys), end_of_track))  # type: ignore[arg-type]
 
     def lookup_range(self, track: TrackName, start: Loc, end: Loc | None) -> RangeHit | None:
         """The cached objects of ``start`` .. ``end`` (inclusive; None: to the end of the
         track, only known when a range ended with End Of Track), or None on a miss."""
-        for r in list(self._ranges.get(track, ())):
+        t = self._tracks.get(track)
+        for r in list(t.ranges if t is not None else ()):
             if not r.start <= start:
                 continue
             if end is None:

@@ -35,12 +35,25 @@ class RelayConfig:
     #: layer buffers for its streams (``send_buffer_high_water`` per stream). Exceeding it
     #: ends that subscription with PUBLISH_DONE TOO_FAR_BEHIND (see docs/relay.md).
     subscriber_queue_bytes: int = 8 * MiB
-    #: Seconds ``shutdown`` waits for sessions to leave after GOAWAY.
+    #: Seconds ``shutdown`` waits for sessions to leave after GOAWAY: sent as the GOAWAY's
+    #: Timeout (ms); a session still there with open requests is then closed with
+    #: GOAWAY_TIMEOUT (draft-22 §"GOAWAY").
     drain_timeout: float = 10.0
     #: New Session URI sent in GOAWAY on shutdown ("" = none: reconnect to the same URI).
     goaway_uri: str = ""
-    #: Seconds to wait for an upstream SETUP / response before failing a request.
+    #: Seconds to wait for an upstream SETUP, for the answer to every request the relay
+    #: sends upstream (SUBSCRIBE, FETCH, TRACK_STATUS, PUBLISH_NAMESPACE,
+    #: SUBSCRIBE_NAMESPACE, PUBLISH) and, for a FETCH, between two of its objects; on expiry
+    #: the upstream request is cancelled and the downstream ones get REQUEST_ERROR TIMEOUT
+    #: (relay/deadline.py). Must be > 0.
     request_timeout: float = 30.0
+    #: Open requests one downstream session may have; each one beyond gets REQUEST_ERROR
+    #: EXCESSIVE_LOAD (relay/limits.py). A chained downstream relay carries all of its
+    #: clients' requests on one session: size it for that.
+    max_requests_per_session: int = 4096
+    #: NAMESPACE messages the answer to a SUBSCRIBE_NAMESPACE writes at once; the next page
+    #: waits until QUIC has sent what the previous ones wrote (backpressure).
+    namespace_page_size: int = 256
     #: Authorization (``--config FILE``, :mod:`relay.auth`); None: the relay is OPEN (every
     #: request allowed, a warning is logged at start).
     auth: AuthConfig | None = None
@@ -66,4 +79,10 @@ class RelayConfig:
             raise ValueError("subscriber_queue_bytes must be > 0")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must be >= 0")
+        if not self.request_timeout > 0:
+            raise ValueError("request_timeout must be > 0")
+        if self.max_requests_per_session < 1:
+            raise ValueError("max_requests_per_session must be >= 1")
+        if self.namespace_page_size < 1:
+            raise ValueError("namespace_page_size must be >= 1")
         self.solicit_prefix = tuple(bytes(f) for f in self.solicit_prefix)

@@ -37,7 +37,9 @@ from .config import RelayConfig
 from .auth import Principal
 from .fetch import FetchService, fetch_range
 from .fill import FillService
+from .deadline import Deadline
 from .gate import Gate
+from .limits import RETRY_INTERVAL_MS, is_reserved_namespace, open_peer_requests, request_namespace
 from .logs import event
 from .metrics import MetricsServer
 from .names import format_namespace
@@ -83,6 +85,56 @@ class _NamespaceSubscription(NamespaceRequestHandler):
         self.principals = principals
         #: Namespaces told to the upstream relay (when it is the one watching).
         self.told: set[Namespace] = set()
+        #: The namespaces known when it arrived, not written yet (the listing is paged:
+        #: :meth:`list_known`); one withdrawn meanwhile is dropped from it untold.
+        self.unlisted: set[Namespace] = set()
+        self._listing: list[Namespace] = []
+        self.ended = False
+
+    # -- the initial listing, in pages (issue 18: no unbounded synchronous write) -------------
+    def list_known(self, known: list[Namespace]) -> None:
+        """NAMESPACE for each of ``known`` (sorted): ``namespace_page_size`` at a time, the
+        next page once QUIC has sent what the request stream held (wait_writable)."""
+        self._listing = list(reversed(known))
+        self.unlisted = set(known)
+        if self._write_page():
+            self.relay.spawn(self._list_rest())
+
+    def _write_page(self) -> bool:
+        """One page; True while more remain."""
+        moqt = self.peer.moqt
+        if self.ended or moqt is None or moqt.closed or self.rid not in moqt.requests:
+            self._listing, self.unlisted = [], set()
+            return False
+        n = 0
+        page = self.relay.config.namespace_page_size
+        while self._listing and n < page:
+            ns = self._listing.pop()
+            if ns not in self.unlisted:
+                continue  # withdrawn before its turn
+            self.unlisted.discard(ns)
+            if not self.visible(ns):
+                continue
+            if self.peer.upstream:
+                self.told.add(ns)
+            moqt.namespace(self.rid, ns[len(self.prefix):])
+            n += 1
+        self.peer.flush()
+        self.relay.emit("namespace_page", (self, n))
+        return bool(self._listing)
+
+    async def _list_rest(self) -> None:
+        moqt = self.peer.moqt
+        req = moqt.requests.get(self.rid) if moqt is not None else None
+        if req is None:
+            return
+        try:
+            while True:
+                await self.peer.connection.wait_writable(req.stream_id)
+                if not self._write_page():
+                    return
+        except TransportError:
+            self._listing, self.unlisted = [], set()  # the stream or session is gone
 
     def visible(self, ns: Namespace) -> bool:
         if self.peer.upstream:
@@ -93,6 +145,11 @@ class _NamespaceSubscription(NamespaceRequestHandler):
         return self.relay.gate.visible(self.principals, ns)
 
     def send(self, ns: Namespace, done: bool) -> None:
+        if ns in self.unlisted:
+            # Still waiting for its page: a withdrawal drops it untold, a repeat is a no-op.
+            if done:
+                self.unlisted.discard(ns)
+            return
         if self.peer.upstream:
             # Downstream namespaces go when their last downstream publisher did: tell the
             # end of exactly what was told.
@@ -128,6 +185,8 @@ class _NamespaceSubscription(NamespaceRequestHandler):
             self.send(namespace, True)
 
     def _leave(self) -> None:
+        self.ended = True
+        self._listing, self.unlisted = [], set()
         self.relay.routing.unwatch(self)
         self.relay.propagation.unwatch(self)
 
@@ -141,11 +200,40 @@ class _NamespaceSubscription(NamespaceRequestHandler):
 class _TrackStatusProxy(RequestHandler):
     """A TRACK_STATUS we could not answer locally, asked upstream; the answer is relayed."""
 
-    def __init__(self, down: PeerSession, rid: int, up: PeerSession) -> None:
+    def __init__(self, down: PeerSession, rid: int, up: PeerSession, timeout: float,
+                 stats: RelayStats) -> None:
         self.down, self.rid, self.up = down, rid, up
         self.up_rid: int | None = None
+        self.stats = stats
+        #: The upstream answer must come within the request timeout (relay/deadline.py).
+        self.timer = Deadline(timeout, self._timed_out)
+        self.answered = False
+
+    def _timed_out(self) -> None:
+        if self.answered:
+            return
+        self.stats.upstream_timeouts += 1
+        rid = self.up_rid
+        if rid is not None:
+            self.up.local.pop(rid, None)
+            moqt = self.up.moqt
+            if moqt is not None and not moqt.closed:
+                moqt.cancel(rid)
+                self.up.flush()
+        self._reject(RequestErrorCode.TIMEOUT, "upstream did not answer TRACK_STATUS in time")
+
+    def _reject(self, code: int, reason: str) -> None:
+        self.answered = True
+        moqt = self.down.moqt
+        if moqt is not None and not moqt.closed and self.rid in moqt.requests:
+            moqt.reject(self.rid, code, reason)
+            self.down.flush()
 
     def _answer(self, msg: Message | None) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        self.timer.cancel()
         moqt = self.down.moqt
         if moqt is not None and not moqt.closed and self.rid in moqt.requests:
             if isinstance(msg, RequestOk):
@@ -178,8 +266,8 @@ class Relay:
         self.routing: RoutingTable[PeerSession] = RoutingTable()
         self.observers: list[Observer] = []
         self.upstreams = UpstreamManager(self.cache, self.stats, config.subscriber_queue_bytes,
-                                         self.emit)
-        self.fetches = FetchService(self.cache, self.stats, self.spawn)
+                                         self.emit, config.request_timeout)
+        self.fetches = FetchService(self.cache, self.stats, self.spawn, config.request_timeout)
         # Joining FETCH, fill fetch streams (relay/fill.py)
         self.fills = FillService(self.upstreams, self.fetches, self)
         self.sessions: set[PeerSession] = set()
@@ -235,12 +323,15 @@ class Relay:
         listening. True if every session left by itself."""
         timeout = self.config.drain_timeout if timeout is None else timeout
         self.closing = True
+        # draft-22 §"GOAWAY": "Timeout: The time in milliseconds the sender will wait for
+        # graceful closure" (the same field in drafts 18 and 20).
+        timeout_ms = max(0, round(timeout * 1000))
         for peer in list(self.sessions):
             moqt = peer.moqt
             if moqt is None or moqt.closed or moqt.goaway_sent:
                 continue
             try:
-                moqt.goaway("" if peer.upstream else self.config.goaway_uri)
+                moqt.goaway("" if peer.upstream else self.config.goaway_uri, timeout_ms)
             except (RuntimeError, ValueError):
                 continue
             peer.flush()
@@ -252,6 +343,14 @@ class Relay:
         if waiting:
             _done, pending = await asyncio.wait(waiting, timeout=timeout)
             clean = not pending
+        # "When sent on the control stream, the sender closes the session with GOAWAY_TIMEOUT
+        # after the indicated timeout if there are still open requests."
+        for peer in list(self.sessions):
+            moqt = peer.moqt
+            if peer.is_open and moqt is not None and moqt.requests:
+                event("goaway_timeout", logging.WARNING, peer=peer.address,
+                      open_requests=len(moqt.requests))
+                peer.close(SessionErrorCode.GOAWAY_TIMEOUT, "drain timeout after GOAWAY")
         await self.close()
         return clean
 
@@ -359,12 +458,13 @@ class Relay:
 
         self.spawn(via_upstream())
 
-    def reject(self, peer: PeerSession, rid: int, code: int, reason: str) -> None:
+    def reject(self, peer: PeerSession, rid: int, code: int, reason: str,
+               retry_interval: int = 0) -> None:
         """REQUEST_ERROR ``code`` for the peer's request ``rid`` (logged), if it is open."""
         moqt = peer.moqt
         event("request_error", peer=peer.address, request_id=rid, code=int(code), reason=reason)
         if moqt is not None and not moqt.closed and rid in moqt.requests:
-            moqt.reject(rid, code, reason)
+            moqt.reject(rid, code, reason, retry_interval=retry_interval)
             peer.flush()
 
     # -- what services tell the relay (relay/ports.py) ----------------------------------------
@@ -381,6 +481,23 @@ class Relay:
         principals = self.gate.check(peer, rid, msg)
         if principals is None:
             return  # refused UNAUTHORIZED (or the session closed for its tokens)
+        ns = request_namespace(msg)
+        if ns is not None and is_reserved_namespace(ns):
+            # draft-22 §"Reserved Namespaces" / §"Session-Level Tracks and Namespaces":
+            # DOES_NOT_EXIST, never forwarded to another session (relay/limits.py).
+            self.stats.reserved_refusals += 1
+            self.reject(peer, rid, RequestErrorCode.DOES_NOT_EXIST,
+                        "reserved namespace: no such session-level track or namespace")
+            return
+        moqt = peer.moqt
+        if (not peer.upstream and moqt is not None
+                and open_peer_requests(moqt) > self.config.max_requests_per_session):
+            # §"Subscription Amplification": EXCESSIVE_LOAD, with a Retry Interval.
+            self.stats.excessive_load += 1
+            self.reject(peer, rid, RequestErrorCode.EXCESSIVE_LOAD,
+                        f"more than {self.config.max_requests_per_session} open requests "
+                        "on this session", retry_interval=RETRY_INTERVAL_MS + 1)
+            return
         if isinstance(msg, Subscribe):
             self.on_subscribe(peer, rid, msg)
         elif isinstance(msg, Fetch | FetchWithType):
@@ -452,12 +569,8 @@ class Relay:
         known = set(self.routing.watch(watcher))
         if not peer.upstream:  # the upstream relay is not told its own namespaces back
             known |= self.propagation.watch(watcher)
-        for ns in sorted(known):
-            if watcher.visible(ns):
-                if peer.upstream:
-                    watcher.told.add(ns)
-                peer.moqt.namespace(rid, ns[len(prefix):])
         peer.flush()
+        watcher.list_known(sorted(ns for ns in known if not is_reserved_namespace(ns)))
 
     def _on_track_status(self, peer: PeerSession, rid: int, msg: TrackStatus) -> None:
         track: TrackName = (tuple(msg.track_namespace), bytes(msg.track_name))
@@ -465,16 +578,19 @@ class Relay:
         largest = (up.fanout.largest if up is not None else None) or self.cache.largest(track)
         if largest is not None:
             assert peer.moqt is not None
+            props = (up.track_properties if up is not None else ()) \
+                or self.cache.track_properties(track) or ()
             peer.moqt.request_ok(rid, MessageParameters(largest_object=Location(*largest)),
-                                 self.cache.track_properties(track) or (), end=True)
+                                 props, end=True)
             peer.flush()
             return
 
         def go(route: PeerSession) -> None:
-            proxy = _TrackStatusProxy(peer, rid, route)
+            proxy = _TrackStatusProxy(peer, rid, route, self.config.request_timeout, self.stats)
             assert route.moqt is not None
             proxy.up_rid = route.moqt.track_status(track[0], track[1])
             route.local[proxy.up_rid] = proxy
+            proxy.timer.arm()
             route.flush()
 
         self.route_then(peer, rid, track[0], go)

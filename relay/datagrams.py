@@ -55,9 +55,11 @@ def forward_datagram(fanout: Fanout, dg: ObjectDatagram) -> None:
     if fanout.largest is None or loc > fanout.largest:
         fanout.largest = loc
     prio = fanout.default_priority if dg.publisher_priority is None else dg.publisher_priority
+    props = fanout.track_properties or None
     fanout.cache.put(fanout.track, CachedObject(
         dg.group_id, dg.object_id, None, prio, dg.status, bytes(dg.raw_properties),
-        (payload if isinstance(payload, memoryview) else memoryview(payload),), n, fanout.cache.expiry_for(fanout.track, time.monotonic())))
+        (payload if isinstance(payload, memoryview) else memoryview(payload),), n,
+        fanout.cache.expiry_for(fanout.track, time.monotonic(), props)), props)
     out = dataclasses.replace(dg, payload=payload)
     targets = sorted((s for s in fanout.subscribers if not s.ended and s.forward),
                      key=lambda s: s.priority)

@@ -55,7 +55,7 @@ from kvsp_moq.moqt.objects import (
 from kvsp_moq.pubsub.window import Window, subscription_window
 from kvsp_moq.wire.errors import StreamResetCode
 
-from .cache import CachedObject, ObjectCache, TrackName
+from .cache import OBJECT_OVERHEAD, CachedObject, ObjectCache, TrackName
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
 
@@ -238,6 +238,9 @@ class _UpStream:
     begin: ObjectBegin | None = None
     began_at: float = 0.0
     chunks: list[memoryview] = field(default_factory=list)
+    #: Cache bytes reserved for the object being received (0: it is not being kept, it
+    #: did not fit the budget: its bytes are forwarded, never buffered).
+    reserved: int = 0
 
 
 class Fanout:
@@ -261,12 +264,15 @@ class Fanout:
         #: publisher to forward, relay.publish_in).
         self.want_forward: Callable[[], None] = lambda: None
         self._up: dict[int, _UpStream] = {}
+        #: The track's Track Properties (stored with each cached object).
+        self.track_properties: tuple[tuple[int, int | bytes], ...] = ()
 
     @property
     def open_upstream_streams(self) -> int:
         return len(self._up)
 
     def set_track_properties(self, props: tuple[tuple[int, int | bytes], ...]) -> None:
+        self.track_properties = tuple(props)
         for t, v in props:
             if t == DEFAULT_PUBLISHER_PRIORITY and isinstance(v, int):
                 self.default_priority = v
@@ -334,6 +340,12 @@ class Fanout:
         st.begin = b
         st.began_at = time.monotonic()
         st.chunks = []
+        # Counted against the cache budget before a byte of it is buffered (issue 18): an
+        # object that cannot fit is forwarded but not kept.
+        self._release(st)
+        size = b.payload_length + len(b.raw_properties) + OBJECT_OVERHEAD
+        if self.cache.reserve(size):
+            st.reserved = size
         self.stats.objects_out += len(targets)
 
     def _open(self, sub: Subscriber, usid: int, st: _UpStream, b: ObjectBegin) -> _Down | None:
@@ -374,8 +386,10 @@ class Fanout:
                 d.remaining -= n
                 sub.out.send(d.stream_id, data)  # the same memoryview for everyone
                 self.stats.bytes_out += n
-        # Keep the chunk for the cache: a read-only view of received bytes is immutable.
-        st.chunks.append(data if data.readonly else memoryview(bytes(data)))
+        # Keep the chunk for the cache (its bytes are reserved): a read-only view of
+        # received bytes is immutable.
+        if st.reserved:
+            st.chunks.append(data if data.readonly else memoryview(bytes(data)))
 
     def _end(self, usid: int, e: ObjectEnd) -> None:
         st = self._up.get(usid)
@@ -387,16 +401,33 @@ class Fanout:
         if self.largest is None or loc > self.largest:
             self.largest = loc
         prio = st.header.publisher_priority
-        self.cache.put(self.track, CachedObject(
-            b.group_id, b.object_id, b.subgroup_id,
-            self.default_priority if prio is None else prio, b.status, bytes(b.raw_properties),
-            tuple(st.chunks), b.payload_length, self.cache.expiry_for(self.track, st.began_at)))
+        if st.reserved:
+            chunks = tuple(st.chunks)
+            self._release(st)
+            self.cache.put(self.track, CachedObject(
+                b.group_id, b.object_id, b.subgroup_id,
+                self.default_priority if prio is None else prio, b.status,
+                bytes(b.raw_properties), chunks, b.payload_length,
+                self.cache.expiry_for(self.track, st.began_at, self.track_properties or None)),
+                self.track_properties or None)
         st.begin, st.chunks = None, []
         for sub, _d in st.targets:
             w = sub.window
             if not sub.ended and w.end_object is not None and loc == (w.end_group, w.end_object):
                 sub.end(PublishDoneCode.SUBSCRIPTION_ENDED, "range delivered")
         st.targets = []
+
+    def _release(self, st: _UpStream) -> None:
+        if st.reserved:
+            self.cache.release(st.reserved)
+            st.reserved = 0
+            st.chunks = []
+
+    def release_reservations(self) -> None:
+        """The upstream subscription is over: what its objects in progress reserved in the
+        cache is given back (their data will not come here any more)."""
+        for st in self._up.values():
+            self._release(st)
 
     def close_upstream_streams(self) -> None:
         """The upstream ended with subgroup streams still open: each ends as if FIN'd there
@@ -407,7 +438,9 @@ class Fanout:
     def on_stream_closed(self, usid: int, code: int | None) -> None:
         """An upstream subgroup stream ended: FIN ours for it (reset when it was reset or
         ended mid-object)."""
-        self._up.pop(usid, None)
+        st = self._up.pop(usid, None)
+        if st is not None:
+            self._release(st)
         for sub in list(self.subscribers):
             d = sub.streams.pop(usid, None)
             if d is None or sub.ended:

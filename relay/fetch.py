@@ -52,7 +52,8 @@ from kvsp_moq.moqt.messages import (
 from kvsp_moq.moqt.objects import ObjectBegin, ObjectEnd, ObjectPayload, ObjectStatus
 from kvsp_moq.wire.varint import VI64_MAX
 
-from .cache import CachedObject, ObjectCache, TrackName
+from .cache import OBJECT_OVERHEAD, CachedObject, ObjectCache, TrackName
+from .deadline import Deadline
 from .logs import event
 from .names import format_namespace
 from .peer import PeerSession, RequestHandler
@@ -114,8 +115,9 @@ class FetchSink:
     def deliver(self, objects: list[CachedObject], end_of_track: bool) -> None:
         """The upstream FETCH completed with ``objects`` (possibly none)."""
 
-    def fail(self, code: int, reason: str) -> None:
-        """The upstream FETCH failed (REQUEST_ERROR, reset, session lost)."""
+    def fail(self, code: int, reason: str, retry_interval: int = 0) -> None:
+        """The upstream FETCH failed (REQUEST_ERROR, reset, session lost, timeout, too
+        large for the cache budget)."""
 
 
 class FetchAnswer(FetchSink):
@@ -131,8 +133,8 @@ class FetchAnswer(FetchSink):
         else:
             self.fail(RequestErrorCode.INVALID_RANGE, "no objects in range")
 
-    def fail(self, code: int, reason: str) -> None:
-        self.service.reject(self.down, self.rid, code, reason)
+    def fail(self, code: int, reason: str, retry_interval: int = 0) -> None:
+        self.service.reject(self.down, self.rid, code, reason, retry_interval)
 
 
 def fetch_pieces(enc: FetchStreamEncoder, objects: list[CachedObject],
@@ -202,6 +204,11 @@ class _UpstreamFetch(RequestHandler):
         self._began_at = 0.0
         self._chunks: list[memoryview] = []
         self.done = False
+        #: Cache bytes reserved for the objects received so far (and the one arriving):
+        #: counted before they are buffered, given back when they are stored or dropped.
+        self.reserved = 0
+        #: No answer / no progress within the request timeout: cancelled, TIMEOUT.
+        self.timer = Deadline(service.request_timeout, self._timed_out)
 
     def start(self) -> None:
         moqt = self.peer.moqt
@@ -212,9 +219,29 @@ class _UpstreamFetch(RequestHandler):
         self.peer.local[self.request_id] = self
         self.service.stats.upstream_fetches += 1
         _log("upstream_fetch", self.range)
+        self.timer.arm()
         self.peer.flush()
 
+    def _timed_out(self) -> None:
+        self.service.stats.upstream_timeouts += 1
+        _log("upstream_fetch_timeout", self.range)
+        self._abort(RequestErrorCode.TIMEOUT, "upstream FETCH made no progress in time")
+
+    def _abort(self, code: int, reason: str, retry_interval: int = 0) -> None:
+        """Give up: cancel the upstream FETCH, its waiters get REQUEST_ERROR ``code``."""
+        if self.done:
+            return
+        rid = self.request_id
+        if rid is not None:
+            self.peer.local.pop(rid, None)
+            moqt = self.peer.moqt
+            if moqt is not None and not moqt.closed:
+                moqt.cancel(rid)
+                self.peer.flush()
+        self._fail(code, reason, retry_interval)
+
     def on_response(self, msg: Message) -> None:
+        self.timer.arm()
         if isinstance(msg, FetchOk):
             self.ok = msg
             self.service.cache.set_track_properties(self.range.track, msg.track_properties)
@@ -222,11 +249,25 @@ class _UpstreamFetch(RequestHandler):
             self._fail(msg.error_code, msg.error_reason)
 
     def on_data(self, stream_id: int, event: object) -> None:
+        if self.done:
+            return
+        self.timer.arm()
         if isinstance(event, ObjectPayload):
             data = event.data
             self._chunks.append(data if data.readonly else memoryview(bytes(data)))
             self.service.stats.bytes_in += len(data)
         elif isinstance(event, ObjectBegin):
+            # The whole answer is held until the fetch stream ends (FETCH_OK is withheld
+            # until then): each object's bytes are counted against the cache budget before
+            # one is buffered; a range that does not fit is refused (issue 18).
+            size = event.payload_length + len(event.raw_properties) + OBJECT_OVERHEAD
+            if not self.service.cache.reserve(size):
+                self.service.stats.excessive_load += 1
+                self._abort(RequestErrorCode.EXCESSIVE_LOAD,
+                            "the fetched range does not fit the relay's cache budget",
+                            retry_interval=1001)
+                return
+            self.reserved += size
             self._begin, self._chunks, self._began_at = event, [], time.monotonic()
         elif isinstance(event, ObjectEnd) and self._begin is not None:
             b = self._begin
@@ -234,9 +275,17 @@ class _UpstreamFetch(RequestHandler):
                 b.group_id, b.object_id, b.subgroup_id,
                 128 if b.publisher_priority is None else b.publisher_priority, b.status,
                 bytes(b.raw_properties), tuple(self._chunks), b.payload_length,
-                self.service.cache.expiry_for(self.range.track, self._began_at)))
+                self.service.cache.expiry_for(self.range.track, self._began_at, self._props())))
             self.service.stats.objects_in += 1
             self._begin, self._chunks = None, []
+
+    def _props(self) -> tuple[tuple[int, int | bytes], ...] | None:
+        return tuple(self.ok.track_properties) if self.ok is not None else None
+
+    def _release(self) -> None:
+        self.timer.cancel()
+        self.service.cache.release(self.reserved)
+        self.reserved = 0
 
     def on_stream_closed(self, stream_id: int, code: int | None) -> None:
         if code is not None:
@@ -255,9 +304,11 @@ class _UpstreamFetch(RequestHandler):
             return
         self.done = True
         self.service.forget(self)
+        self._release()
         cache, track = self.service.cache, self.range.track
+        props = self._props()
         for o in self.objects:
-            cache.put(track, o)
+            cache.put(track, o, props)
         ok = self.ok
         if ok is not None and self.objects:
             end = self.range.end if self.range.end is not None else tuple(ok.end_location)
@@ -269,21 +320,25 @@ class _UpstreamFetch(RequestHandler):
         if self.request_id is not None:
             self.peer.release(self.request_id)
 
-    def _fail(self, code: int, reason: str) -> None:
+    def _fail(self, code: int, reason: str, retry_interval: int = 0) -> None:
         if self.done:
             return
         self.done = True
         self.service.forget(self)
+        self._release()
+        self.objects, self._chunks = [], []
         for sink in self.waiters:
-            sink.fail(code, reason)
+            sink.fail(code, reason, retry_interval)
         if self.request_id is not None:
             self.peer.release(self.request_id)
 
 
 class FetchService:
     def __init__(self, cache: ObjectCache, stats: RelayStats,
-                 spawn: Callable[[Awaitable[None]], None]) -> None:
+                 spawn: Callable[[Awaitable[None]], None], request_timeout: float = 30.0) -> None:
         self.cache = cache
+        #: Seconds an upstream FETCH may go without an answer or an object event.
+        self.request_timeout = request_timeout
         self.stats = stats
         self.spawn = spawn
         self.inflight: dict[FetchRange, _UpstreamFetch] = {}
@@ -320,10 +375,11 @@ class FetchService:
         if self.inflight.get(up.range) is up:
             del self.inflight[up.range]
 
-    def reject(self, down: PeerSession, rid: int, code: int, reason: str) -> None:
+    def reject(self, down: PeerSession, rid: int, code: int, reason: str,
+               retry_interval: int = 0) -> None:
         moqt = down.moqt
         if moqt is not None and not moqt.closed and rid in moqt.requests:
-            moqt.reject(rid, code, reason)
+            moqt.reject(rid, code, reason, retry_interval=retry_interval)
             down.flush()
 
     def serve(self, down: PeerSession, rid: int, objects: list[CachedObject],

@@ -114,7 +114,7 @@ class _FillStream(FetchSink):
         sub.out.feed(sid, fetch_pieces(FetchStreamEncoder(sub.request_id, sub.peer.version),
                                        mine, self.service.fetches.stats))
 
-    def fail(self, code: int, reason: str) -> None:
+    def fail(self, code: int, reason: str, retry_interval: int = 0) -> None:
         if code == RequestErrorCode.INVALID_RANGE:
             self.deliver([], False)  # no objects in the range: FETCH_HEADER, FIN
             return

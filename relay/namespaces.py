@@ -39,6 +39,8 @@ from kvsp_moq.moqt.messages import (
 )
 from kvsp_moq.transport import ConnectError, TransportError
 
+from .deadline import Deadline
+from .limits import is_reserved_namespace
 from .logs import event
 from .names import Namespace, format_namespace
 from .peer import PeerSession, RequestHandler
@@ -79,6 +81,18 @@ class UpstreamAnnouncement(RequestHandler):
         self.peer: PeerSession | None = None
         self.rid: int | None = None
         self.gone = False  # withdrawn (or refused / lost): do nothing more
+        #: REQUEST_OK / REQUEST_ERROR must come within the request timeout.
+        self.timer = Deadline(prop.relay.config.request_timeout, self._timed_out)
+
+    def _timed_out(self) -> None:
+        """No answer in time: withdrawn (cancelled upstream) as if refused; the next local
+        change announces it again."""
+        if self.gone:
+            return
+        logger.warning("relay: upstream did not answer PUBLISH_NAMESPACE %s in time",
+                       format_namespace(self.ns))
+        self.prop.relay.stats.upstream_timeouts += 1
+        self.withdraw()
 
     async def open(self) -> None:
         peer = await _connect(self.prop.relay)
@@ -92,6 +106,7 @@ class UpstreamAnnouncement(RequestHandler):
         self.prop.relay.stats.upstream_announces += 1
         event("upstream_announce", namespace=format_namespace(self.ns), request_id=self.rid,
               upstream=peer.address)
+        self.timer.arm()
         peer.flush()
 
     def withdraw(self) -> None:
@@ -108,11 +123,13 @@ class UpstreamAnnouncement(RequestHandler):
 
     def _drop(self) -> None:
         self.gone = True
+        self.timer.cancel()
         if self.prop.announced.get(self.ns) is self:
             del self.prop.announced[self.ns]
 
     # -- RequestHandler ----------------------------------------------------------------------
     def on_response(self, msg: Message) -> None:
+        self.timer.cancel()
         if isinstance(msg, RequestError):
             # e.g. UNAUTHORIZED: our upstream_token may not publish this namespace there.
             logger.warning("relay: upstream refused PUBLISH_NAMESPACE %s: %s (%d)",
@@ -146,9 +163,20 @@ class UpstreamInterest(RequestHandler):
         self.rid: int | None = None
         self.active = False  # an upstream request is wanted (opening or open)
         self._generation = 0  # a close() then open() during a connect starts one request
-        #: The upstream refused it (e.g. UNAUTHORIZED): not asked again while these
-        #: watchers last (a new interest is made when the prefix is watched afresh).
+        #: The upstream refused it (e.g. UNAUTHORIZED) or did not answer within the request
+        #: timeout: not asked again while these watchers last (a new interest is made when
+        #: the prefix is watched afresh).
         self.refused = False
+        self.timer = Deadline(prop.relay.config.request_timeout, self._timed_out)
+
+    def _timed_out(self) -> None:
+        if not self.active or self.rid is None:
+            return
+        logger.warning("relay: upstream did not answer SUBSCRIBE_NAMESPACE %s in time",
+                       format_namespace(self.prefix))
+        self.prop.relay.stats.upstream_timeouts += 1
+        self.refused = True
+        self.close()
 
     # -- upstream request --------------------------------------------------------------------
     def open(self) -> None:
@@ -172,10 +200,12 @@ class UpstreamInterest(RequestHandler):
         self.prop.relay.stats.upstream_namespace_subscribes += 1
         event("upstream_subscribe_namespace", prefix=format_namespace(self.prefix),
               request_id=self.rid, upstream=peer.address)
+        self.timer.arm()
         peer.flush()
 
     def close(self) -> None:
         """Cancel the upstream SUBSCRIBE_NAMESPACE; its namespaces are gone."""
+        self.timer.cancel()
         self.active = False
         self._generation += 1
         peer, rid = self.peer, self.rid
@@ -202,6 +232,7 @@ class UpstreamInterest(RequestHandler):
 
     # -- RequestHandler ----------------------------------------------------------------------
     def on_response(self, msg: Message) -> None:
+        self.timer.cancel()
         if isinstance(msg, RequestError):
             logger.warning("relay: upstream refused SUBSCRIBE_NAMESPACE %s: %s (%d)",
                            format_namespace(self.prefix), msg.error_reason, msg.error_code)
@@ -217,6 +248,8 @@ class UpstreamInterest(RequestHandler):
     def on_message(self, msg: Message) -> None:
         if isinstance(msg, NamespaceMsg):
             ns = self.prefix + tuple(msg.track_namespace_suffix)
+            if is_reserved_namespace(ns):
+                return  # never routed or listed (relay/limits.py)
             if ns not in self.names:
                 self.names.add(ns)
                 self._tell(ns, done=False)
@@ -238,6 +271,7 @@ class UpstreamInterest(RequestHandler):
 
     def _lost(self) -> bool:
         """The upstream ended our request; True if it was still wanted."""
+        self.timer.cancel()
         was = self.active
         self.active = False
         self.peer = self.rid = None

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from kvsp_moq.moqt.messages import Message, NamespaceDone, RequestError, Setup
 from kvsp_moq.moqt.messages import Namespace as NamespaceMsg
 
+from .limits import is_reserved_namespace
 from .logs import event
 from .names import format_namespace
 from .peer import PeerSession, RequestHandler
@@ -88,7 +89,7 @@ class Solicitation(RequestHandler):
             ns = self.prefix + tuple(msg.track_namespace_suffix)
             if ns in self.names:
                 return
-            if not self._allowed(ns):
+            if is_reserved_namespace(ns) or not self._allowed(ns):
                 # Outside the principal's publish prefixes: no route, nothing propagated.
                 event("solicited_namespace", logging.WARNING, peer=self.peer.address,
                       namespace=format_namespace(ns), decision="refused",

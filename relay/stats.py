@@ -35,6 +35,15 @@ class RelayStats:
     cache_hits: int = 0
     cache_misses: int = 0
     upstream_fetches: int = 0
+    #: Upstream requests that got no answer (or, a FETCH, no progress) within
+    #: ``request_timeout``: cancelled, their waiters answered REQUEST_ERROR TIMEOUT.
+    upstream_timeouts: int = 0
+    #: Requests refused EXCESSIVE_LOAD: over ``max_requests_per_session`` open requests of
+    #: one session, or an upstream FETCH whose objects do not fit the cache budget.
+    excessive_load: int = 0
+    #: Requests for a reserved namespace (first field "." or ".session") answered
+    #: DOES_NOT_EXIST, never forwarded (draft-22 §"Reserved Namespaces").
+    reserved_refusals: int = 0
     #: Object payload bytes received from upstream / sent downstream (headers excluded).
     bytes_in: int = 0
     bytes_out: int = 0

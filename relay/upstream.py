@@ -36,6 +36,7 @@ from kvsp_moq.pubsub.window import subscription_window
 
 from .cache import ObjectCache, TrackName
 from .datagrams import forward_datagram
+from .deadline import Deadline
 from .fanout import Fanout, Subscriber
 from .logs import event
 from .names import format_namespace
@@ -63,6 +64,8 @@ class UpstreamSubscription(RequestHandler):
         self.track_properties: tuple[tuple[int, int | bytes], ...] = ()
         self.done: PublishDone | None = None
         self.streams_seen = 0
+        #: SUBSCRIBE_OK (or REQUEST_ERROR) must come within the request timeout.
+        self.timer = Deadline(manager.request_timeout, self._timed_out)
 
     def start(self) -> None:
         moqt = self.peer.moqt
@@ -72,7 +75,25 @@ class UpstreamSubscription(RequestHandler):
         self.peer.local[self.request_id] = self
         self.manager.stats.upstream_subscribes += 1
         self._log("upstream_subscribe")
+        self.timer.arm()
         self.peer.flush()
+
+    def _timed_out(self) -> None:
+        """No answer within the request timeout: cancel upstream, forget the subscription,
+        the waiting subscribers get REQUEST_ERROR TIMEOUT."""
+        if self.established or self.ended:
+            return
+        self._log("upstream_timeout")
+        self.manager.stats.upstream_timeouts += 1
+        self.retire()
+        rid = self.request_id
+        if rid is not None:
+            self.peer.local.pop(rid, None)
+            moqt = self.peer.moqt
+            if moqt is not None and not moqt.closed:
+                moqt.cancel(rid)
+                self.peer.flush()
+        self._reject_pending(RequestErrorCode.TIMEOUT, "upstream did not answer SUBSCRIBE in time")
 
     # -- downstream side ---------------------------------------------------------------------
     def join(self, down: PeerSession, rid: int, msg: Subscribe) -> None:
@@ -146,6 +167,7 @@ class UpstreamSubscription(RequestHandler):
 
     # -- upstream side (RequestHandler of our SUBSCRIBE) -------------------------------------
     def on_response(self, msg: Message) -> None:
+        self.timer.cancel()
         if isinstance(msg, SubscribeOk):
             self.established = True
             self.track_properties = tuple(msg.track_properties)
@@ -215,6 +237,8 @@ class UpstreamSubscription(RequestHandler):
     def retire(self) -> None:
         """Ended: no longer the track's upstream subscription (new SUBSCRIBEs open another)."""
         self.ended = True
+        self.timer.cancel()
+        self.fanout.release_reservations()
         self.manager.drop(self)
 
 
@@ -222,8 +246,11 @@ class UpstreamManager:
     """Full track name → its :class:`UpstreamSubscription`."""
 
     def __init__(self, cache: ObjectCache, stats: RelayStats, subscriber_queue_bytes: int,
-                 emit: Callable[[str, object], None] = lambda kind, obj: None) -> None:
+                 emit: Callable[[str, object], None] = lambda kind, obj: None,
+                 request_timeout: float = 30.0) -> None:
         self.cache = cache
+        #: Seconds an upstream SUBSCRIBE may wait for its answer (relay.deadline).
+        self.request_timeout = request_timeout
         self.stats = stats
         self.subscriber_queue_bytes = subscriber_queue_bytes
         self.emit = emit

@@ -8,7 +8,7 @@ import pytest
 from kvsp_moq.moqt.messages import Fetch, LocationFilter, Location, MessageParameters, StandaloneFetch
 from kvsp_moq.moqt.objects import ObjectStatus
 from relay import CachedObject, ObjectCache, RelayConfig, RelayStats, RoutingTable
-from relay.cache import OBJECT_OVERHEAD, max_cache_duration_ms
+from relay.cache import OBJECT_OVERHEAD, TRACK_OVERHEAD, max_cache_duration_ms
 from relay.fetch import WHOLE_GROUP, fetch_range
 from relay.routing import is_prefix
 
@@ -60,15 +60,49 @@ def obj(g: int, o: int, n: int = 100, expires=None) -> CachedObject:
 def test_cache_lru_budget() -> None:
     size = obj(0, 0).size
     assert size == 100 + 2 + OBJECT_OVERHEAD
-    c = ObjectCache(3 * size)
+    c = ObjectCache(3 * size + TRACK_OVERHEAD)  # three objects and their track's entry
     for o in range(3):
         assert c.put(T, obj(0, o))
     assert c.get(T, 0, 0) is not None  # touch 0: 1 is now least recently used
     c.put(T, obj(0, 3))
     assert c.get(T, 0, 1) is None and c.get(T, 0, 0) is not None
-    assert c.bytes == 3 * size and len(c) == 3 and c.evictions == 1
+    assert c.bytes == 3 * size + TRACK_OVERHEAD and len(c) == 3 and c.evictions == 1
     assert not c.put(T, obj(0, 9, n=10_000))  # larger than the whole budget
-    assert c.largest(T) == (0, 9)
+    assert c.largest(T) == (0, 3)  # the Largest Object among the cached ones
+
+
+def test_cache_track_entries_go_with_their_last_object() -> None:
+    """Issue 18: 100 000 distinct tracks through a small cache leave no more track entries
+    than the budget holds (each is charged, and dropped with its track's last object)."""
+    c = ObjectCache(1 << 20)
+    for i in range(100_000):
+        track = ((b"flood", b"%d" % i), b"t")
+        c.set_track_properties(track, [(0x04, 60_000), (0x3801, b"x" * 32)])
+        assert c.put(track, obj(0, 0, n=1000), [(0x04, 60_000), (0x3801, b"x" * 32)])
+        assert c.bytes + c.reserved <= c.budget
+    per_track = obj(0, 0, n=1000).size + TRACK_OVERHEAD + 16 + 16 + 32
+    assert len(c) == c.track_count <= (1 << 20) // per_track + 1
+    assert c.track_count < 1000  # not 100 000
+    last = ((b"flood", b"99999"), b"t")
+    assert c.largest(last) == (0, 0) and c.track_properties(last) is not None
+    assert c.largest(((b"flood", b"0"), b"t")) is None  # evicted with its object
+    # Track Properties alone (no object yet) are charged too, and evicted first.
+    c2 = ObjectCache(10 * TRACK_OVERHEAD)
+    for i in range(1000):
+        c2.set_track_properties(((b"p", b"%d" % i), b""), [])
+    assert c2.track_count == 10 and c2.bytes <= c2.budget
+
+
+def test_cache_reservations_count_before_buffering() -> None:
+    c = ObjectCache(10_000)
+    for o in range(5):
+        assert c.put(T, obj(0, o, n=1000))
+    assert c.reserve(6000)  # objects in flight: cached ones are evicted to make room
+    assert c.bytes + c.reserved <= c.budget
+    assert not c.reserve(5000)  # in flight beyond the budget: refused, nothing reserved
+    assert c.reserved == 6000
+    c.release(6000)
+    assert c.reserved == 0 and c.reserve(10_000) and not c.reserve(1)
 
 
 def test_cache_ranges_and_max_cache_duration() -> None:
