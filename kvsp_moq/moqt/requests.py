@@ -5,6 +5,10 @@ server's odd, each +2 per request; SUBSCRIBE, PUBLISH, FETCH, TRACK_STATUS,
 PUBLISH_NAMESPACE, SUBSCRIBE_NAMESPACE, SUBSCRIBE_TRACKS and REQUEST_UPDATE consume one.
 A Request ID of the wrong parity, or one used before → INVALID_REQUEST_ID. Responses carry
 no Request ID: they ride the request's bidirectional stream (§"Request Streams").
+
+The IDs the peer used are a :class:`~.rangeset.RangeSet` over ``request_id >> 1`` (one ID
+space per parity): a watermark and a range per run above a gap, so a session that has seen
+100,000 requests holds one range, not 100,000 entries.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .messages import (
     RequestOk,
     SubscribeOk,
 )
+from .rangeset import RangeSet
 
 __all__ = ["INITIAL_RESPONSES", "OK_CONTEXT", "Request", "RequestIdAllocator", "RequestIdChecker"]
 
@@ -62,29 +67,52 @@ class RequestIdAllocator:
     def __init__(self, is_client: bool) -> None:
         self._next = 0 if is_client else 1
 
+    @property
+    def next_id(self) -> int:
+        """The ID :meth:`allocate` returns next."""
+        return self._next
+
     def allocate(self) -> int:
         rid = self._next
         self._next += 2
         return rid
 
+    def allocated(self, request_id: int) -> bool:
+        """True if ``request_id`` is one of ours already handed out."""
+        return request_id & 1 == self._next & 1 and request_id < self._next
+
 
 class RequestIdChecker:
-    """Checks the peer's Request IDs: parity and no reuse (INVALID_REQUEST_ID)."""
+    """Checks the peer's Request IDs: parity and no reuse (INVALID_REQUEST_ID).
 
-    __slots__ = ("_parity", "_seen")
+    ``max_gaps`` bounds the range set of used IDs (:meth:`RangeSet.fill_gaps`): IDs the peer
+    skipped beyond that many gaps count as used."""
 
-    def __init__(self, peer_is_client: bool) -> None:
+    __slots__ = ("_parity", "_seen", "_max_gaps")
+
+    def __init__(self, peer_is_client: bool, max_gaps: int = 4096) -> None:
         self._parity = 0 if peer_is_client else 1
-        self._seen: set[int] = set()
+        self._seen = RangeSet()
+        self._max_gaps = max_gaps
 
     def check(self, request_id: int) -> None:
         if request_id & 1 != self._parity:
             raise WireError(SessionErrorCode.INVALID_REQUEST_ID,
                             f"Request ID {request_id} has the wrong parity")
-        if request_id in self._seen:
+        index = request_id >> 1
+        if index in self._seen:
             raise WireError(SessionErrorCode.INVALID_REQUEST_ID,
                             f"Request ID {request_id} used twice")
-        self._seen.add(request_id)
+        self._seen.add(index)
+        self._seen.fill_gaps(self._max_gaps + 1)
+
+    def used(self, request_id: int) -> bool:
+        """True if the peer already used ``request_id``."""
+        return request_id & 1 == self._parity and (request_id >> 1) in self._seen
+
+    def __len__(self) -> int:
+        """Ranges held (the size of this structure)."""
+        return len(self._seen)
 
 
 @dataclass(eq=False)

@@ -48,5 +48,24 @@ class SessionConfig:
     #: Bytes held per data stream whose Track Alias is not known yet, and in total before the
     #: peer's SETUP; beyond them the stream is stopped with EXCESSIVE_LOAD.
     max_pending_stream_bytes: int = 1 << 20
+    #: Requests of the peer we serve at once (draft-ietf-moq-transport-22 §"Subscription
+    #: Amplification": "MAY reject excessive subscriptions with REQUEST_ERROR using the
+    #: EXCESSIVE_LOAD error code"; §"State maintenance"). Since draft 17 there is no
+    #: MAX_REQUEST_ID: the wire limit is QUIC's MAX_STREAMS, which the transport raises as
+    #: streams end. A request beyond this cap is answered REQUEST_ERROR EXCESSIVE_LOAD (Retry
+    #: Interval below) and never reaches the application; request streams whose first message
+    #: is still incomplete count too (beyond: STOP_SENDING + RESET_STREAM EXCESSIVE_LOAD).
+    #: None: no cap.
+    max_concurrent_requests: int | None = 1024
+    #: Retry Interval (ms) sent with that EXCESSIVE_LOAD (§"REQUEST_ERROR": 0 = do not retry;
+    #: on the wire the value is ms + 1).
+    excessive_load_retry_ms: int = 1000
+    #: Gaps the session tracks per ID space (the peer's Request IDs, its request streams, its
+    #: unidirectional streams, retired Track Aliases): finished IDs are a range set
+    #: (:mod:`kvsp_moq.moqt.rangeset`), a watermark plus one range per run above a gap. A peer
+    #: that leaves more gaps than this has its lowest gaps taken as used (a Request ID there is
+    #: then INVALID_REQUEST_ID, a stream there is ignored). Bounds the session's state by this,
+    #: not by the number of requests it has seen.
+    max_id_gaps: int = 4096
     #: Setup Options of types this layer does not know (e.g. GREASE), sent as they are.
     extra_setup_options: Sequence[tuple[int, int | bytes]] = ()

@@ -8,6 +8,12 @@ the request it belongs to — SUBGROUP_HEADER by Track Alias (held, up to
 buffer"), FETCH_HEADER by Request ID; padding streams are discarded (§"Padding Streams").
 Datagrams are routed by Track Alias. Data for ended subscriptions and fetches is stopped
 with CANCELLED.
+
+State is bounded by what is open, not by the session's history: finished streams are a
+:class:`~.streams.ClosedStreams` range set; a fetch stream naming a Request ID that was used
+and is no longer routed is late (CANCELLED), which needs no per-request history; retired
+Track Aliases are remembered, oldest first, up to ``max_id_gaps``; an alias's track is
+forgotten with its last subscription.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ..objects import (
 )
 from ..version import Version
 from .config import SessionConfig
+from .streams import ClosedStreams
 from .events import (
     Action,
     DataEvent,
@@ -64,13 +71,15 @@ class IncomingStreams:
     The session passes its event and action queues and three callables: ``established()``
     (the peer's SETUP arrived), ``hold(stream_id, data, end)`` (keep input until it does),
     and ``control(stream_id) -> ControlStreamReader`` (the peer's control stream opened;
-    raises on a second) with ``control_data(reader, data, end)`` for its bytes."""
+    raises on a second) with ``control_data(reader, data, end)`` for its bytes;
+    ``request_id_used(rid)``: the Request ID was used in this session (by either side)."""
 
     def __init__(self, version: Version, config: SessionConfig, events: deque[Event],
                  actions: deque[Action], *, established: Callable[[], bool],
                  hold: Callable[[int, Buffer, bool], None],
                  control: Callable[[int], ControlStreamReader],
-                 control_data: Callable[[ControlStreamReader, Buffer, bool], None]) -> None:
+                 control_data: Callable[[ControlStreamReader, Buffer, bool], None],
+                 request_id_used: Callable[[int], bool]) -> None:
         self.version = version
         self.config = config
         self._events = events
@@ -79,21 +88,24 @@ class IncomingStreams:
         self._hold = hold
         self._control = control
         self._control_data = control_data
+        self._request_id_used = request_id_used
         self._streams: dict[int, _UniIn] = {}
         #: Track Alias → request ID of the subscription receiving it.
         self._alias_in: dict[int, int] = {}
+        #: Track Alias → its track, and the live requests using it (forgotten with the last).
         self._alias_track: dict[int, tuple[tuple[bytes, ...], bytes]] = {}
-        #: Aliases / request IDs of ended subscriptions and fetches: late data is stopped.
-        self._retired_aliases: set[int] = set()
-        self._retired_requests: set[int] = set()
+        self._alias_users: dict[int, set[int]] = {}
+        #: Aliases of ended subscriptions, oldest first (at most ``max_id_gaps``): late data is
+        #: stopped; an alias retired longer ago is unknown again (held, then EXCESSIVE_LOAD).
+        self._retired_aliases: dict[int, None] = {}
         #: Our FETCH / SUBSCRIBE request IDs that fetch streams may name (kept after the
         #: request stream ends, until the session retires them).
         self._fetch_routes: set[int] = set()
         #: Group order of each local FETCH, kept while its fetch stream may still arrive
         #: (the request itself can be over by then: FETCH_OK and FIN come first).
         self._fetch_orders: dict[int, GroupOrder] = {}
-        #: Streams stopped or discarded (request streams too): later bytes are ignored.
-        self.dead_streams: set[int] = set()
+        #: The peer's streams that are over (request streams too): later bytes are ignored.
+        self.dead_streams = ClosedStreams(config.max_id_gaps)
 
     # -- routes --------------------------------------------------------------------------
     def add_fetch_route(self, request_id: int, order: GroupOrder | None = None) -> None:
@@ -112,25 +124,44 @@ class IncomingStreams:
             raise WireError(SessionErrorCode.DUPLICATE_TRACK_ALIAS,
                             f"Track Alias {alias} already names another track")
         self._alias_track[alias] = (tuple(ns), bytes(name))
+        self._alias_users.setdefault(alias, set()).add(request_id)
         self._alias_in[alias] = request_id
-        self._retired_aliases.discard(alias)
+        self._retired_aliases.pop(alias, None)
         self._release_pending(alias, request_id)
 
     def retire(self, request_id: int, alias: int | None) -> None:
         """The request is over: its late data streams and datagrams are stopped/dropped."""
-        self._retired_requests.add(request_id)
         self._fetch_routes.discard(request_id)
         self._fetch_orders.pop(request_id, None)
-        if alias is not None and self._alias_in.get(alias) == request_id:
+        if alias is None:
+            return
+        users = self._alias_users.get(alias)
+        if users is not None:
+            users.discard(request_id)
+            if not users:
+                del self._alias_users[alias]
+                self._alias_track.pop(alias, None)
+        if self._alias_in.get(alias) == request_id:
             del self._alias_in[alias]
-            self._retired_aliases.add(alias)
+            self._retired_aliases.pop(alias, None)
+            self._retired_aliases[alias] = None
+            while len(self._retired_aliases) > self.config.max_id_gaps:
+                del self._retired_aliases[next(iter(self._retired_aliases))]
+
+    def state_sizes(self) -> dict[str, int]:
+        """Entries in each per-stream / per-request structure (all bounded by what is open)."""
+        return {"uni_streams": len(self._streams), "aliases_in": len(self._alias_in),
+                "alias_tracks": len(self._alias_track), "alias_users": len(self._alias_users),
+                "retired_aliases": len(self._retired_aliases),
+                "fetch_routes": len(self._fetch_routes), "fetch_orders": len(self._fetch_orders),
+                **self.dead_streams.sizes()}
 
     # -- input ---------------------------------------------------------------------------
     def stream_data(self, stream_id: int, data: Buffer, end_stream: bool) -> None:
-        if stream_id in self.dead_streams:
-            return
         st = self._streams.get(stream_id)
         if st is None:
+            if stream_id in self.dead_streams:
+                return
             st = self._streams[stream_id] = _UniIn()
         elif st.pending_end:
             raise violation("data after the end of a stream")
@@ -162,6 +193,7 @@ class IncomingStreams:
     def stream_reset(self, stream_id: int, error_code: int) -> None:
         """The peer reset one of its unidirectional streams."""
         st = self._streams.pop(stream_id, None)
+        self.dead_streams.add(stream_id)
         if st is not None and st.request_id is not None:
             self._events.append(DataStreamClosed(st.request_id, stream_id, error_code))
 
@@ -169,6 +201,7 @@ class IncomingStreams:
         """A local resource limit on one data stream: cancel just that stream
         (draft-20 §"Resource Exhaustion")."""
         st = self._streams.pop(stream_id, None)
+        self.dead_streams.add(stream_id)
         self._actions.append(StopSending(stream_id, code))
         if st is not None and st.request_id is not None:
             self._events.append(DataStreamClosed(st.request_id, stream_id, code))
@@ -215,6 +248,7 @@ class IncomingStreams:
             return
         if end_stream:
             self._streams.pop(stream_id, None)
+            self.dead_streams.add(stream_id)
             if st.request_id is not None:
                 self._events.append(DataStreamClosed(st.request_id, stream_id, None))
 
@@ -231,7 +265,8 @@ class IncomingStreams:
         elif isinstance(header, FetchHeader):
             if header.request_id in self._fetch_routes:
                 st.request_id = header.request_id
-            elif header.request_id in self._retired_requests:
+            elif self._request_id_used(header.request_id):
+                # A used Request ID no longer routed: the fetch (or subscription) is over.
                 self.stop(stream_id, StreamResetCode.CANCELLED)
             else:
                 raise violation(f"fetch stream for unknown Request ID {header.request_id}")
@@ -248,4 +283,5 @@ class IncomingStreams:
                     self._events.append(DataEvent(request_id, stream_id, ev))
                 if st.pending_end:
                     self._streams.pop(stream_id, None)
+                    self.dead_streams.add(stream_id)
                     self._events.append(DataStreamClosed(request_id, stream_id, None))

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 
 from ...wire.buffer import Buffer
 from ...wire.errors import LimitExceeded, SessionErrorCode, StreamResetCode, WireError
-from ...wire.kvp import KeyValuePair
 from ..data import encode_fetch_header, encode_subgroup_header, parse_datagram
 from ..data import encode_datagram as _encode_datagram
 from ..messages import (
@@ -47,18 +46,15 @@ from ..messages import (
     ControlStreamReader,
     Fetch,
     FetchOk,
-    FetchType,
     GoAway,
     JoiningFetch,
     Location,
-    LocationFilter,
     Message,
     MessageParameters,
     Namespace,
     NamespaceDone,
     Publish,
     PublishDone,
-    PublishNamespace,
     RequestError,
     RequestOk,
     RequestUpdate,
@@ -66,11 +62,7 @@ from ..messages import (
     Setup,
     StandaloneFetch,
     StreamUse,
-    Subscribe,
-    SubscribeNamespace,
     SubscribeOk,
-    SubscribeTracks,
-    TrackStatus,
     check_redirect,
     check_request_ok,
     check_request_update,
@@ -102,7 +94,9 @@ from .events import (
     UpdateAnswered,
     UpdateReceived,
 )
+from .admission import check_local_namespace, refusal
 from .incoming import IncomingStreams
+from .requester import RequestApi, kvps
 from .setup import build_setup, check_peer_setup
 from .streams import StreamCounter, StreamIdAllocator
 
@@ -111,12 +105,7 @@ __all__ = ["SessionMachine"]
 PV = SessionErrorCode.PROTOCOL_VIOLATION
 
 
-def _kvps(pairs: Sequence[tuple[int, int | bytes]]) -> tuple[KeyValuePair, ...]:
-    """Track Properties as the message fields hold them."""
-    return tuple(KeyValuePair(*kv) for kv in pairs)
-
-
-class SessionMachine:
+class SessionMachine(RequestApi):
     """The MOQT session state machine (client or server role) of one connection, sans-IO.
 
     ``streams`` numbers the streams it opens: the transport's allocator (the I/O layer
@@ -142,14 +131,20 @@ class SessionMachine:
         self._control_in: int | None = None
         self._control_goaway = False
         self._ids = RequestIdAllocator(self.is_client)
-        self._peer_ids = RequestIdChecker(peer_is_client=not self.is_client)
+        self._peer_ids = RequestIdChecker(peer_is_client=not self.is_client,
+                                          max_gaps=self.config.max_id_gaps)
         self.requests: dict[int, Request] = {}
+        #: The peer's requests open now (SessionConfig.max_concurrent_requests caps them).
+        self._peer_live = 0
         self._by_stream: dict[int, Request] = {}
         #: The peer's unidirectional streams and datagrams (data routing: .incoming).
         self._in = IncomingStreams(self.version, self.config, self._events, self._actions,
                                    established=lambda: self.peer_setup is not None,
                                    hold=self._hold, control=self._control_opened,
-                                   control_data=self._control_data)
+                                   control_data=self._control_data,
+                                   request_id_used=self._request_id_used)
+        #: Our finished SUBSCRIBEs / FETCHes whose data streams may still arrive: their
+        #: Track Alias, until :meth:`release`.
         self._finished_local: dict[int, int | None] = {}
         #: Our data streams → request ID.
         self._data_out: dict[int, int] = {}
@@ -180,6 +175,17 @@ class SessionMachine:
     @property
     def closed(self) -> bool:
         return self.state is SessionState.CLOSED
+
+    def state_sizes(self) -> dict[str, int]:
+        """Entries (or ranges) in each per-request and per-stream structure: bounded by the
+        requests and streams open now, never by the session's history."""
+        return {"requests": len(self.requests), "by_stream": len(self._by_stream),
+                "finished_local": len(self._finished_local), "data_out": len(self._data_out),
+                "partial_first": len(self._partial_first), "early": len(self._early),
+                "peer_request_id_ranges": len(self._peer_ids), **self._in.state_sizes()}
+
+    def _request_id_used(self, request_id: int) -> bool:
+        return self._ids.allocated(request_id) or self._peer_ids.used(request_id)
 
     # ======================================================================================
     # start and SETUP (§"SETUP")
@@ -229,7 +235,7 @@ class SessionMachine:
             if self.peer_setup is None:
                 self._hold(stream_id, data, end_stream)
                 return
-            if stream_id in self._in.dead_streams:
+            if stream_id not in self._partial_first and stream_id in self._in.dead_streams:
                 return
             self._new_peer_request(stream_id, data, end_stream)
             return
@@ -246,7 +252,8 @@ class SessionMachine:
             if req is not None:
                 self._cancelled(req, error_code)
                 return
-            self._in.stream_reset(stream_id, error_code)
+            if stream_id & 2:
+                self._in.stream_reset(stream_id, error_code)
         except WireError as exc:
             self._fail(exc, stream_id)
 
@@ -364,6 +371,15 @@ class SessionMachine:
         if not msgs:
             if end_stream:
                 raise violation("request stream ended before its request")
+            limit = self.config.max_concurrent_requests
+            if limit is not None and len(self._partial_first) >= limit:
+                # As many unreadable requests as the cap allows already: refuse this stream
+                # (§"Session initialization": an endpoint "MAY reset such bidirectional
+                # streams"; §"Resource Exhaustion").
+                self._in.dead_streams.add(stream_id)
+                self._actions.append(StopSending(stream_id, StreamResetCode.EXCESSIVE_LOAD))
+                self._actions.append(ResetStream(stream_id, StreamResetCode.EXCESSIVE_LOAD))
+                return
             # Keep the reader: the first message is incomplete.
             self._partial_first[stream_id] = reader
             return
@@ -378,21 +394,26 @@ class SessionMachine:
         rid: int = first.request_id  # type: ignore[attr-defined]
         self._peer_ids.check(rid)
         req = Request(rid, stream_id, first.TYPE, first, local=False, reader=reader)
+        refused = None if self.goaway_sent else refusal(first, self.config, self._peer_live)
         self.requests[rid] = req
         self._by_stream[stream_id] = req
+        self._peer_live += 1
+        if refused is not None:
+            # Answered by the session itself (.admission): the application never sees it.
+            code, reason, retry = refused
+            self.reject(rid, code, reason, retry_interval=retry)
+            return
         if isinstance(first, Publish):
             self._register_alias(req, first.track_alias, first.track_namespace, first.track_name)
+        self._events.append(RequestReceived(rid, first))
         if self.goaway_sent:
             # We asked the peer to go away: refuse new work (REQUEST_ERROR GOING_AWAY).
-            self._events.append(RequestReceived(rid, first))
             self.reject(rid, 0x6, "going away")
-        else:
-            self._events.append(RequestReceived(rid, first))
         for msg in msgs[1:]:
-            self._request_message(req, msg)
-            if self.closed:
+            if self.closed or rid not in self.requests:
                 return
-        if end_stream:
+            self._request_message(req, msg)
+        if end_stream and not self.closed and rid in self.requests:
             self._peer_finished(req)
 
     def _request_data(self, req: Request, data: Buffer, end_stream: bool) -> None:
@@ -492,12 +513,14 @@ class SessionMachine:
         """Drop a request's stream state. A normal end (``reset_code`` None) keeps the data
         routing of a local subscription/fetch, whose data streams may still be arriving
         (PUBLISH_DONE's Stream Count exists for that), until :meth:`release`."""
-        self.requests.pop(req.request_id, None)
+        if self.requests.pop(req.request_id, None) is not None and not req.local:
+            self._peer_live -= 1
         self._by_stream.pop(req.stream_id, None)
         if not req.local:
             self._in.dead_streams.add(req.stream_id)  # late bytes are not a new request
         if reset_code is None:
-            if req.local:
+            if req.local and not req.failed and req.request_type in (SUBSCRIBE_TYPE, FETCH_TYPE):
+                # Only these receive data streams (subgroups, fetch and fill fetch streams).
                 self._finished_local[req.request_id] = req.track_alias
                 return
         else:
@@ -520,6 +543,14 @@ class SessionMachine:
         if request_id in self._finished_local:
             self._retire(request_id, self._finished_local.pop(request_id))
 
+    def stop_data_stream(self, stream_id: int, error_code: int) -> None:
+        """STOP_SENDING one of the peer's data streams for a limit of the application
+        (draft-ietf-moq-transport-22 §"Resource Exhaustion": "The publisher and subscriber
+        MUST cancel a stream ... after reaching a resource limit"): its later bytes are
+        ignored and its request sees DataStreamClosed with ``error_code``."""
+        if not self.closed:
+            self._in.limit_exceeded(stream_id, error_code)
+
     # ======================================================================================
     # local API: requests we send
     def _check_can_request(self) -> None:
@@ -531,9 +562,11 @@ class SessionMachine:
 
     def _request(self, build: Callable[[int], Message]) -> int:
         self._check_can_request()
-        rid = self._ids.allocate()
+        rid = self._ids.next_id
         msg = build(rid)
+        check_local_namespace(msg)
         data = encode_message(self.version, msg)
+        self._ids.allocate()  # only now: a request that cannot be sent consumes no ID
         stream_id = self._open(uni=False)
         req = Request(rid, stream_id, msg.TYPE, msg, local=True,
                       reader=ControlStreamReader(self.version))
@@ -545,73 +578,6 @@ class SessionMachine:
             self._in.add_fetch_route(rid, GroupOrder(order) if order is not None else None)
         self._send(stream_id, data)
         return rid
-
-    def subscribe(self, namespace: Sequence[bytes], name: bytes,
-                  parameters: MessageParameters = MessageParameters()) -> int:
-        return self._request(lambda rid: Subscribe(rid, tuple(namespace), name, parameters))
-
-    def fetch(self, namespace: Sequence[bytes], name: bytes, start: tuple[int, int],
-              end: tuple[int, int] | None = None, *,
-              parameters: MessageParameters = MessageParameters()) -> int:
-        """FETCH objects ``start`` .. ``end`` inclusive (``end`` None: to the largest
-        object; ``end.object`` None-like whole group is not expressible here)."""
-        start = Location(*start)
-        if self.version.fetch_has_fetch_type:
-            # Draft 18: End Location is "the end Location, plus 1" (§"FETCH").
-            stop = Location((1 << 62) - 1, 0) if end is None else Location(end[0], end[1] + 1)
-
-            def build(rid: int) -> Message:
-                return StandaloneFetch(rid, tuple(namespace), name, start, stop, parameters)
-        else:
-            if end is None and start == (0, 0):
-                # "FETCH without filter = {0,0}..Largest Object"; drafts 20/21 cannot even
-                # write an absolute start of {0,0} (two zero fields mean Next Object).
-                params = parameters
-            else:
-                flt = (LocationFilter.absolute(start) if end is None
-                       else LocationFilter.absolute(start, end[0], end[1]))
-                params = _with(parameters, location_filter=flt)
-
-            def build(rid: int) -> Message:
-                return Fetch(rid, tuple(namespace), name, params)
-        return self._request(build)
-
-    def publish_namespace(self, namespace: Sequence[bytes],
-                          parameters: MessageParameters = MessageParameters()) -> int:
-        return self._request(lambda rid: PublishNamespace(rid, tuple(namespace), parameters))
-
-    def subscribe_namespace(self, prefix: Sequence[bytes],
-                            parameters: MessageParameters = MessageParameters()) -> int:
-        return self._request(lambda rid: SubscribeNamespace(rid, tuple(prefix), parameters))
-
-    def track_status(self, namespace: Sequence[bytes], name: bytes,
-                     parameters: MessageParameters = MessageParameters()) -> int:
-        return self._request(lambda rid: TrackStatus(rid, tuple(namespace), name, parameters))
-
-    def subscribe_tracks(self, prefix: Sequence[bytes],
-                         parameters: MessageParameters = MessageParameters()) -> int:
-        """SUBSCRIBE_TRACKS (draft 18+, §"SUBSCRIBE_TRACKS"): the peer PUBLISHes every track
-        under ``prefix``, now and later."""
-        return self._request(lambda rid: SubscribeTracks(rid, tuple(prefix), parameters))
-
-    def joining_fetch(self, subscribe_request_id: int, joining_start: int, *,
-                      absolute: bool = False,
-                      parameters: MessageParameters = MessageParameters()) -> int:
-        """Draft-18 Joining FETCH (§"Joining Fetches") of our subscription
-        ``subscribe_request_id``: Relative (``joining_start`` groups before its Joining
-        Location) or Absolute (from group ``joining_start``). Removed in draft 20 (fill
-        fetch streams replace it): ValueError on other versions."""
-        if not self.version.fetch_has_fetch_type:
-            raise ValueError(f"{self.version.name} has no Joining FETCH (use FILL_PARAMETERS)")
-        kind = FetchType.ABSOLUTE_JOINING if absolute else FetchType.RELATIVE_JOINING
-        return self._request(lambda rid: JoiningFetch(rid, kind, subscribe_request_id,
-                                                      joining_start, parameters))
-
-    def publish(self, namespace: Sequence[bytes], name: bytes, track_alias: int,
-                parameters: MessageParameters = MessageParameters(),
-                track_properties: Sequence[tuple[int, int | bytes]] = ()) -> int:
-        return self._request(lambda rid: Publish(rid, tuple(namespace), name, track_alias,
-                                                 parameters, _kvps(track_properties)))
 
     def request_update(self, request_id: int, parameters: MessageParameters) -> int:
         """REQUEST_UPDATE on the stream of ``request_id``; returns the update's own ID."""
@@ -663,19 +629,19 @@ class SessionMachine:
                          parameters: MessageParameters = MessageParameters(),
                          track_properties: Sequence[tuple[int, int | bytes]] = ()) -> None:
         self._req(request_id).track_alias = track_alias
-        self._respond(request_id, SubscribeOk(track_alias, parameters, _kvps(track_properties)))
+        self._respond(request_id, SubscribeOk(track_alias, parameters, kvps(track_properties)))
 
     def accept_fetch(self, request_id: int, end_location: tuple[int, int], *,
                      end_of_track: bool = False,
                      track_properties: Sequence[tuple[int, int | bytes]] = ()) -> None:
         self._respond(request_id, FetchOk(end_of_track, Location(*end_location),
-                                          MessageParameters(), _kvps(track_properties)))
+                                          MessageParameters(), kvps(track_properties)))
 
     def request_ok(self, request_id: int, parameters: MessageParameters = MessageParameters(),
                    track_properties: Sequence[tuple[int, int | bytes]] = (), *,
                    end: bool = False) -> None:
         """REQUEST_OK (PUBLISH_NAMESPACE_OK, TRACK_STATUS_OK, PUBLISH_OK, REQUEST_UPDATE_OK...)."""
-        self._respond(request_id, RequestOk(parameters, _kvps(track_properties)), end=end)
+        self._respond(request_id, RequestOk(parameters, kvps(track_properties)), end=end)
 
     def reject(self, request_id: int, error_code: int, reason: str = "", *,
                retry_interval: int = 0, end: bool = True) -> None:
@@ -777,8 +743,3 @@ class SessionMachine:
     def _send(self, stream_id: int, data: bytes, end: bool = False) -> None:
         self._actions.append(SendStream(stream_id, data, end))
 
-
-def _with(params: MessageParameters, **changes: object) -> MessageParameters:
-    import dataclasses
-
-    return dataclasses.replace(params, **changes)  # type: ignore[arg-type]

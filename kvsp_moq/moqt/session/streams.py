@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["StreamCounter", "StreamIdAllocator", "stream_id"]
+from ..rangeset import RangeSet
+
+__all__ = ["ClosedStreams", "StreamCounter", "StreamIdAllocator", "stream_id"]
 
 
 class StreamIdAllocator(Protocol):
@@ -44,3 +46,33 @@ class StreamCounter:
 
     def open_bidi(self) -> int:
         return self._open(False)
+
+
+class ClosedStreams:
+    """The peer's streams that are over (finished, reset, stopped or discarded), so that late
+    bytes on one are ignored rather than taken for a new stream.
+
+    One :class:`~kvsp_moq.moqt.rangeset.RangeSet` per stream type (the two low bits of the
+    ID: initiator and direction) over ``stream_id >> 2`` (RFC 9000 §2.1: each type's streams
+    are opened in order): a watermark plus a range per run above a stream still open.
+    ``max_gaps`` bounds each: beyond that many gaps the lowest are taken as closed (a stream
+    the peer opens there later is ignored). Callers look up their open streams first."""
+
+    __slots__ = ("_types", "_max_gaps")
+
+    def __init__(self, max_gaps: int = 4096) -> None:
+        self._types = (RangeSet(), RangeSet(), RangeSet(), RangeSet())
+        self._max_gaps = max_gaps
+
+    def add(self, stream_id: int) -> None:
+        ranges = self._types[stream_id & 3]
+        ranges.add(stream_id >> 2)
+        ranges.fill_gaps(self._max_gaps + 1)
+
+    def __contains__(self, stream_id: int) -> bool:
+        return (stream_id >> 2) in self._types[stream_id & 3]
+
+    def sizes(self) -> dict[str, int]:
+        """Ranges held, bidirectional and unidirectional streams (of the peer)."""
+        return {"closed_bidi_ranges": len(self._types[0]) + len(self._types[1]),
+                "closed_uni_ranges": len(self._types[2]) + len(self._types[3])}
