@@ -11,17 +11,29 @@ Modules: :mod:`.session` (:class:`MoqtSession`: the connection handler and the r
 SUBSCRIBE_NAMESPACE from the catalog), :mod:`.fetch_server` (a FETCH range from stored
 objects), :mod:`.serve_updates` (the peer's REQUEST_UPDATEs), :mod:`.endpoints`
 (``connect`` / ``serve``), :mod:`.publish` and :mod:`.receive` (objects out and in),
+:mod:`.limits` (:class:`ReceiveLimits`: what a peer may make a session hold),
 :mod:`.ports` (what those ask of a session), :mod:`.driver` (the transport-to-sans-IO pump
 the relay shares).
 """
 
 from .errors import DatagramTooLargeError, ErrorKind, MoqtError, SessionClosedError
+from .limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from .publish import Catalog, ObjectWriter, StoredObject, TrackPublisher
-from .receive import FetchStream, ObjectStream, ReceivedObject, ReceiveStats, Subscription
+from .receive import (
+    DISCARD,
+    FetchStream,
+    ObjectStream,
+    ReceivedObject,
+    ReceiveStats,
+    Refuse,
+    Subscription,
+)
 from .endpoints import MoqtServer, connect, serve
 from .session import IncomingPublish, MoqtSession, token_values
 
 __all__ = [
+    "DEFAULT_RECEIVE_LIMITS",
+    "DISCARD",
     "Catalog",
     "DatagramTooLargeError",
     "ErrorKind",
@@ -32,7 +44,9 @@ __all__ = [
     "ObjectStream",
     "ObjectWriter",
     "ReceiveStats",
+    "ReceiveLimits",
     "ReceivedObject",
+    "Refuse",
     "MoqtSession",
     "SessionClosedError",
     "StoredObject",

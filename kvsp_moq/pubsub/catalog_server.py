@@ -4,7 +4,9 @@ one session: :class:`CatalogServer`.
 It answers the peer's SUBSCRIBE (draft-22 §"SUBSCRIBE": SUBSCRIBE_OK with the Largest
 Object and the Track Properties, then the track's writes reach the subscription), FETCH
 (:func:`~.fetch_server.serve_fetch`), TRACK_STATUS (REQUEST_OK with LARGEST_OBJECT) and
-SUBSCRIBE_NAMESPACE (REQUEST_OK, then one NAMESPACE per catalog namespace under the prefix),
+SUBSCRIBE_NAMESPACE (REQUEST_OK, then one NAMESPACE per catalog namespace under the prefix,
+written in pages of :data:`NAMESPACE_PAGE` that each wait for the request stream to drain:
+:func:`send_namespaces`),
 and keeps the subscriptions the session serves — the peer's SUBSCRIBEs and our own PUBLISHes
 — with the Track Aliases it hands out. Authorization (``RequestGate.allows``) is checked by
 the session before a request gets here.
@@ -12,7 +14,7 @@ the session before a request gets here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..moqt.errors import PublishDoneCode, RequestErrorCode
 from ..moqt.messages import (
@@ -27,10 +29,18 @@ from ..moqt.messages import (
 )
 from .fetch_server import serve_fetch
 from .ports import ServingSession
-from .publish import Catalog, Outgoing, TrackPublisher
+from ..transport import TransportError
+from .publish import Catalog, Namespace, Outgoing, TrackPublisher
 from .window import subscription_window
 
-__all__ = ["CatalogServer", "NamespaceFilter"]
+__all__ = ["NAMESPACE_PAGE", "CatalogServer", "NamespaceFilter", "send_namespaces"]
+
+#: NAMESPACE messages written before waiting for the request stream's send buffer to drain
+#: to the transport's low-water mark (each is at most one 4096-octet Track Namespace plus
+#: its framing: a page is bounded by ~64 * 4 KiB per subscriber).
+NAMESPACE_PAGE = 64
+#: Octets of the request stream's send buffer a page waits for (at most) before the next.
+NAMESPACE_PAGE_BUFFER = 64 * 1024
 
 #: ``shows(message, namespace)``: whether the NAMESPACE answer ``namespace`` of the peer's
 #: SUBSCRIBE_NAMESPACE ``message`` may be sent (``RequestGate.shows``).
@@ -91,10 +101,9 @@ class CatalogServer:
         elif isinstance(msg, SubscribeNamespace):
             moqt.request_ok(rid)
             prefix = msg.track_namespace_prefix
-            for ns in sorted(self.catalog.namespaces()):
-                if ns[:len(prefix)] == prefix and (
-                        self._shows is None or self._shows(msg, ns)):
-                    moqt.namespace(rid, ns[len(prefix):])
+            matching = sorted(ns for ns in self.catalog.namespaces()
+                              if ns[:len(prefix)] == prefix)
+            self.session.spawn(send_namespaces(self.session, rid, msg, matching, self._shows))
         elif isinstance(msg, TrackStatus):
             track = self.catalog.get(msg.track_namespace, msg.track_name)
             if track is None:
@@ -130,3 +139,36 @@ class CatalogServer:
             self.session.publish_done(rid, PublishDoneCode.TRACK_ENDED, 0, "track ended")
             return
         track.add_subscriber(Outgoing(self.session, rid, alias, window=window))
+
+
+async def send_namespaces(session: ServingSession, rid: int, msg: SubscribeNamespace,
+                          namespaces: Sequence[Namespace],
+                          shows: NamespaceFilter | None = None) -> None:
+    """One NAMESPACE per namespace (its suffix after the prefix) on the request stream of
+    SUBSCRIBE_NAMESPACE ``rid``, :data:`NAMESPACE_PAGE` at a time: after each page it waits
+    for the stream's send buffer to drain to :data:`NAMESPACE_PAGE_BUFFER` octets
+    (``Connection.wait_writable``), so one subscriber holds about a page of our memory,
+    however large the catalog and however slowly it reads
+    (draft-ietf-moq-transport-22 §"Relay security considerations": a short prefix "can
+    cause the relay to send a large volume of NAMESPACE ... messages"). Stops when the
+    request or the session ends."""
+    prefix = msg.track_namespace_prefix
+    sent = 0
+    for ns in namespaces:
+        moqt = session.moqt
+        if moqt is None or moqt.closed:
+            return
+        req = moqt.requests.get(rid)
+        if req is None:
+            return  # cancelled meanwhile
+        if shows is not None and not shows(msg, ns):
+            continue
+        moqt.namespace(rid, ns[len(prefix):])
+        sent += 1
+        if sent % NAMESPACE_PAGE == 0:
+            session.pump()
+            try:
+                await session.connection.wait_writable(req.stream_id, NAMESPACE_PAGE_BUFFER)
+            except TransportError:
+                return  # the stream or the connection went away
+    session.pump()

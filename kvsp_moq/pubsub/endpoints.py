@@ -13,6 +13,7 @@ from ..moqt.session import Role, SessionConfig
 from ..transport import Server, TransportConfig, parse_moqt_url
 from ..transport import connect as transport_connect
 from ..transport import serve as transport_serve
+from .limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from .publish import Catalog
 from .session import GUARD, MoqtSession, RequestGate, TokenLike
 
@@ -23,7 +24,8 @@ async def connect(url: str, config: TransportConfig | None = None, *,
                   catalog: Catalog | None = None,
                   session_config: SessionConfig | None = None,
                   setup_timeout: float = GUARD, accept_publish: bool = False,
-                  setup_tokens: Sequence[TokenLike] = ()) -> MoqtSession:
+                  setup_tokens: Sequence[TokenLike] = (),
+                  receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> MoqtSession:
     """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
     The MOQT version is the ALPN negotiated from ``config.alpn_protocols``.
     ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options (a ``Token``, or bytes / str sent
@@ -38,7 +40,8 @@ async def connect(url: str, config: TransportConfig | None = None, *,
 
     def factory() -> MoqtSession:
         s = MoqtSession(Role.CLIENT, catalog=catalog, session_config=cfg,
-                    accept_publish=accept_publish, setup_tokens=setup_tokens)
+                        accept_publish=accept_publish, setup_tokens=setup_tokens,
+                        receive_limits=receive_limits)
         made.append(s)
         return s
 
@@ -87,7 +90,8 @@ async def serve(host: str, port: int, config: TransportConfig, *,
                 on_session: Callable[[MoqtSession], object] | None = None,
                 catalog: Catalog | None = None,
                 session_config: SessionConfig | None = None,
-                accept_publish: bool = False, gate: RequestGate | None = None) -> MoqtServer:
+                accept_publish: bool = False, gate: RequestGate | None = None,
+                receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> MoqtServer:
     """Listen for MOQT clients; ``on_session(session)`` (sync or async) runs once each
     client's SETUP arrived. Sessions serve the tracks of ``catalog`` (shared); ``gate``
     authorizes every request of every session (:class:`RequestGate`)."""
@@ -96,7 +100,8 @@ async def serve(host: str, port: int, config: TransportConfig, *,
 
     def factory() -> MoqtSession:
         s = MoqtSession(Role.SERVER, catalog=shared, session_config=session_config,
-                    accept_publish=accept_publish, gate=gate)
+                        accept_publish=accept_publish, gate=gate,
+                        receive_limits=receive_limits)
         srv.sessions.add(s)
         s.closed.add_done_callback(lambda _f: srv.sessions.discard(s))
 

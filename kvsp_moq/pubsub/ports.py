@@ -94,3 +94,8 @@ class RequestOwner(Protocol):
     def stream_finished(self, request_id: int) -> None:
         """The request's object stream has ended: forget its routing."""
         ...
+
+    def stop_data_stream(self, stream_id: int, error_code: int) -> None:
+        """STOP_SENDING one of the peer's data streams of the request (a local limit);
+        its DataStreamClosed with ``error_code`` follows."""
+        ...

@@ -44,6 +44,7 @@ from ..transport import Connection, TransportError
 from .catalog_server import CatalogServer
 from .driver import ConnectionStreamIds, EventTable, SessionDriver, Tasks
 from .errors import ErrorKind, MoqtError, SessionClosedError
+from .limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from .window import subscription_window
 from .publish import Catalog, TrackPublisher, Outgoing, track_name, normalize_namespace
 from .receive import (
@@ -113,8 +114,11 @@ class MoqtSession(SessionDriver):
     def __init__(self, role: Role, *, catalog: Catalog | None = None,
                  session_config: SessionConfig | None = None,
                  accept_publish: bool = False, gate: RequestGate | None = None,
-                 setup_tokens: Sequence[TokenLike] = ()) -> None:
+                 setup_tokens: Sequence[TokenLike] = (),
+                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> None:
         self.role = role
+        #: What the peer may make this session hold (pubsub/limits.py).
+        self.receive_limits = receive_limits
         #: Authorizes each request of the peer (None: every request is served).
         self.gate = gate
         #: AUTHORIZATION_TOKEN Setup Options our SETUP carries (bytes / str: USE_VALUE, type 0).
@@ -143,6 +147,8 @@ class MoqtSession(SessionDriver):
         #: Our REQUEST_UPDATEs waiting for REQUEST_OK / REQUEST_ERROR, by the update's ID.
         self._update_waiters: dict[int, asyncio.Future[Message]] = {}
         self._streams: dict[int, ObjectStream] = {}
+        #: Set whenever one of our requests stops being in flight (see :meth:`wait_idle`).
+        self._released = asyncio.Event()
         #: The catalog's tracks served to the peer, and the subscriptions this session
         #: serves (pubsub/catalog_server.py).
         self.serving = CatalogServer(self, catalog if catalog is not None else Catalog(),
@@ -150,9 +156,16 @@ class MoqtSession(SessionDriver):
         self._pumping = False
         self._tasks = Tasks(logger, "pubsub task")
         self.events = self._event_table()
-        #: Namespaces the peer published (PUBLISH_NAMESPACE), and NAMESPACE notifications.
+        #: Namespaces the peer published (PUBLISH_NAMESPACE) and not withdrawn, and
+        #: NAMESPACE notifications (at most ``receive_limits.max_peer_namespaces`` /
+        #: ``max_namespace_updates`` unread: pubsub/limits.py).
         self.peer_namespaces: set[tuple[bytes, ...]] = set()
         self.namespace_updates: asyncio.Queue[tuple[str, tuple[bytes, ...]]] = asyncio.Queue()
+        #: The peer's PUBLISH_NAMESPACE requests: Request ID -> namespace (pruned on
+        #: withdrawal, i.e. cancellation of the request: draft-22 §"PUBLISH_NAMESPACE").
+        self._peer_namespace_requests: dict[int, tuple[bytes, ...]] = {}
+        #: Our SUBSCRIBE_NAMESPACE requests: Request ID -> prefix.
+        self._namespace_subscriptions: dict[int, tuple[bytes, ...]] = {}
         self._published_namespaces: dict[tuple[bytes, ...], int] = {}
         for fut in (self.ready, self.closed, self.goaway_received):
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -252,15 +265,39 @@ class MoqtSession(SessionDriver):
             moqt.reject(rid, RequestErrorCode.UNAUTHORIZED, "not authorized")
             return
         if isinstance(msg, PublishNamespace):
-            self.peer_namespaces.add(msg.track_namespace)
-            moqt.request_ok(rid)
-            self.namespace_updates.put_nowait(("publish_namespace", msg.track_namespace))
+            self._on_publish_namespace(rid, msg)
         elif self.serving.answer(rid, msg):
             pass  # SUBSCRIBE, FETCH, TRACK_STATUS, SUBSCRIBE_NAMESPACE: pubsub/catalog_server.py
         elif isinstance(msg, Publish) and self.accept_publish:
             self._accept_publish(rid, msg)
         else:
             moqt.reject(rid, RequestErrorCode.NOT_SUPPORTED, f"{msg.NAME} not supported")
+
+    def _on_publish_namespace(self, rid: int, msg: PublishNamespace) -> None:
+        moqt = self.moqt
+        assert moqt is not None
+        limits = self.receive_limits
+        if (len(self._peer_namespace_requests) >= limits.max_peer_namespaces
+                or self.namespace_updates.qsize() >= limits.max_namespace_updates):
+            # draft-22 §"REQUEST_ERROR Codes": EXCESSIVE_LOAD (pubsub/limits.py).
+            moqt.reject(rid, RequestErrorCode.EXCESSIVE_LOAD,
+                        "too many namespaces published on this session")
+            return
+        self._peer_namespace_requests[rid] = msg.track_namespace
+        self.peer_namespaces.add(msg.track_namespace)
+        moqt.request_ok(rid)
+        self.namespace_updates.put_nowait(("publish_namespace", msg.track_namespace))
+
+    def _peer_namespace_withdrawn(self, rid: int) -> None:
+        """The peer cancelled its PUBLISH_NAMESPACE ``rid`` (withdrawal, draft-22
+        §"PUBLISH_NAMESPACE"): forget the namespace unless another request publishes it."""
+        ns = self._peer_namespace_requests.pop(rid, None)
+        if ns is None:
+            return
+        if ns not in self._peer_namespace_requests.values():
+            self.peer_namespaces.discard(ns)
+        if self.namespace_updates.qsize() < self.receive_limits.max_namespace_updates:
+            self.namespace_updates.put_nowait(("publish_namespace_done", ns))
 
     def _shows(self, msg: Message, namespace: tuple[bytes, ...]) -> bool:
         """Whether a NAMESPACE answer to the peer's SUBSCRIBE_NAMESPACE may be sent."""
@@ -274,7 +311,11 @@ class MoqtSession(SessionDriver):
         :attr:`incoming_publishes`."""
         moqt = self.moqt
         assert moqt is not None
-        sub = Subscription(self, rid)
+        if self.incoming_publishes.qsize() >= self.receive_limits.max_incoming_publishes:
+            # Nobody reads them: draft-22 §"REQUEST_ERROR Codes" EXCESSIVE_LOAD.
+            moqt.reject(rid, RequestErrorCode.EXCESSIVE_LOAD, "too many PUBLISHes unread")
+            return
+        sub = Subscription(self, rid, self.receive_limits)
         self._streams[rid] = sub
         moqt.request_ok(rid)
         if msg.parameters.forward is False:
@@ -283,6 +324,8 @@ class MoqtSession(SessionDriver):
             IncomingPublish(msg.track_namespace, msg.track_name, msg.track_alias, sub))
 
     def _on_cancelled(self, rid: int, code: int) -> None:
+        self._peer_namespace_withdrawn(rid)
+        self._namespace_subscriptions.pop(rid, None)
         track = self.serving.discard(rid)
         if track is not None:
             track.remove_subscriber(self, rid)
@@ -293,6 +336,7 @@ class MoqtSession(SessionDriver):
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_exception(MoqtError(code, "request cancelled", ErrorKind.STREAM))
+        self._released.set()
 
     # ======================================================================================
     # responses to our requests
@@ -308,6 +352,7 @@ class MoqtSession(SessionDriver):
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_result(msg)
+        self._released.set()
 
     def _on_request_message(self, rid: int, msg: Message) -> None:
         if isinstance(msg, PublishDone):
@@ -315,13 +360,34 @@ class MoqtSession(SessionDriver):
             if isinstance(stream, Subscription):
                 stream.feed_publish_done(msg)
         elif isinstance(msg, Namespace):
-            self.namespace_updates.put_nowait(("namespace", msg.track_namespace_suffix))
+            self._namespace_update(rid, "namespace", msg.track_namespace_suffix)
         elif isinstance(msg, NamespaceDone):
-            self.namespace_updates.put_nowait(("namespace_done", msg.track_namespace_suffix))
+            self._namespace_update(rid, "namespace_done", msg.track_namespace_suffix)
+
+    def _namespace_update(self, rid: int, kind: str, suffix: tuple[bytes, ...]) -> None:
+        """A NAMESPACE / NAMESPACE_DONE of our SUBSCRIBE_NAMESPACE ``rid``. Beyond
+        ``max_namespace_updates`` unread the subscription is cancelled (draft-22 §"Resource
+        Exhaustion"; pubsub/limits.py) and ``("overflow", prefix)`` ends its updates."""
+        if self.namespace_updates.qsize() < self.receive_limits.max_namespace_updates:
+            self.namespace_updates.put_nowait((kind, suffix))
+            return
+        prefix = self._namespace_subscriptions.pop(rid, ())
+        logger.warning("SUBSCRIBE_NAMESPACE %d cancelled: %d namespace updates unread", rid,
+                       self.namespace_updates.qsize())
+        self.drop_request(rid)
+        self.namespace_updates.put_nowait(("overflow", prefix))
+
+    def stop_data_stream(self, stream_id: int, error_code: int) -> None:
+        """STOP_SENDING one of the peer's data streams (an ObjectStream's limit); its
+        DataStreamClosed follows."""
+        if self.moqt is not None:
+            self.moqt.stop_data_stream(stream_id, error_code)
+            self.pump()
 
     def stream_finished(self, request_id: int) -> None:
         """The object stream of our request ``request_id`` ended: forget its routing."""
         self._streams.pop(request_id, None)
+        self._released.set()
         if self.moqt is not None:
             self.moqt.release(request_id)
 
@@ -333,6 +399,8 @@ class MoqtSession(SessionDriver):
         self._waiters.clear()
         self._answer_hooks.clear()
         self._update_waiters.clear()
+        self._peer_namespace_requests.clear()
+        self._namespace_subscriptions.clear()
         for stream in list(self._streams.values()):
             stream.feed_end(err)
         for rid, track in self.serving.discard_all():
@@ -341,6 +409,7 @@ class MoqtSession(SessionDriver):
             self.ready.set_exception(err)
         if not self.closed.done():
             self.closed.set_result((code, reason))
+        self._released.set()
 
     # ======================================================================================
     # application API
@@ -380,6 +449,7 @@ class MoqtSession(SessionDriver):
             self._answer_hooks.pop(rid, None)
             if obj is not None:
                 self._streams.pop(rid, None)
+            self._released.set()
             raise
         if isinstance(msg, RequestError):
             raise MoqtError(msg.error_code, msg.error_reason, ErrorKind.REQUEST)
@@ -411,7 +481,14 @@ class MoqtSession(SessionDriver):
         NAMESPACE_DONE arrive on :attr:`namespace_updates`; end it with
         :meth:`cancel_request`."""
         ns = normalize_namespace(prefix)
-        rid, _, _ = await self._request(lambda m: m.subscribe_namespace(ns, parameters))
+
+        def established(rid: int, ok: Message) -> None:
+            # Before any NAMESPACE behind the REQUEST_OK is dispatched.
+            if isinstance(ok, RequestOk):
+                self._namespace_subscriptions[rid] = ns
+
+        rid, _, _ = await self._request(lambda m: m.subscribe_namespace(ns, parameters),
+                                        on_answer=established)
         return rid
 
     async def track_status(self, namespace: NamespaceLike, name: str | bytes, *,
@@ -499,6 +576,7 @@ class MoqtSession(SessionDriver):
         for ns, rid in list(self._published_namespaces.items()):
             if rid == request_id:
                 del self._published_namespaces[ns]
+        self._namespace_subscriptions.pop(request_id, None)
         stream = self._streams.get(request_id)
         self.drop_request(request_id)
         if stream is not None:
@@ -513,7 +591,7 @@ class MoqtSession(SessionDriver):
         ns = normalize_namespace(namespace)
 
         def make(rid: int) -> ObjectStream:
-            s = Subscription(self, rid)
+            s = Subscription(self, rid, self.receive_limits)
             s.on_object_begin = on_object_begin
             s.on_object_progress = on_object_progress
             return s
@@ -542,7 +620,7 @@ class MoqtSession(SessionDriver):
             params = replace(params, subscriber_priority=subscriber_priority)
 
         def make(rid: int) -> ObjectStream:
-            s = FetchStream(self, rid)
+            s = FetchStream(self, rid, self.receive_limits)
             s.on_object_begin = on_object_begin
             s.on_object_progress = on_object_progress
             return s
@@ -563,7 +641,7 @@ class MoqtSession(SessionDriver):
         streams (SUBSCRIBE with FILL_PARAMETERS): ValueError there."""
 
         def make(rid: int) -> ObjectStream:
-            s = FetchStream(self, rid)
+            s = FetchStream(self, rid, self.receive_limits)
             s.on_object_begin = on_object_begin
             return s
 
@@ -612,6 +690,18 @@ class MoqtSession(SessionDriver):
             raise SessionClosedError(0, "session closed")
         moqt.goaway(new_session_uri, timeout_ms)
         self.pump()
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Our requests not over yet: waiting for their answer, or receiving objects."""
+        return len(self._waiters) + len(self._streams)
+
+    async def wait_idle(self) -> None:
+        """Return once none of our requests is in flight (:attr:`requests_in_flight` is 0),
+        or the session closed; at once if so already."""
+        while self.requests_in_flight and not self.closed.done():
+            self._released.clear()
+            await self._released.wait()
 
     async def drain(self) -> None:
         """Wait until the peer acknowledged everything sent on this session's streams (call
@@ -666,6 +756,7 @@ class MoqtSession(SessionDriver):
             self.moqt.cancel(rid)
             self.pump()
         self._streams.pop(rid, None)
+        self._released.set()
 
     def spawn(self, coro: Awaitable[None]) -> None:
         """Run ``coro`` as a task of this session (failures logged)."""
