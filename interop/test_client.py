@@ -1,11 +1,14 @@
 """``moq-test-client``: our side of the moq-interop-runner test-client contract.
 
     python -m interop.test_client -r moqt://127.0.0.1:4443/moq -t setup-only [--draft 22]
-    RELAY_URL=... TESTCASE=... TLS_DISABLE_VERIFY=1 python -m interop.test_client
+    RELAY_URL=... TESTCASE=... TLS_DISABLE_VERIFY=1 MOQT_DRAFT=18 python -m interop.test_client
 
 TAP version 14 on stdout; exit 0 when every case passed, 1 when one failed, 127 for a test
 name we do not know (or a draft we cannot speak). ``-l`` lists the cases; no ``-t`` runs all
-fourteen. ``--draft`` pins the ALPN to ``moqt-NN`` (default: our list, newest first).
+fourteen. ``--draft`` pins the ALPN to ``moqt-NN`` (default: the environment's ``MOQT_DRAFT``,
+or ``DRAFT`` as moq-interop-runner injects it, as ``18``, ``draft-18`` or
+``draft-ietf-moq-transport-18``; neither: our list, newest first). A draft given but not one we
+speak, or not a draft number at all, is the contract's "unsupported": exit 127.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import asyncio
 import datetime
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +27,20 @@ from .tap import CaseResult, render
 
 DRAFTS = (22, 20, 18)
 EXIT_UNSUPPORTED = 127
+#: Environment variables naming the draft, first set one wins: moq-interop-runner's contract
+#: names MOQT_DRAFT; its runner injects DRAFT (aiomoqt's client reads both).
+DRAFT_ENV = ("MOQT_DRAFT", "DRAFT")
+_DRAFT_SPELLINGS = re.compile(r"(?:draft-ietf-moq-transport-|draft-)?0*(\d{1,4})", re.IGNORECASE)
+
+
+def parse_draft(text: str) -> int | None:
+    """``18``, ``draft-18`` or ``draft-ietf-moq-transport-18`` -> 18; anything else None."""
+    m = _DRAFT_SPELLINGS.fullmatch(text.strip())
+    return int(m.group(1)) if m else None
+
+
+def _env_draft() -> str | None:
+    return next((os.environ[k] for k in DRAFT_ENV if os.environ.get(k, "").strip()), None)
 
 
 def _truthy(value: str | None) -> bool:
@@ -39,8 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-disable-verify", action="store_true",
                    default=_truthy(os.environ.get("TLS_DISABLE_VERIFY")),
                    help="do not verify the relay's certificate (env TLS_DISABLE_VERIFY=1)")
-    p.add_argument("--draft", type=int, default=None,
-                   help=f"pin the ALPN to moqt-NN (one of {', '.join(map(str, DRAFTS))})")
+    p.add_argument("--draft", default=_env_draft(),
+                   help=f"pin the ALPN to moqt-NN (one of {', '.join(map(str, DRAFTS))}; "
+                        "env MOQT_DRAFT or DRAFT)")
     return p
 
 
@@ -70,7 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     header = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
               f"target: {args.relay}", "implementation: kvsp_moq interop test client"]
-    if args.draft is not None and args.draft not in DRAFTS:
+    if args.draft is not None:
+        header.append(f"draft: {args.draft}")
+    draft = None if args.draft is None else parse_draft(args.draft)
+    if args.draft is not None and draft not in DRAFTS:
         print(f"TAP version 14\n1..0 # SKIP draft {args.draft} not supported "
               f"(we speak {', '.join(map(str, DRAFTS))})")
         return EXIT_UNSUPPORTED
@@ -80,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.relay:
         print("moq-test-client: no relay URL (-r or RELAY_URL)", file=sys.stderr)
         return 2
-    target = Target(_relay_url(args.relay), args.draft, args.tls_disable_verify)
+    target = Target(_relay_url(args.relay), draft, args.tls_disable_verify)
     names = [args.test] if args.test else list(CASES)
     results = asyncio.run(_run_all(target, names))
     print(render(results, header=header), flush=True)

@@ -84,6 +84,25 @@ class HolderNode:
         await within(self.holder.close())
 
 
+_CA_FILES: list[str] = []
+
+
+def ca_file() -> str:
+    """A file holding the CA of ``CERT`` (``[tls] ca_file`` of instances that verify the
+    test relay and holders, as they do by default); removed at exit."""
+    if not _CA_FILES:
+        import atexit
+        import os
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="kvsp-test-ca-", suffix=".pem")
+        with os.fdopen(fd, "wb") as fp:
+            fp.write(CERT.ca_pem)
+        atexit.register(os.unlink, path)
+        _CA_FILES.append(path)
+    return _CA_FILES[0]
+
+
 async def start_relay() -> Relay:
     return await Relay(RelayConfig(server_transport=server_config(),
                                    upstream_transport=client_config())).start()

@@ -27,6 +27,7 @@ from kvsp_moq.control.common.clock import MonotonicClock  # noqa: E402
 from kvsp_moq.control.common.config import (  # noqa: E402
     ControlConfig, HolderConfig, IndexConfig, InstanceConfig, TierConfig)
 from kvsp_moq.control.common.engine_config import EngineConfig  # noqa: E402
+from kvsp_moq.control.common.tls import TlsConfig  # noqa: E402
 from kvsp_moq.control.engine.engine import InferenceEngine  # noqa: E402
 from kvsp_moq.control.engine.records import GenerateRequest  # noqa: E402
 from kvsp_moq.control.holder.serve import serve_holder  # noqa: E402
@@ -37,7 +38,7 @@ from kvsp_moq.kvsp import scope  # noqa: E402
 from kvsp_moq.kvsp.blockkeys import BlockKeyChain  # noqa: E402
 from kvsp_moq.kvsp.records import LookupRequest  # noqa: E402
 from kvsp_moq.model import ByteTokenizer, ReferenceModel, Sampler, build_descriptor, ensure_model_files, generate  # noqa: E402
-from bridge_support import start_relay  # noqa: E402
+from bridge_support import ca_file, start_relay  # noqa: E402
 
 GUARD = 60.0
 B = 16  # small blocks: several per prompt, a fast suite
@@ -72,7 +73,8 @@ class Cluster:
                               scope_keys={SCOPE_ID: SCOPE_KEY}, moqt_timeout_s=10)
         ic = InstanceConfig(index_url=self.index.url, token=TOKEN, tiers=(TierConfig("host", 64 * MiB),), engine=engine)
         return await self.stack.enter_async_context(
-            await serve_instance(ControlConfig(auth=self.auth, instance=ic), report=False))
+            await serve_instance(ControlConfig(auth=self.auth, instance=ic, tls=TlsConfig(ca_file=ca_file())),
+                                 report=False))
 
 
 def engine_of(server: RunningServer) -> InferenceEngine:

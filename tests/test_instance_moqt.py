@@ -5,7 +5,10 @@ the directive through ``control.moqt_retrieval``. No doubles, no sleeps."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
+import os
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,12 +23,19 @@ from kvsp_moq.control.client import retrieval
 from kvsp_moq.kvsp.container import decode_container
 from kvsp_moq.kvsp.records import ReplicaRecord
 from kvsp_moq.storage import BlockStore, HostTier, RecordKey
+from kvsp_moq.control.common.tls import TlsConfig
 from kvsp_moq.transport import TransportConfig
 from kvsp_moq.transport.tls import make_self_signed
 from test_instance import directive, post, wait_done
 from test_instance_support import COMPAT, SCOPE_A, World, bkey, container, instance_service, world
 
 CERT = make_self_signed()
+# The instances trust the MOQT holders' CA ([tls] ca_file): the default verifies (docs/security.md).
+_CA = tempfile.NamedTemporaryFile(prefix="kvsp-test-ca-", suffix=".pem", delete=False)
+_CA.write(CERT.ca_pem)
+_CA.close()
+atexit.register(os.unlink, _CA.name)
+TRUST = TlsConfig(ca_file=_CA.name)
 GUARD = 60.0
 
 
@@ -74,7 +84,7 @@ async def test_prefetch_from_a_moqt_holder_is_byte_identical_and_published() -> 
         record = holder.replica_record(key(0))
         assert record.holder.startswith("moqt://") and record.moqt_namespace is not None
         await w.publish(record)
-        ii = await w.start_instance(links=())
+        ii = await w.start_instance(links=(), tls=TRUST)
         done = await run_directive(w, ii, directive([(0, [record.holder])]))
         assert done == {"directive": done["directive"], "state": "complete", "loaded": [bkey(0).hex()]}
         store = instance_service(ii).store
@@ -88,7 +98,7 @@ async def test_prefetch_from_a_moqt_holder_is_byte_identical_and_published() -> 
 async def test_the_adapter_returns_what_a_verified_http_retrieval_returns() -> None:
     async with moqt_holder(1) as holder:
         record = holder.replica_record(key(1))
-        retrieved = await asyncio.wait_for(retrieve_block([record]), GUARD)
+        retrieved = await asyncio.wait_for(retrieve_block([record], config=TRUST.transport()), GUARD)
     expected = decode_container(container(1))
     assert retrieved.record == record and retrieved.attempts == ()
     assert retrieved.header == expected.header
@@ -111,7 +121,7 @@ async def test_a_tampered_moqt_source_falls_back_to_the_next_moqt_source() -> No
         tier_buffer[5] ^= 0x01  # a bit flips in the holder's RAM
         await w.publish(bad_record)
         await w.publish(record)
-        ii = await w.start_instance(links=())
+        ii = await w.start_instance(links=(), tls=TRUST)
         only_bad = await run_directive(w, ii, directive([(2, [bad_record.holder])]))
         assert only_bad["state"] == "failed" and "rejected" in only_bad["error"] and "digest" in only_bad["error"]
         assert instance_service(ii).store.get(key(2)) is None  # nothing of the bad source was kept
@@ -125,7 +135,7 @@ async def test_an_absent_moqt_source_falls_back_to_an_http_source() -> None:
         await w.put_block(0, 3)  # the HTTP holder has it (and publishes its record)
         gone = at(origin.replica_record(key(3)), empty.url)  # a record of a holder that lost it
         await w.publish(gone)
-        ii = await w.start_instance()
+        ii = await w.start_instance(tls=TRUST)
         only_gone = await run_directive(w, ii, directive([(3, [empty.url])]))
         assert only_gone["state"] == "failed" and "miss" in only_gone["error"]
         done = await run_directive(w, ii, directive([(3, [empty.url, w.holders[0].url])]))

@@ -29,6 +29,7 @@ from kvsp_moq.control.common.config import (
     TierConfig,
 )
 from kvsp_moq.control.common.media import KVSP_JSON
+from kvsp_moq.control.common.tls import TlsConfig
 from kvsp_moq.control.holder.serve import serve_holder
 from kvsp_moq.control.http.server import RunningServer, serve_app
 from kvsp_moq.control.index.serve import INDEX_SERVICE, serve_index
@@ -215,9 +216,10 @@ class World:
     async def start_instance(self, *, report: bool = False, **overrides: Any) -> RunningServer:
         epoch = overrides.pop("epoch", 1)
         links = overrides.pop("links", tuple(LinkConfig(h.url, 8000.0, 10.0) for h in self.holders))
+        tls = overrides.pop("tls", TlsConfig())  # [tls]: e.g. the CA of a test's MOQT holder
         ic = InstanceConfig(index_url=self.index.url, pc_url=self.pc.url, token=TOKENS["inst"], links=links,
                             tiers=(TierConfig("host", 1 << 20),), **overrides)
-        config = ControlConfig(auth=AUTH, instance=ic)
+        config = ControlConfig(auth=AUTH, instance=ic, tls=tls)
         server = await self.stack.enter_async_context(await serve_instance(config, clock=self.clock, epoch=epoch, report=report))
         self.instances.append(server)
         return server

@@ -25,7 +25,7 @@ LIMIT = 60.0
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RELAY_URL", "TESTCASE",
-                                                           "TLS_DISABLE_VERIFY")}
+                                                           "TLS_DISABLE_VERIFY", "MOQT_DRAFT", "DRAFT")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
@@ -84,6 +84,29 @@ def test_wrapper_script_pins_draft(relay_url: str, draft: int) -> None:
                           capture_output=True, text=True, timeout=LIMIT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok 1 - data-subgroup-basic" in proc.stdout
+
+
+@pytest.mark.parametrize(("var", "value", "version"), [
+    ("MOQT_DRAFT", "18", 18), ("MOQT_DRAFT", "draft-20", 20),
+    ("DRAFT", "draft-ietf-moq-transport-18", 18), ("MOQT_DRAFT", "22", 22),
+])
+def test_moqt_draft_environment_pins_the_version(relay_url: str, var: str, value: str, version: int) -> None:
+    """The contract's MOQT_DRAFT (and the runner's DRAFT) pins the version like --draft: the
+    session's negotiated version is the one named (the relay itself would pick 22)."""
+    proc = client(RELAY_URL=relay_url, TESTCASE="setup-only", TLS_DISABLE_VERIFY="1", **{var: value})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(rf'^  message: "SETUP done, version {version}"$', proc.stdout, re.M), proc.stdout
+    assert f"# draft: {value}" in proc.stdout
+
+
+def test_moqt_draft_we_do_not_speak_is_unsupported(relay_url: str) -> None:
+    for value in ("14", "draft-99", "latest"):
+        proc = client(RELAY_URL=relay_url, TESTCASE="setup-only", TLS_DISABLE_VERIFY="1", MOQT_DRAFT=value)
+        assert proc.returncode == 127 and "# SKIP draft" in proc.stdout, (value, proc.stdout)
+    # --draft on the command line wins over the environment.
+    proc = client("--draft", "20", RELAY_URL=relay_url, TESTCASE="setup-only", TLS_DISABLE_VERIFY="1",
+                  MOQT_DRAFT="18")
+    assert proc.returncode == 0 and "SETUP done, version 20" in proc.stdout, proc.stdout
 
 
 def test_failure_is_not_ok_and_exit_1(relay_url: str) -> None:

@@ -76,7 +76,7 @@ class ProcessWorkers:
         if parallel < 1:
             raise ParallelLoadError(f"parallel must be >= 1, got {parallel}")
         self.parallel = parallel
-        self.config = config or TransportConfig(insecure=True)
+        self.config = config or TransportConfig()  # verifies the server (docs/security.md)
         self.connect_timeout = connect_timeout
         self.setup_tokens = tuple(setup_tokens)
         self.start_timeout = start_timeout

@@ -154,7 +154,7 @@ class MoqtHolder:
         ``setup_tokens`` are sent as AUTHORIZATION_TOKEN Setup Options: the token of a
         principal allowed to publish the scopes (binding §9). The relay's requests on this
         session are not checked against :attr:`authorizer`: the relay enforces binding §9."""
-        session = await connect(url, config or TransportConfig(insecure=True),
+        session = await connect(url, config or TransportConfig(),
                                 catalog=self.catalog, session_config=session_config,
                                 setup_tokens=setup_tokens)
         self._relays[url] = session

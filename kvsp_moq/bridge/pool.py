@@ -27,7 +27,7 @@ class MoqtPool:
                  connect_timeout: float = 5.0,
                  session_config: Callable[[], SessionConfig] | None = None,
                  setup_tokens: Sequence[Token | bytes | str] = ()) -> None:
-        self.config = config or TransportConfig(insecure=True)
+        self.config = config or TransportConfig()  # verifies the server (docs/security.md)
         #: A fresh SessionConfig per connection (PATH / AUTHORITY, implementation...).
         self.session_config = session_config
         self.setup_tokens = tuple(setup_tokens)

@@ -13,6 +13,7 @@ from ..moqt.session import Role, SessionConfig
 from ..transport import Server, TransportConfig, parse_moqt_url
 from ..transport import connect as transport_connect
 from ..transport import serve as transport_serve
+from ..transport.tls import check_credentials
 from .limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from .publish import Catalog
 from .session import GUARD, MoqtSession, RequestGate, TokenLike
@@ -29,8 +30,12 @@ async def connect(url: str, config: TransportConfig | None = None, *,
     """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
     The MOQT version is the ALPN negotiated from ``config.alpn_protocols``.
     ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options (a ``Token``, or bytes / str sent
-    as USE_VALUE with Token Type 0)."""
+    as USE_VALUE with Token Type 0). Tokens over an unverified connection (``insecure``) to
+    a host other than loopback raise ``InsecureCredentialsError`` before anything is sent
+    (``transport.tls.check_credentials``; docs/security.md)."""
     parsed = parse_moqt_url(url)
+    if setup_tokens and config is not None:
+        check_credentials(url, config)
     cfg = session_config or SessionConfig()
     if cfg.path is None:
         cfg.path = parsed.path_and_query

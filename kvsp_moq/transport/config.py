@@ -97,8 +97,14 @@ class TransportConfig:
     #: Neither: the system/certifi roots.
     ca_file: PathLike | None = None
     ca_data: bytes | None = None
-    #: Skip certificate verification (tests and dev only).
+    #: Skip certificate verification (tests, loopback benchmarks and dev only). A client that
+    #: sends credentials (MOQT AUTHORIZATION_TOKEN) over such a connection is refused for a
+    #: host other than loopback unless ``allow_insecure_remote`` (``transport.tls.
+    #: check_credentials``; docs/security.md).
     insecure: bool = False
+    #: With ``insecure``: let credentials go to a host other than loopback anyway (an
+    #: explicit, logged opt-in: an on-path attacker can harvest them).
+    allow_insecure_remote: bool = False
     #: Name to verify the server certificate against and to send in SNI; default: the URL host.
     server_name: str | None = None
     #: Append TLS secrets in NSS key log format here (Wireshark); None: off.

@@ -1,4 +1,5 @@
-"""Development TLS material for tests and ``kvsp demo``.
+"""TLS helpers: development certificates for tests and ``kvsp demo``, and the guard that
+keeps credentials off unverified connections (docs/security.md).
 
 :func:`make_self_signed` returns an EC P-256 key and a certificate chain for ``localhost``,
 ``127.0.0.1`` and ``::1`` (or the names you give) — the server certificate followed by the
@@ -6,12 +7,18 @@ throwaway CA that signed it — in memory; :meth:`SelfSignedCert.write` puts the
 client trusts such a server by putting the same PEM in its ``TransportConfig.ca_data`` /
 ``ca_file`` (the CA in it is the trust anchor), or skips verification with ``insecure=True``.
 Never use this in production.
+
+:func:`check_credentials` is what a client that sends tokens calls before it connects: with
+``insecure`` set it refuses a host other than loopback (:class:`InsecureCredentialsError`)
+unless ``allow_insecure_remote`` says otherwise, and :func:`warn_unverified` logs, once per
+purpose and process, that verification is off.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import ipaddress
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +29,62 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["SelfSignedCert", "make_self_signed"]
+from .config import TransportConfig
+from .url import parse_moqt_url
+
+__all__ = [
+    "InsecureCredentialsError",
+    "SelfSignedCert",
+    "check_credentials",
+    "is_loopback_host",
+    "make_self_signed",
+    "warn_unverified",
+]
+
+log = logging.getLogger(__name__)
+
+#: Purposes already warned about in this process (:func:`warn_unverified`).
+_WARNED: set[str] = set()
+
+
+class InsecureCredentialsError(ConnectionError):
+    """Credentials would cross a connection whose server certificate is not verified, to a
+    host other than loopback (an on-path attacker could harvest them). A ``ConnectionError``,
+    so a load path treats it as an unusable source and tries the next one."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` (and names under it, RFC 6761 §6.3), 127.0.0.0/8 or ``::1``."""
+    name = host.strip("[]").lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_unverified(purpose: str) -> None:
+    """Log once per ``purpose`` and process that TLS verification is off for it."""
+    if purpose in _WARNED:
+        return
+    _WARNED.add(purpose)
+    log.warning("TLS verification disabled for %s: tokens may be harvested", purpose)
+
+
+def check_credentials(url: str, config: TransportConfig, *, purpose: str = "MOQT") -> None:
+    """Before sending credentials to ``url`` (``moqt://``) over ``config``: nothing when the
+    server's certificate is verified; with ``config.insecure``, a warning (once per purpose),
+    and :class:`InsecureCredentialsError` for a host other than loopback unless
+    ``config.allow_insecure_remote``."""
+    if not config.insecure:
+        return
+    host = parse_moqt_url(url).host
+    if not is_loopback_host(host) and not config.allow_insecure_remote:
+        raise InsecureCredentialsError(
+            f"refusing to send credentials to {host} without TLS verification (insecure is set;"
+            " set a CA file instead, or allow_insecure_remote to accept the risk)")
+    warn_unverified(f"{purpose} ({'loopback' if is_loopback_host(host) else 'remote hosts'})")
 
 
 @dataclass(frozen=True)
@@ -58,6 +120,11 @@ class SelfSignedCert:
     def ca_certificate(self) -> x509.Certificate:
         """The development CA that signed it (the last of the chain)."""
         return x509.load_pem_x509_certificates(self.cert_pem)[-1]
+
+    @property
+    def ca_pem(self) -> bytes:
+        """The CA certificate alone, PEM: a client's trust anchor (``ca_file`` / ``ca_data``)."""
+        return self.ca_certificate.public_bytes(serialization.Encoding.PEM)
 
 
 def make_self_signed(

@@ -6,7 +6,9 @@ generated for this run (no configuration file of the user's):
 * an Index Service (``serve_index``), knowing the reference model's Compatibility Descriptor;
 * a holder (``serve_holder``: blocks over HTTP, leases, publication of its records to the IS);
 * a MOQT relay: ``python -m relay`` as a child process (its metrics endpoint on for the
-  report's cross-checks);
+  report's cross-checks), serving a certificate of a CA made for this run
+  (``transport.tls.make_self_signed``): the instances verify it against that CA's file
+  (``[tls] ca_file``), so the instances' tokens only ever cross verified TLS;
 * a Placement Controller (``serve_pc``) fed by the IS: it places sessions (§6.4), sends prefetch
   directives (§6.5) and keeps checkpoints (§6.8);
 * a front end (``serve_frontend``): clients start sessions there (it asks the PC to place them)
@@ -17,6 +19,9 @@ generated for this run (no configuration file of the user's):
   blocks from their store, through the relay over MOQT, or from the holder over HTTP,
   recompute the rest, and publish what they computed to the holder (HTTP) and through the relay
   (MOQT). Their configuration files are written to a temporary directory removed at the end.
+
+The HTTP roles serve plain HTTP on 127.0.0.1: loopback is the one place a bearer token may
+cross plain HTTP without ``[tls] allow_plain_http`` (docs/security.md).
 
 The PC and the front end run in this process, so the demo can read their figures directly
 (the directives the PC sent, the front end's delivery tally).
@@ -65,6 +70,7 @@ from ...control.http.server import RunningServer
 from ...control.holder.serve import serve_holder
 from ...control.index.serve import serve_index
 from ...control.pc.service import PlacementController
+from ...transport.tls import make_self_signed
 
 __all__ = ["Cluster", "HttpReply", "InstanceProcess", "http_request", "start_cluster"]
 
@@ -189,9 +195,28 @@ async def _read_until(proc: asyncio.subprocess.Process, what: str, patterns: Map
     return found
 
 
-async def _start_relay(stack: AsyncExitStack) -> RelayProcess:
+@dataclass(frozen=True)
+class DemoTls:
+    """The run's TLS material: the relay's chain and key, and the CA that signed it."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
+def make_demo_tls(workdir: Path) -> DemoTls:
+    """A CA and a relay certificate it signed (127.0.0.1, ::1, localhost), for this run only."""
+    made = make_self_signed(common_name="kvsp demo", days=1)
+    cert_file, key_file = made.write(workdir / "relay.crt", workdir / "relay.key")
+    ca_file = workdir / "demo-ca.pem"
+    ca_file.write_bytes(made.ca_pem)
+    return DemoTls(cert_file, key_file, ca_file)
+
+
+async def _start_relay(stack: AsyncExitStack, tls: DemoTls) -> RelayProcess:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "relay", "--listen", "127.0.0.1:0", "--metrics", "0", "--cache-mib", "64",
+        "--cert", str(tls.cert_file), "--key", str(tls.key_file),
         "--drain-timeout", "2", "--max-datagram-size", "1452", "--log-level", "ERROR",
         cwd=str(ROOT), env=_child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
     )
@@ -221,13 +246,16 @@ def _toml(value: Any) -> str:
 
 
 def instance_toml(*, tokens: Mapping[str, str], token: str, index_url: str, pc_url: str, relay_url: str,
-                  holder_url: str, model_dir: str, block_tokens: int, scope_key_file: str) -> str:
+                  holder_url: str, model_dir: str, block_tokens: int, scope_key_file: str, ca_file: str) -> str:
     """The configuration of one demo instance (docs/http-api.md "Configuration", [instance.engine])."""
     lines: list[str] = []
     for role, tok in tokens.items():
         lines += ["[[principals]]", f"name = {_toml(role)}", f"token = {_toml(tok)}",
                   'scopes = ["*"]', 'holders = ["*"]', 'instances = ["*"]', ""]
     lines += [
+        "[tls]",
+        f"ca_file = {_toml(ca_file)}",  # the relay's certificate is verified against the demo CA
+        "",
         "[instance]",
         f"index_url = {_toml(index_url)}",
         f"pc_url = {_toml(pc_url)}",
@@ -305,7 +333,8 @@ async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
         ControlConfig(auth=auth, index=IndexConfig(descriptors=(descriptor,))), clock=clock))
     progress(f"index service  {index.url}")
 
-    relay = await _start_relay(stack)
+    tls = make_demo_tls(workdir)
+    relay = await _start_relay(stack, tls)
     progress(f"relay          {relay.url} (pid {relay.process.pid}, metrics {relay.metrics_url}; "
              "no authorization config: open, loopback only)")
 
@@ -330,7 +359,7 @@ async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
         path.write_text(instance_toml(
             tokens=tokens, token=tokens[f"instance-{n}"], index_url=index.url, pc_url=pc.url, relay_url=relay.url,
             holder_url=holder.url, model_dir=model_dir, block_tokens=int(descriptor["block_tokens"]),
-            scope_key_file=str(key_file)))
+            scope_key_file=str(key_file), ca_file=str(tls.ca_file)))
         procs.append((n, path, await _spawn_instance(stack, f"instance {n}", path)))
     progress("instances      starting 2 x `kvsp instance` (loading the reference model, torch threads = 1)")
     instances = []

@@ -10,6 +10,12 @@ importing any route code:
 - :class:`HttpPcClient` — an instance's and a front end's calls to the PC (§6.3, §6.8);
 - :class:`HttpFrontEndClient` — output delivery and a client's session stream (§6.8);
 - :class:`HttpShardFetcher` — token ranges from a peer instance (§6.9).
+
+TLS (docs/security.md): the sessions they make verify servers per ``tls`` (``[tls]``,
+``common/tls.py``: ``ca_file`` or the system store), and a request carrying a bearer token to a
+``http://`` URL other than loopback is refused before it is sent (:class:`PlainHttpRefused`, an
+``aiohttp.ClientError``) unless ``[tls] allow_plain_http``; the clients with a base URL refuse it
+at construction (``ConfigError``). A ``session`` passed in is used as it is.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from ...kvsp.records import (
 )
 from ...storage import RecordKey
 from ..common.errors import (
+    ConfigError,
     FrontEndUnreachable,
     InstanceUnreachable,
     LeaseRefused,
@@ -77,6 +84,7 @@ from ..common.session_records import (
     StreamFailed,
 )
 from ..common.shard_store import ShardSlice, TokenRange
+from ..common.tls import TlsConfig
 from .publisher import IndexRefused, IndexUnreachable
 from .retrieval import parse_repr_digest
 
@@ -92,7 +100,38 @@ __all__ = [
     "HttpPcClient",
     "HttpShardFetcher",
     "PcRefused",
+    "PlainHttpRefused",
 ]
+
+
+class PlainHttpRefused(aiohttp.ClientError):
+    """A bearer token would have crossed plain HTTP to a host other than loopback (refused
+    before sending; ``[tls] allow_plain_http`` allows it)."""
+
+
+def _token_guard(tls: TlsConfig) -> aiohttp.ClientMiddlewareType:
+    """A client middleware: every request with an Authorization header goes to a URL
+    :meth:`TlsConfig.token_url_allowed` accepts, or :class:`PlainHttpRefused` is raised."""
+
+    async def guard(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        if "Authorization" in request.headers and not tls.token_url_allowed(str(request.url)):
+            raise PlainHttpRefused(f"refusing to send a bearer token over plain HTTP to {request.url.host}"
+                                   " (use https://, or [tls] allow_plain_http)")
+        return await handler(request)
+
+    return guard
+
+
+def _new_session(tls: TlsConfig) -> aiohttp.ClientSession:
+    """A client session verifying servers per ``tls`` and guarding tokens (module notes)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_ssl),
+                                 middlewares=(_token_guard(tls),))
+
+
+def _check_base_url(tls: TlsConfig, what: str, url: str, token: str | None) -> None:
+    if token and not tls.token_url_allowed(url):
+        raise ConfigError(what, f"{url}: a bearer token would cross plain HTTP to a host other than"
+                                " loopback; use https:// (or [tls] allow_plain_http = true)")
 
 
 async def _problem_of(response: aiohttp.ClientResponse) -> tuple[str | None, str]:
@@ -117,8 +156,11 @@ class HttpIndexClient:
         *,
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = 10.0,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.base_url = base_url if base_url.endswith("/") else base_url + "/"
+        self._tls = tls or TlsConfig()
+        _check_base_url(self._tls, "index_url", self.base_url, token)
         self._token = token
         self._session = session
         self._owned = session is None
@@ -129,7 +171,7 @@ class HttpIndexClient:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = _new_session(self._tls)
         return self._session
 
     def _url(self, key_path: str) -> str:
@@ -272,7 +314,9 @@ class HttpBlockFetcher:
         timeout_s: float = 60.0,
         read_timeout_s: float | None = 5.0,
         chunk_octets: int = 256 * 1024,
+        tls: TlsConfig | None = None,
     ) -> None:
+        self._tls = tls or TlsConfig()
         self._token = token
         self._session = session
         self._owned = session is None
@@ -282,7 +326,7 @@ class HttpBlockFetcher:
     @contextlib.asynccontextmanager
     async def get(self, url: str) -> AsyncIterator[HttpBlockResponse]:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = _new_session(self._tls)
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         # No automatic decompression: Repr-Digest covers the representation as sent.
         async with self._session.get(url, headers=headers, timeout=self._timeout, auto_decompress=False) as resp:
@@ -322,7 +366,9 @@ async def _call(
 class HttpClient:
     """A lazily created aiohttp session and a bearer token."""
 
-    def __init__(self, token: str | None, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, token: str | None, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0,
+                 tls: TlsConfig | None = None) -> None:
+        self._tls = tls or TlsConfig()
         self._token = token
         self._session = session
         self._owned = session is None
@@ -330,7 +376,7 @@ class HttpClient:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = _new_session(self._tls)
         return self._session
 
     async def _call(self, method: str, url: str, body: Record | None = None) -> tuple[int, bytes, str | None, str]:
@@ -478,6 +524,8 @@ class HttpPcClient(HttpClient):
         if not urls:
             raise ValueError("at least one PC URL is required")
         self.pc_urls = tuple(_base(u) for u in urls)
+        for url in self.pc_urls:
+            _check_base_url(self._tls, "pc_url", url, token)
         self.failover_s = failover_ms / 1000
         self._current = 0
 

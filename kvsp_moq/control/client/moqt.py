@@ -76,8 +76,9 @@ class _Reject(Exception):
 class MoqtBlockRetriever:
     """``await retriever(replicas) -> Retrieved``: the prefetch hook (:data:`.prefetch.MoqtRetriever`)
     over one :class:`~kvsp_moq.bridge.MoqtPool`, so sessions to a holder or relay are reused
-    across blocks. ``config`` is the QUIC/TLS client configuration (the bridge's default,
-    ``insecure=True``, when None: integrity rests on the record's digests, §6.7, not on TLS);
+    across blocks. ``config`` is the QUIC/TLS client configuration (the bridge's default when
+    None: the server certificate verified against the system trust store; integrity rests on
+    the record's digests, §6.7, confidentiality on TLS);
     ``session_config`` a factory of SessionConfigs per connection; ``pool`` instead of both:
     a pool of the caller's (e.g. one carrying the instance's AUTHORIZATION_TOKEN, binding §9),
     which :meth:`close` leaves open. ``timeout``: seconds per request (TRACK_STATUS, each FETCH)."""

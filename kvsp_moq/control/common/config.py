@@ -49,6 +49,7 @@ from ...kvsp.errors import DescriptorError
 from .auth import Authorizer
 from .engine_config import EngineConfig, engine_config_from_mapping
 from .errors import ConfigError
+from .tls import TlsConfig, tls_config_from_mapping
 from .store import DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT_MS, StoreSpec, parse_store
 
 MiB = 1 << 20
@@ -444,6 +445,25 @@ class ControlConfig:
     pc: PcConfig = PcConfig()
     instance: InstanceConfig = InstanceConfig()
     frontend: FrontEndConfig = FrontEndConfig()
+    #: ``[tls]`` (``common/tls.py``): trust anchors and opt-outs of every client, HTTPS serving.
+    tls: TlsConfig = TlsConfig()
+
+    def __post_init__(self) -> None:
+        # docs/security.md: no bearer token to a non-loopback http:// URL, nor over unverified MOQT.
+        ic, fc = self.instance, self.frontend
+        for key, url, token in (
+            ("holder.index_url", self.holder.index_url, self.holder.index_token),
+            ("pc.index_url", self.pc.index_url, self.pc.index_token),
+            ("instance.index_url", ic.index_url, ic.token),
+            *((("instance.pc_url" if u == ic.pc_url else "instance.pc_urls"), u, ic.token)
+              for u in pc_targets(ic.pc_url, ic.pc_urls)),
+            ("instance.engine.holder_url", ic.engine.holder_url if ic.engine else None, ic.token),
+            *((("frontend.pc_url" if u == fc.pc_url else "frontend.pc_urls"), u, fc.pc_token)
+              for u in pc_targets(fc.pc_url, fc.pc_urls)),
+        ):
+            self.tls.check_token_url(key, url, token)
+        if ic.engine is not None:
+            self.tls.check_moqt_token("instance.engine.relay_url", ic.engine.relay_url, ic.token, ic.engine.insecure)
 
 
 def load_config(path: str | Path) -> ControlConfig:
@@ -461,7 +481,7 @@ def load_config(path: str | Path) -> ControlConfig:
 
 def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None) -> ControlConfig:
     """The same from a decoded mapping; descriptor paths are relative to ``base_dir``."""
-    unknown = set(doc) - {"index", "holder", "pc", "instance", "frontend", "principals"}
+    unknown = set(doc) - {"index", "holder", "pc", "instance", "frontend", "principals", "tls"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section")
     doc = {name: _resolve_store_password(section, base_dir) if name in STORE_SECTIONS else section
@@ -472,7 +492,8 @@ def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None)
     pc = _pc_config(doc.get("pc", {}))
     instance = _instance_config(doc.get("instance", {}), base_dir or Path.cwd())
     frontend = FrontEndConfig(**_known(doc.get("frontend", {}), "frontend", FrontEndConfig))
-    return ControlConfig(auth=auth, index=index, holder=holder, pc=pc, instance=instance, frontend=frontend)
+    tls = tls_config_from_mapping(doc.get("tls", {}), base_dir or Path.cwd())
+    return ControlConfig(auth=auth, index=index, holder=holder, pc=pc, instance=instance, frontend=frontend, tls=tls)
 
 
 STORE_SECTIONS = ("index", "holder", "pc", "frontend")

@@ -12,6 +12,7 @@ block_tokens = 64                                  # B of the Compatibility Desc
 device = "cpu"                                     # or "cuda", "cuda:1"
 torch_threads = 1                                  # 0: leave torch's default
 relay_url = "moqt://relay.rack7.example:4443/moq"  # publish computed blocks here over MOQT
+ca_file = "relay-ca.pem"                           # its trust anchors (default: [tls] ca_file)
 holder_url = "https://h1.example/kvsp/"            # and PUT them here over HTTP
 scope_key_files = ["shared-prompts.key"]           # hex of >= 32 octets each (§4.2)
 ```
@@ -54,9 +55,14 @@ class EngineConfig:
     #: Longest output of one request, and seconds per MOQT request (TRACK_STATUS, FETCH).
     max_tokens: int = 4096
     moqt_timeout_s: float = 10.0
-    #: Verify the relay's TLS certificate (off on loopback and in the demo: integrity rests on
-    #: the layer digests of the records, §6.7).
-    verify_tls: bool = False
+    #: TLS of the MOQT connections (the relay, ``moqt://`` holders), which carry the instance's
+    #: token (binding §9): the server certificate is verified against ``ca_file`` (None: the
+    #: ``[tls] ca_file``, else the system trust store) unless ``insecure`` (None: ``[tls]
+    #: insecure``; an explicit opt-in, logged; refused for a relay other than loopback unless
+    #: ``[tls] allow_insecure_remote``). Integrity rests on the layer digests either way (§6.7);
+    #: TLS keeps the token and the blocks confidential (docs/security.md).
+    ca_file: str | None = None
+    insecure: bool | None = None
     #: TTL of the Replica Records the engine publishes for the MOQT replicas it serves (§6.1).
     record_ttl_ms: int = 60_000
 
@@ -73,6 +79,10 @@ class EngineConfig:
             not isinstance(self.holder_url, str) or "://" not in self.holder_url or not self.holder_url.endswith("/")
         ):
             raise ConfigError("instance.engine.holder_url", "must be an absolute URL ending in '/'")
+        if self.ca_file is not None and not isinstance(self.ca_file, str):
+            raise ConfigError("instance.engine.ca_file", "must be a file name")
+        if self.insecure is not None and not isinstance(self.insecure, bool):
+            raise ConfigError("instance.engine.insecure", "must be true or false")
         if isinstance(self.moqt_timeout_s, bool) or not isinstance(self.moqt_timeout_s, (int, float)) or self.moqt_timeout_s <= 0:
             raise ConfigError("instance.engine.moqt_timeout_s", "must be a number > 0")
 
@@ -111,6 +121,9 @@ def engine_config_from_mapping(section: object, base_dir: Path) -> EngineConfig:
     for i, name in enumerate(files):
         secret = read_scope_key(base_dir / name, f"instance.engine.scope_key_files[{i}]")
         keys[derive_scope_id(secret)] = secret
-    if isinstance(values.get("model_dir"), str):
-        values["model_dir"] = str(base_dir / values["model_dir"])
+    for name in ("model_dir", "ca_file"):
+        if isinstance(values.get(name), str):
+            values[name] = str(base_dir / values[name])
+    if values.get("ca_file") is not None and not Path(values["ca_file"]).is_file():
+        raise ConfigError("instance.engine.ca_file", f"{values['ca_file']}: no such file")
     return EngineConfig(**values, scope_keys=keys)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...kvsp.container import FIXED_HEADER_SIZE, LENGTH_ENTRY_SIZE
 from ...kvsp.records import ReplicaRecord
+from ...transport import TransportConfig
 from ..client.retrieval import BlockFetcher, MoqtRetriever, Retrieved, retrieve_via_moqt
 
 __all__ = ["CountingFetcher", "CountingRetriever", "EngineCounters", "Transfer", "kv_octets"]
@@ -136,16 +137,20 @@ class CountingRetriever:
     :class:`~.client.moqt.MoqtBlockRetriever` of its own, whose session pool keeps one QUIC
     connection per relay or holder across blocks and directives (closed by :meth:`close`)."""
 
-    def __init__(self, counters: EngineCounters, inner: MoqtRetriever | None = None) -> None:
+    def __init__(self, counters: EngineCounters, inner: MoqtRetriever | None = None, *,
+                 transport: TransportConfig | None = None) -> None:
         self.counters = counters
         self.inner = inner
+        #: The QUIC/TLS client configuration of its own retriever (None: the bridge's default,
+        #: which verifies against the system store; docs/security.md).
+        self.transport = transport
         self._own: Any = None
 
     async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
         if self.inner is None and self._own is None:
             from ..client.moqt import MoqtBlockRetriever
 
-            self._own = MoqtBlockRetriever()
+            self._own = MoqtBlockRetriever(self.transport)
         retrieved = await retrieve_via_moqt(replicas, self.inner if self.inner is not None else self._own)
         self.counters.prefetch_moqt.add(kv_octets(retrieved))
         return retrieved

@@ -19,12 +19,20 @@ from ..client.publisher import IndexClient, ReplicaPublisher
 from ..client.retrieval import BlockFetcher
 from ..common.engine_config import EngineConfig
 from ..common.lifecycle import Lifecycle
+from ..common.tls import TlsConfig
 from .counters import EngineCounters
 from .engine import Closeable, DirectiveFinder, InferenceEngine, load_model
 from .loader import Lookup
 from .publish import BlockStorer, ComputedBlockPublisher
 
-__all__ = ["start_engine"]
+__all__ = ["engine_transport", "start_engine"]
+
+
+def engine_transport(config: EngineConfig, tls: TlsConfig) -> TransportConfig:
+    """The MOQT client configuration of the engine (and of the instance's prefetch loads):
+    ``[instance.engine] ca_file`` / ``insecure``, else ``[tls]``'s; verified by default."""
+    return tls.transport(ca_file=config.ca_file, insecure=config.insecure,
+                         purpose="the MOQT relay and holders of [instance.engine]")
 
 
 async def start_engine(
@@ -42,13 +50,15 @@ async def start_engine(
     token: str | None,
     counters: EngineCounters | None = None,
     owned: Sequence[Closeable] = (),
+    tls: TlsConfig | None = None,
 ) -> InferenceEngine:
     """Load the model (in a thread: reading the weights and importing torch take a while)
     and connect to the relay when one is configured. ``owned`` are closed with the engine
-    (the prefetch executor's counting MOQT retriever and its session pool)."""
+    (the prefetch executor's counting MOQT retriever and its session pool). ``tls``: the
+    process's ``[tls]`` section, for what ``[instance.engine]`` does not set."""
     bundle = await asyncio.to_thread(load_model, config)
     counters = counters if counters is not None else EngineCounters()
-    transport = TransportConfig(insecure=not config.verify_tls)
+    transport = engine_transport(config, tls or TlsConfig())
     pool: MoqtPool | None = None
     moqt_holder: MoqtHolder | None = None
     if config.relay_url is not None:

@@ -35,7 +35,7 @@ async def serve_frontend(
     fc: FrontEndConfig = config.frontend
     owned: list[HttpClient] = []
     if pc is None and (fc.pc_url is not None or fc.pc_urls):
-        pc = HttpPcClient(pc_targets(fc.pc_url, fc.pc_urls), fc.pc_token, failover_ms=fc.pc_failover_ms)
+        pc = HttpPcClient(pc_targets(fc.pc_url, fc.pc_urls), fc.pc_token, failover_ms=fc.pc_failover_ms, tls=config.tls)
         owned.append(pc)
     url = BoundUrl(fc.url)
     if store is None:
@@ -57,7 +57,7 @@ async def serve_frontend(
         await service.aclose()
 
     app.cleanup_ctx.append(close_clients)
-    server = await serve_app(app, host, port, base_path=fc.base_path)
+    server = await serve_app(app, host, port, base_path=fc.base_path, ssl_context=config.tls.server_ssl_context())
     if url.url is None:
         url.url = server.url
     return server

@@ -88,7 +88,7 @@ async def serve_holder(
             log.info("adopted %d replica(s) from the disk tiers", len(recovered))
     owned_client: HttpIndexClient | None = None
     if index_client is None and hc.index_url is not None:
-        index_client = owned_client = HttpIndexClient(hc.index_url, hc.index_token)
+        index_client = owned_client = HttpIndexClient(hc.index_url, hc.index_token, tls=config.tls)
     url = BoundUrl(hc.url)
     publisher = ReplicaPublisher(
         store, index_client, holder_url=url, clock=clock, ttl_ms=hc.record_ttl_ms, refresh_ms=hc.refresh_ms,
@@ -133,7 +133,7 @@ async def serve_holder(
             await owned_client.close()
 
     app.cleanup_ctx.append(background)
-    server = await serve_app(app, host, port, base_path=hc.base_path)
+    server = await serve_app(app, host, port, base_path=hc.base_path, ssl_context=config.tls.server_ssl_context())
     if url.url is None:
         url.url = server.url
     await publisher.refresh()  # replicas already in the store (recovered from disk)

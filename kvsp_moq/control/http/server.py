@@ -21,6 +21,7 @@ from __future__ import annotations
 import http
 import json
 import logging
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -254,6 +255,8 @@ class RunningServer:
     host: str
     port: int
     base_path: str = "/"
+    #: ``https`` when served with a certificate (``[tls] cert`` / ``key``).
+    scheme: str = "http"
 
     @property
     def app(self) -> web.Application:
@@ -261,9 +264,9 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        """The base URL of the served role (``http://127.0.0.1:PORT/base/``)."""
+        """The base URL of the served role (``http://127.0.0.1:PORT/base/``, or ``https://``)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{self.base_path}"
+        return f"{self.scheme}://{host}:{self.port}{self.base_path}"
 
     async def close(self) -> None:
         await self.runner.cleanup()
@@ -275,18 +278,21 @@ class RunningServer:
         await self.close()
 
 
-async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0, *, base_path: str = "/") -> RunningServer:
-    """Serve ``app`` on ``host:port`` until :meth:`RunningServer.close`."""
+async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0, *, base_path: str = "/",
+                    ssl_context: ssl.SSLContext | None = None) -> RunningServer:
+    """Serve ``app`` on ``host:port`` until :meth:`RunningServer.close`: HTTPS with
+    ``ssl_context`` (``TlsConfig.server_ssl_context``: the ``[tls]`` certificate and key, TLS
+    1.2 or later), plain HTTP without."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
         bound = runner.addresses[0]
     except BaseException:
         await runner.cleanup()
         raise
-    return RunningServer(runner, host, int(bound[1]), base_path)
+    return RunningServer(runner, host, int(bound[1]), base_path, "https" if ssl_context is not None else "http")
 
 
 class BoundUrl:

@@ -82,4 +82,5 @@ async def serve_index(
         app.on_cleanup.append(close_store)
     if service.config.purge_interval_ms > 0:
         app.cleanup_ctx.append(_purge_periodically)
-    return await serve_app(app, host, port, base_path=config.index.base_path)
+    return await serve_app(app, host, port, base_path=config.index.base_path,
+                           ssl_context=config.tls.server_ssl_context())

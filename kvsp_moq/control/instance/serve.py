@@ -12,6 +12,7 @@ while it starts) wait for the binding.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, cast
 
 from aiohttp import web
@@ -29,6 +30,7 @@ from ..client.http import (
     HttpShardFetcher,
 )
 from ..client.publisher import ReplicaPublisher
+from ..client.moqt import retrieve_block
 from ..client.retrieval import BlockFetcher, MoqtRetriever
 from ..common.clock import MonotonicClock, Timer
 from ..common.config import ControlConfig, InstanceConfig, pc_targets
@@ -36,7 +38,7 @@ from ..common.shard_store import ShardStore
 from ..common.tiers import build_store
 from ..engine.counters import CountingFetcher, CountingRetriever, EngineCounters
 from ..engine.routes import EngineRoutes
-from ..engine.setup import start_engine
+from ..engine.setup import engine_transport, start_engine
 from ..http.server import BoundUrl, RunningServer, build_app, serve_app
 from .model_sessions import ModelSessionEngine
 from .prefetch import PrefetchExecutor
@@ -76,6 +78,7 @@ async def serve_instance(
     refused with 409); ``shard_store`` holds its sequence shards (§6.9; default in memory).
     """
     ic: InstanceConfig = config.instance
+    tls = config.tls  # [tls]: every client below verifies servers per it (docs/security.md)
     timer: Timer = clock if clock is not None else MonotonicClock()
     store = store if store is not None else build_store(ic.tiers, timer)
     if epoch is None:
@@ -83,15 +86,15 @@ async def serve_instance(
     owned: list[HttpClient | HttpIndexClient] = []
     index_client: HttpIndexClient | None = None
     if ic.index_url is not None:
-        index_client = HttpIndexClient(ic.index_url, ic.token)
+        index_client = HttpIndexClient(ic.index_url, ic.token, tls=tls)
         owned.append(index_client)
     pcs = pc_targets(ic.pc_url, ic.pc_urls)  # several: active/standby PCs, tried in turn
     if pc is None and pcs:
-        pc_client = HttpPcClient(pcs, ic.token, failover_ms=ic.pc_failover_ms)
+        pc_client = HttpPcClient(pcs, ic.token, failover_ms=ic.pc_failover_ms, tls=tls)
         owned.append(pc_client)
         pc = pc_client
-    leases = HttpLeaseClient(ic.token)
-    fetcher = HttpBlockFetcher(ic.token, read_timeout_s=ic.block_read_timeout_ms / 1000)
+    leases = HttpLeaseClient(ic.token, tls=tls)
+    fetcher = HttpBlockFetcher(ic.token, read_timeout_s=ic.block_read_timeout_ms / 1000, tls=tls)
     owned.append(leases)
     url = BoundUrl(ic.url)
     publisher = ReplicaPublisher(store, index_client, holder_url=url, clock=timer, ttl_ms=ic.record_ttl_ms,
@@ -99,8 +102,11 @@ async def serve_instance(
     replicas = index_client if index_client is not None else _NoIndex()
     # [instance.engine]: what directives load is counted with what requests load (engine/counters.py).
     counters = EngineCounters() if ic.engine is not None else None
+    if moqt_retriever is None and counters is None:  # MOQT prefetch loads verify per [tls]
+        moqt_retriever = functools.partial(retrieve_block, config=tls.transport(purpose="MOQT prefetch loads"))
     counted_fetcher = CountingFetcher(counters, cast(BlockFetcher, fetcher), 0) if counters is not None else None
-    counted_retriever = CountingRetriever(counters, moqt_retriever) if counters is not None else None
+    counted_retriever = (CountingRetriever(counters, moqt_retriever, transport=engine_transport(ic.engine, tls))
+                         if counters is not None and ic.engine is not None else None)
     executor = PrefetchExecutor(
         store=store, publisher=publisher, replicas=replicas, leases=leases,
         fetcher=counted_fetcher if counted_fetcher is not None else cast(BlockFetcher, fetcher), timer=timer,
@@ -109,24 +115,24 @@ async def serve_instance(
     )
     session_pc = pc if isinstance(pc, HttpPcClient) else None
     if session_pc is None and pcs:
-        session_pc = HttpPcClient(pcs, ic.token, failover_ms=ic.pc_failover_ms)
+        session_pc = HttpPcClient(pcs, ic.token, failover_ms=ic.pc_failover_ms, tls=tls)
         owned.append(session_pc)
-    front_ends = HttpFrontEndClient(ic.token)
-    shard_fetcher = HttpShardFetcher(ic.token)
+    front_ends = HttpFrontEndClient(ic.token, tls=tls)
+    shard_fetcher = HttpShardFetcher(ic.token, tls=tls)
     owned += [front_ends, shard_fetcher]
     service = InstanceService(url=ic.url or "http://unbound/", epoch=epoch, store=store, prefetch=executor,
                               timer=timer, pc=pc, config=ic, session_engine=session_engine, checkpoints=session_pc,
                               front_ends=front_ends, shard_store=shard_store, shard_fetcher=shard_fetcher)
     if ic.engine is not None:
         assert counters is not None and counted_fetcher is not None
-        storer = HttpBlockStorer(ic.token)
+        storer = HttpBlockStorer(ic.token, tls=tls)
         owned.append(storer)
         try:
             service.inference = await start_engine(
                 ic.engine, store=store, lifecycle=service.lifecycle, url=lambda: service.url, index=index_client,
                 index_publisher=index_client, fetcher=cast(BlockFetcher, fetcher), storer=storer,
                 replica_publisher=publisher, directives=executor, token=ic.token, counters=counters,
-                owned=(counted_retriever,) if counted_retriever is not None else ())
+                owned=(counted_retriever,) if counted_retriever is not None else (), tls=tls)
         except BaseException:
             await fetcher.close()
             for client in owned:
@@ -152,7 +158,7 @@ async def serve_instance(
             await client.close()
 
     app.on_cleanup.append(shutdown)
-    server = await serve_app(app, host, port, base_path=ic.base_path)
+    server = await serve_app(app, host, port, base_path=ic.base_path, ssl_context=tls.server_ssl_context())
     if url.url is None:
         url.url = server.url
     service.url = url()

@@ -56,17 +56,18 @@ async def serve_pc(
     leader = Leadership(store, lease_ms=None if spec.is_memory else pcc.leader_lease_ms)
     owned: list[HttpClient | HttpIndexClient] = []
     if index is None and pcc.index_url is not None:
-        index_client = HttpIndexClient(pcc.index_url, pcc.index_token)
+        index_client = HttpIndexClient(pcc.index_url, pcc.index_token, tls=config.tls)
         owned.append(index_client)
         index = index_client
     if instances is None:
-        instance_client = HttpInstanceClient(pcc.instance_token)
+        instance_client = HttpInstanceClient(pcc.instance_token, tls=config.tls)
         owned.append(instance_client)
         instances = instance_client
     clock = clock if clock is not None else MonotonicClock()
     timer = cast(Timer, clock) if hasattr(clock, "sleep_ms") else MonotonicClock()
     http_instances = instances if isinstance(instances, HttpInstanceClient) else None
-    front_ends = HttpFrontEndClient(pcc.front_end_token if pcc.front_end_token is not None else pcc.instance_token)
+    front_ends = HttpFrontEndClient(pcc.front_end_token if pcc.front_end_token is not None else pcc.instance_token,
+                                    tls=config.tls)
     owned.append(front_ends)
     service = PlacementController(
         clock=clock, index=index, instances=instances, config=pcc, policy=policy, start_instance=start_instance,
@@ -91,7 +92,7 @@ async def serve_pc(
         await store.close()
 
     app.cleanup_ctx.append(close_clients)
-    return await serve_app(app, host, port, base_path=pcc.base_path)
+    return await serve_app(app, host, port, base_path=pcc.base_path, ssl_context=config.tls.server_ssl_context())
 
 
 async def _watch_failures(service: PlacementController, timer: Timer, interval_ms: int) -> None:
