@@ -12,13 +12,17 @@
   SUBSCRIBE_NAMESPACE, SUBSCRIBE_TRACKS) is answered DOES_NOT_EXIST here and never reaches
   routing, the upstream relay or a publisher. Other first fields beginning with ``.`` are
   "passed to the Application" (routed as usual: future extensions).
-  (The sans-IO layer had no ``is_reserved_namespace`` when this was written; this is the
-  relay's own check.)
+  The sans-IO session already answers such requests itself
+  (:mod:`kvsp_moq.moqt.reserved`); the relay checks again before routing (and drops
+  reserved NAMESPACE answers of publishers and of the upstream relay), so nothing reserved
+  is ever routed, listed or forwarded whatever the session lets through.
 * **Requests per session** (§"Subscription Amplification": "Relays SHOULD implement rate
   limiting on subscription requests and MAY reject excessive subscriptions with
   REQUEST_ERROR using the EXCESSIVE_LOAD error code"): a downstream session with more than
   ``RelayConfig.max_requests_per_session`` open requests of its own gets REQUEST_ERROR
-  EXCESSIVE_LOAD (0x9) with a Retry Interval for each request beyond it.
+  EXCESSIVE_LOAD (0x9) with a Retry Interval for each request beyond it: the relay sets the
+  sans-IO session's ``max_concurrent_requests`` to it (the session refuses first) and
+  counts again before routing.
 """
 
 from __future__ import annotations
@@ -26,25 +30,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvsp_moq.moqt.messages import Message, SubscribeNamespace, SubscribeTracks
+from kvsp_moq.moqt.reserved import rejected_namespace
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvsp_moq.moqt.session import SessionMachine
 
-__all__ = ["RETRY_INTERVAL_MS", "SESSION_NAMESPACE", "is_reserved_namespace",
+__all__ = ["RETRY_INTERVAL_MS", "is_reserved_namespace",
            "open_peer_requests", "request_namespace"]
 
-#: The first field of session-level tracks and namespaces (bytes 0x2e 0x73 ... 0x6e).
-SESSION_NAMESPACE = b".session"
-#: The first field that MUST NOT be used for any purpose.
-NEVER_USED = b"."
 #: Retry Interval sent with EXCESSIVE_LOAD: "the minimum time (in milliseconds) before the
 #: request SHOULD be sent again, plus one" (§"REQUEST_ERROR").
 RETRY_INTERVAL_MS = 1000
 
 
 def is_reserved_namespace(ns: tuple[bytes, ...]) -> bool:
-    """First field exactly ``.`` or ``.session``: never routed, never forwarded."""
-    return bool(ns) and (ns[0] == NEVER_USED or ns[0] == SESSION_NAMESPACE)
+    """First field exactly ``.`` or ``.session``: never routed, never forwarded (the sans-IO
+    session's rule, :func:`kvsp_moq.moqt.reserved.rejected_namespace`)."""
+    return rejected_namespace(ns)
 
 
 def request_namespace(msg: Message) -> tuple[bytes, ...] | None:

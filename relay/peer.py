@@ -239,7 +239,10 @@ class PeerSession(SessionDriver):
                 setup = replace(setup, authorization_tokens=(*setup.authorization_tokens,
                                                              Token.use_value(0, token)))
         else:
-            setup = replace(setup, max_auth_token_cache_size=cfg.auth_token_cache_size)
+            # The sans-IO session refuses a downstream peer's requests beyond the relay's cap
+            # itself (EXCESSIVE_LOAD with a Retry Interval; relay/limits.py).
+            setup = replace(setup, max_auth_token_cache_size=cfg.auth_token_cache_size,
+                            max_concurrent_requests=cfg.max_requests_per_session)
         self.moqt = SessionMachine(self.role, version, setup, streams=ConnectionStreamIds(
             conn, self.role is Role.CLIENT))
         self.moqt.start()
