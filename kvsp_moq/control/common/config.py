@@ -69,6 +69,8 @@ class IndexConfig:
     max_descriptors: int = 1_024
     #: Validated descriptor documents (§4.1), loaded from the files named in the TOML.
     descriptors: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
+    #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
+    metrics_public: bool = False
 
     #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
     #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
@@ -87,6 +89,7 @@ class IndexConfig:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
         if not (self.base_path.startswith("/") and self.base_path.endswith("/")):
             raise ConfigError("index.base_path", "must start and end with '/'")
+        _check_bool("index", self, "metrics_public")
         for name, minimum in (
             ("max_ttl_ms", 1),
             ("max_status_ttl_ms", 1),
@@ -155,6 +158,8 @@ class HolderConfig:
     #: Octets per write when streaming a block response.
     chunk_octets: int = 256 * 1024
     tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
+    #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
+    metrics_public: bool = False
 
     #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
     #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
@@ -173,6 +178,7 @@ class HolderConfig:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
         if not (self.base_path.startswith("/") and self.base_path.endswith("/")):
             raise ConfigError("holder.base_path", "must start and end with '/'")
+        _check_bool("holder", self, "metrics_public")
         for name in ("url", "index_url"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "://" not in value or not value.endswith("/")):
@@ -209,6 +215,11 @@ def _check_ints(section: str, obj: object, minimums: tuple[tuple[str, int], ...]
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{section}.{name}", f"must be an integer >= {minimum}")
+
+
+def _check_bool(section: str, obj: object, name: str) -> None:
+    if not isinstance(getattr(obj, name), bool):
+        raise ConfigError(f"{section}.{name}", "must be true or false")
 
 
 def _check_url(section: str, name: str, value: object) -> None:
@@ -278,6 +289,8 @@ class PcConfig:
     #: Active/standby over a shared (redis://) store: the leader lock's lease; the active PC
     #: renews it every third of it, a standby takes over within about 4/3 of it (pc/leader.py).
     leader_lease_ms: int = 3_000
+    #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
+    metrics_public: bool = False
 
     #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
     #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
@@ -295,6 +308,7 @@ class PcConfig:
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
         _check_base_path("pc", self.base_path)
+        _check_bool("pc", self, "metrics_public")
         _check_url("pc", "index_url", self.index_url)
         for name in ("index_token", "instance_token", "front_end_token"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
@@ -368,9 +382,12 @@ class InstanceConfig:
     #: HTTP block retrieval (§6.7): a holder silent this long (connecting, or mid-body) fails
     #: that replica, and the next replica is tried (``client.http.HttpBlockFetcher``).
     block_read_timeout_ms: int = 5_000
+    #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
+    metrics_public: bool = False
 
     def __post_init__(self) -> None:
         _check_base_path("instance", self.base_path)
+        _check_bool("instance", self, "metrics_public")
         if self.session_engine not in ("model", "none"):
             raise ConfigError("instance.session_engine", 'must be "model" or "none"')
         for name in ("url", "pc_url", "index_url"):
@@ -410,6 +427,8 @@ class FrontEndConfig:
     max_sessions: int = 65_536
     #: Out-of-order tokens buffered per session: an index this far beyond the next one is refused.
     max_ahead: int = 4_096
+    #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
+    metrics_public: bool = False
 
     #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
     #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
@@ -427,6 +446,7 @@ class FrontEndConfig:
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
         _check_base_path("frontend", self.base_path)
+        _check_bool("frontend", self, "metrics_public")
         for name in ("url", "pc_url"):
             _check_url("frontend", name, getattr(self, name))
         _check_pc_urls("frontend", self)

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from ..client.http import HttpClient, HttpPcClient
 from ..common.config import ControlConfig, FrontEndConfig, pc_targets
+from ..http.metrics import metrics_routes
 from ..http.server import BoundUrl, RunningServer, build_app, serve_app
 from .delivery import DeliveryStore, MemoryDeliveryStore
 from .delivery_redis import RedisDeliveryStore
@@ -42,7 +43,8 @@ async def serve_frontend(
         spec = fc.store_spec
         store = MemoryDeliveryStore() if spec.is_memory else RedisDeliveryStore(spec)
     service = FrontEnd(config=fc, pc=pc, url=url, store=store)
-    app = build_app(auth=config.auth, routes=FrontEndRoutes(service).routes())
+    app = build_app(auth=config.auth, routes=[*FrontEndRoutes(service).routes(),
+                                              *metrics_routes(fc.base_path, service.metrics, public=fc.metrics_public)])
     app[FRONTEND_SERVICE] = service
 
     async def end_streams(app: web.Application) -> None:

@@ -52,6 +52,7 @@ from ..common.session_records import (
     StreamEnd,
     StreamFailed,
 )
+from .metrics import FrontEndMetrics
 from .delivery import (
     END_LOW,
     END_MAX,
@@ -116,6 +117,10 @@ class FrontEnd:
         self._watching = False
         self.closed = False
         self.observers: list[DeliveryObserver] = []
+        #: ``GET {fe}metrics`` (``frontend/metrics.py``, docs/metrics.md): counts every delivery.
+        self.metrics = FrontEndMetrics()
+        self.observers.append(self.metrics.observe)
+        self.metrics.watch(tracked=lambda: len(self._tallies))
 
     def close(self) -> None:
         """End every open stream (shutdown): readers see the stream stop without its end."""
@@ -174,7 +179,9 @@ class FrontEnd:
             view = await self.pc.open_session(body)
         except SessionOpenFailed as exc:
             await self.forget(session)
+            self.metrics.sessions_opened.labels("refused").inc()
             raise NotActive(f"the PC did not start the session: {exc}") from None
+        self.metrics.sessions_opened.labels("started").inc()
         return ClientSession(session=session, instance=view.instance, epoch=view.epoch,
                              tokens_url=f"{self.url}sessions/{session}/tokens")
 

@@ -93,6 +93,8 @@ class HolderRoutes:
             for chunk in read.reader:
                 await response.write(chunk)
         await response.write_eof()
+        if request.method != "HEAD":
+            self.service.metrics.served(read.reader, read.full)
         return response
 
     async def put_block(self, request: web.Request) -> web.Response:
@@ -115,7 +117,7 @@ class HolderRoutes:
         """§6.6 POST leases: 201 with a LeaseGrant and Location ``leases/{id}``."""
         principal = authenticate(request)
         lease_request = await read_record(request, LeaseRequest, self.config.max_body_octets)
-        grant = await self.service.leases.grant(principal, lease_request)
+        grant = await self.service.grant_lease(principal, lease_request)
         return record_response(grant, status=201, headers={"Location": f"{self.base}leases/{grant.lease}"})
 
     async def get_lease(self, request: web.Request) -> web.Response:
@@ -133,10 +135,12 @@ class HolderRoutes:
         principal = authenticate(request)
         renewal = await read_record(request, LeaseRenewal, self.config.max_body_octets)
         grant = await self.service.leases.renew(principal, request.match_info["lease"], renewal.ttl_ms)
+        self.service.metrics.lease_renewals.inc()
         return record_response(grant)
 
     async def delete_lease(self, request: web.Request) -> web.Response:
         """§6.6 release: 204."""
         principal = authenticate(request)
         await self.service.leases.release(principal, request.match_info["lease"])
+        self.service.metrics.lease_releases.inc()
         return web.Response(status=204)

@@ -17,6 +17,7 @@ from ..common.clock import Clock, MonotonicClock
 from ..common.config import ControlConfig, HolderConfig
 from ..common.errors import StoreUnavailable
 from ..common.tiers import build_store
+from ..http.metrics import metrics_routes
 from ..http.server import BoundUrl, RunningServer, build_app, serve_app
 from .lease_redis import RedisLeaseStore
 from .lease_store import LeaseLimits, LeaseStore, MemoryLeaseStore
@@ -98,7 +99,8 @@ async def serve_holder(
     leases = LeaseManager(store, clock, limits, leases=open_lease_store(hc), lease_clock=lease_clock)
     await _reload(leases)
     service = HolderService(store, clock=clock, leases=leases, publisher=publisher, chunk_octets=hc.chunk_octets)
-    app = build_app(auth=config.auth, routes=HolderRoutes(service, hc).routes())
+    app = build_app(auth=config.auth, routes=[*HolderRoutes(service, hc).routes(),
+                                              *metrics_routes(hc.base_path, service.metrics, public=hc.metrics_public)])
     app[HOLDER_SERVICE] = service
 
     async def background(app: web.Application) -> AsyncIterator[None]:

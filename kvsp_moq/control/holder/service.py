@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ...kvsp.container import decode_container
 from ...kvsp.errors import ContainerError, RecordError
-from ...kvsp.records import ReplicaRecord
+from ...kvsp.records import LeaseGrant, LeaseRequest, ReplicaRecord
 from ...kvsp.registries import CODEC_RAW
 from ...storage import (
     BlockReader,
@@ -34,6 +34,7 @@ from ..common.auth import Principal, require_scope
 from ..common.clock import Clock
 from ..common.errors import LayersNotHeld, NotFound, PreconditionFailed
 from .leases import LeaseManager
+from .metrics import HolderMetrics, lease_result
 
 __all__ = ["BlockRead", "HolderService"]
 
@@ -73,6 +74,23 @@ class HolderService:
         self.leases = leases
         self.publisher = publisher
         self.chunk_octets = chunk_octets
+        #: ``GET {h}metrics`` (``holder/metrics.py``, docs/metrics.md).
+        self.metrics = HolderMetrics(store)
+        self.metrics.count_leases_with(self._live_leases)
+
+    async def _live_leases(self) -> tuple[int, int]:
+        live = await self.leases.leases.live(self.leases.clock.now_ms())
+        return len(live), sum(lease.octets for lease in live)
+
+    async def grant_lease(self, principal: Principal, request: LeaseRequest) -> LeaseGrant:
+        """§6.6 ``POST leases`` (:meth:`LeaseManager.grant`), counted by result."""
+        try:
+            grant = await self.leases.grant(principal, request)
+        except Exception as exc:
+            self.metrics.lease_requests.labels(lease_result(exc)).inc()
+            raise
+        self.metrics.lease_requests.labels("granted").inc()
+        return grant
 
     # -- §6.7 GET -------------------------------------------------------------------------------
 
@@ -157,6 +175,7 @@ class HolderService:
         except ReplicaExists as exc:
             raise PreconditionFailed(f"the holder already has replica {exc.replica_id.hex()}; it keeps it") from None
         self.store.container_sha256(key)  # cache Repr-Digest of the full container now
+        self.metrics.stored(len(body))
         await self.publisher.flush()  # withdrawals of the replicas evicted for room (§6.1)
         published = await self.publisher.publish(key)
         return published if published is not None else self.publisher.record(info)

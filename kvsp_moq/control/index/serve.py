@@ -12,6 +12,7 @@ from aiohttp import web
 from ..common.clock import Clock
 from ..common.config import ControlConfig
 from ..common.errors import StoreUnavailable
+from ..http.metrics import metrics_routes
 from ..http.server import RunningServer, build_app, serve_app
 from .routes import IndexRoutes
 from .service import IndexService
@@ -71,7 +72,8 @@ async def serve_index(
     else:
         statuses = InstanceStatusTable(clock, max_ttl_ms=config.index.max_status_ttl_ms)
         service = IndexService(store, config=config.index, statuses=statuses)
-    app = build_app(auth=config.auth, routes=IndexRoutes(service).routes())
+    app = build_app(auth=config.auth, routes=[*IndexRoutes(service).routes(), *metrics_routes(
+        config.index.base_path, service.metrics, public=config.index.metrics_public)])
     app[INDEX_SERVICE] = service
     if owned is not None:
         closing = owned

@@ -8,6 +8,7 @@ contradicts its request). :mod:`.routes` maps HTTP onto it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from ..common.clock import Clock, MonotonicClock
 from ..common.config import IndexConfig
 from ..common.descriptors import DescriptorTable
 from ..common.errors import NotFound
+from .metrics import IndexMetrics
 from .status_table import InstanceStatusTable
 from .store import BlockRef, IndexStore, MemoryIndexStore, ReplicaId, StoredReplica
 
@@ -57,6 +59,9 @@ class IndexService:
         self.descriptors = descriptors if descriptors is not None else DescriptorTable(max_descriptors=self.config.max_descriptors)
         for document in self.config.descriptors:
             self.descriptors.register(document)
+        #: ``GET {is}metrics`` (``index/metrics.py``, docs/metrics.md).
+        self.metrics = IndexMetrics()
+        self.metrics.count_records_with(store.count)
 
     @classmethod
     def in_memory(cls, config: IndexConfig | None = None, *, clock: Clock | None = None) -> IndexService:
@@ -87,6 +92,7 @@ class IndexService:
         if ttl != record.ttl_ms:
             record = dataclasses.replace(record, ttl_ms=ttl)
         created = await self.store.put(record, ttl)
+        self.metrics.put(created)
         return Published(record, created)
 
     async def publish_many(self, principal: Principal, records: Sequence[ReplicaRecord]) -> list[Published]:
@@ -103,6 +109,8 @@ class IndexService:
             ttl = min(record.ttl_ms, self.config.max_ttl_ms)
             granted.append(record if ttl == record.ttl_ms else dataclasses.replace(record, ttl_ms=ttl))
         created = await self.store.put_many([(record, record.ttl_ms) for record in granted])
+        for new in created:
+            self.metrics.put(new)
         return [Published(record, new) for record, new in zip(granted, created)]
 
     async def withdraw(self, principal: Principal, block: BlockRef, replica: ReplicaId) -> None:
@@ -112,6 +120,7 @@ class IndexService:
         require_holder(principal, replica.holder)
         if not await self.store.delete(block, replica):
             raise NotFound(f"no replica of block {block.block_key.hex()} at {replica.holder!r}")
+        self.metrics.withdrawals.inc()
 
     async def replicas(self, principal: Principal, block: BlockRef) -> MatchedBlock:
         """The unexpired replicas of one block (ours: GET on the block's replicas).
@@ -135,6 +144,7 @@ class IndexService:
         ``fetch_us`` and ``recompute_us`` (§6.4, :mod:`.common.estimates`); the others are left out.
         """
         require_scope(principal, request.scope_id)
+        started = time.perf_counter()
         found = await self.store.get_prefix(request.compat_id, request.scope_id, request.block_keys)
         blocks: list[MatchedBlock] = []
         for key, stored in zip(request.block_keys, found):
@@ -144,6 +154,7 @@ class IndexService:
         targets = None
         if request.targets is not None:
             targets = self.estimate(request.compat_id, blocks, request.targets)
+        self.metrics.lookup(len(request.block_keys), len(blocks), time.perf_counter() - started)
         return LookupResponse(matched=len(blocks), blocks=tuple(blocks), targets=targets)
 
     def estimate(self, compat_id: bytes, blocks: list[MatchedBlock], targets: tuple[str, ...]) -> tuple[TargetEstimate, ...]:

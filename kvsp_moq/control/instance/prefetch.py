@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -124,6 +125,9 @@ class PrefetchExecutor:
         #: more before its first byte, so a few in flight keep the path busy.
         self.blocks_in_flight = blocks_in_flight
         self._runs: OrderedDict[uuid.UUID, DirectiveRun] = OrderedDict()
+        #: Told each directive's end state and its duration in seconds (``instance/metrics.py``),
+        #: before its ``done`` is set.
+        self.on_finished: Callable[[str, float], None] | None = None
 
     def get(self, directive: uuid.UUID) -> DirectiveRun | None:
         return self._runs.get(directive)
@@ -164,6 +168,7 @@ class PrefetchExecutor:
     # -- one directive ---------------------------------------------------------------------------
 
     async def _run(self, run: DirectiveRun) -> None:
+        started = time.perf_counter()
         work = asyncio.create_task(self._load_all(run))
         deadline = asyncio.create_task(self.timer.sleep_ms(run.directive.deadline_ms))
         try:
@@ -188,6 +193,8 @@ class PrefetchExecutor:
             run.state, run.error = FAILED, f"{type(exc).__name__}: {exc}"
         finally:
             deadline.cancel()
+            if self.on_finished is not None:
+                self.on_finished(run.state, time.perf_counter() - started)
             run.done.set()
 
     async def _load_all(self, run: DirectiveRun) -> list[str]:

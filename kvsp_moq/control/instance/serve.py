@@ -39,6 +39,7 @@ from ..common.tiers import build_store
 from ..engine.counters import CountingFetcher, CountingRetriever, EngineCounters
 from ..engine.routes import EngineRoutes
 from ..engine.setup import engine_transport, start_engine
+from ..http.metrics import metrics_routes
 from ..http.server import BoundUrl, RunningServer, build_app, serve_app
 from .model_sessions import ModelSessionEngine
 from .prefetch import PrefetchExecutor
@@ -142,6 +143,8 @@ async def serve_instance(
     routes = [*InstanceRoutes(service).routes(), *InstanceSessionRoutes(service).routes()]
     if service.inference is not None:
         routes += EngineRoutes(service.config, service.inference).routes()
+    service.metrics.engine = counters  # [instance.engine]: its counters in GET {ii}metrics
+    routes += metrics_routes(ic.base_path, service.metrics, public=ic.metrics_public)
     app = build_app(auth=config.auth, routes=routes)
     app[INSTANCE_SERVICE] = service
 

@@ -43,6 +43,7 @@ from ..common.lifecycle import Lifecycle
 from ..common.records import SessionAdmitted, SessionRequest, StatusAnswer
 from ..common.session_records import ReshardAck, SessionAccepted, SessionOrder
 from ..common.shard_store import MemoryShardStore, ShardSlice, ShardStore, TokenRange
+from .metrics import InstanceMetrics
 from .prefetch import PrefetchExecutor
 from .reporter import PcClient, StatusReporter, sleep_request
 from .reshard import ReshardParticipant, ShardFetcher
@@ -90,6 +91,13 @@ class InstanceService:
         #: The model-running engine behind ``POST generate`` (``engine/engine.py``); set by
         #: ``instance.serve.serve_instance`` when ``[instance.engine]`` is configured.
         self.inference: InferenceEngine | None = None
+        #: ``GET {ii}metrics`` (``instance/metrics.py``, docs/metrics.md); the engine's counters
+        #: are added by ``serve_instance`` when it has one.
+        self.metrics = InstanceMetrics()
+        self.prefetch.on_finished = self.metrics.directive_finished
+        self.metrics.watch(
+            state=lambda: self.state, epoch=lambda: self.epoch, running_directives=lambda: self.prefetch.running,
+            sessions=lambda: [(o.epoch, len(o.generated), o.acknowledged) for o in self.sessions.outputs()])
 
     @property
     def state(self) -> str:

@@ -252,6 +252,10 @@ class InstanceSessions:
     def epoch_of(self, session: uuid.UUID) -> int | None:
         return self._epochs.get(session)
 
+    def outputs(self) -> list[SessionOutput]:
+        """The outputs of the sessions running here (metrics, ``instance/metrics.py``)."""
+        return [output for output, _ in self._runs.values()]
+
     def output_of(self, session: uuid.UUID) -> SessionOutput | None:
         run = self._runs.get(session)
         return run[0] if run is not None else None

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from ...kvsp.errors import RecordError
 from ...kvsp.records import InstanceStatusRecord, SessionCheckpoint, ShardMap
+from ..common.errors import StaleEpoch
 from ..common.records import InstanceStateRequest, PlacementRequest
 from ..common.session_records import FailureReport, SessionDone, SessionFailed, SessionOpen
 from ..http.server import (
@@ -112,7 +113,13 @@ class PcSessionRoutes(ServiceRoutes[PlacementController]):
         """§6.8: 200 with the acknowledgement; 409 ``kvsp-stale-epoch`` for a lower epoch."""
         principal = authenticate(request)
         cp = await read_record(request, SessionCheckpoint, self.max_body)
-        return record_response(await self.service.sessions.checkpoint(principal, path_session(request), cp))
+        try:
+            ack = await self.service.sessions.checkpoint(principal, path_session(request), cp)
+        except StaleEpoch:
+            self.service.metrics.checkpoints.labels("stale_epoch").inc()
+            raise
+        self.service.metrics.checkpoints.labels("acknowledged").inc()
+        return record_response(ack)
 
     async def post_done(self, request: web.Request) -> web.Response:
         principal = authenticate(request)

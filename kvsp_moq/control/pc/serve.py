@@ -16,6 +16,7 @@ from aiohttp import web
 from ..client.http import HttpClient, HttpFrontEndClient, HttpIndexClient, HttpInstanceClient
 from ..common.clock import Clock, MonotonicClock, Timer
 from ..common.config import ControlConfig, PcConfig
+from ..http.metrics import metrics_routes
 from ..http.server import RunningServer, build_app, serve_app
 from .routes import PcRoutes, PcSessionRoutes
 from .leader import Leadership
@@ -75,7 +76,8 @@ async def serve_pc(
         reshard_client=http_instances, timer=timer, front_ends=front_ends, leader=leader,
     )
     await leader.start()  # the first try: a PC that finds the lock free is active at once
-    app = build_app(auth=config.auth, routes=[*PcRoutes(service).routes(), *PcSessionRoutes(service).routes()])
+    app = build_app(auth=config.auth, routes=[*PcRoutes(service).routes(), *PcSessionRoutes(service).routes(),
+                                              *metrics_routes(pcc.base_path, service.metrics, public=pcc.metrics_public)])
     app[PC_SERVICE] = service
 
     async def close_clients(app: web.Application) -> AsyncIterator[None]:

@@ -54,6 +54,7 @@ from ..common.errors import InstanceUnreachable, NotActive, NotFound, StoreUnava
 from ..common.records import Candidate, InstanceList, InstanceView, Placement, PlacementRequest, StatusAnswer
 from . import placement
 from .leader import Leadership
+from .metrics import PcMetrics
 from .registry import InstanceRegistry
 from .reshard import ReshardClient, ReshardCoordinator
 from .sessions import FrontEndNotifier, SessionInstanceClient, SessionManager
@@ -196,6 +197,13 @@ class PlacementController:
         self.reshard = ReshardCoordinator(client=reshard_client, timer=timer, deadline_ms=self.config.reshard_deadline_ms,
                                           leader=self.leader)
         self._background: set[asyncio.Task[object]] = set()
+        #: ``GET {pc}metrics`` (``pc/metrics.py``, docs/metrics.md).
+        self.metrics = PcMetrics()
+        self.metrics.watch(
+            instances=lambda: [self.registry.state(i) or "unknown" for i in self.registry.instances()],
+            sessions=lambda: [("failed" if e.failed is not None else "pending" if e.instance is None else "serving", e.epoch)
+                              for e in self.sessions.entries()],
+            leading=lambda: self.leader.leading)
 
     # -- active/standby (pc/leader.py) -------------------------------------------------------------
 
@@ -454,4 +462,10 @@ class PlacementController:
             await self.leader.write(lambda token: self.leader.store.put_directive(token, issued))
         except StoreUnavailable as exc:
             log.warning("recording directive %s failed: %s", directive.directive, exc)
-        return await self.instances.prefetch(instance, directive)
+        try:
+            location = await self.instances.prefetch(instance, directive)
+        except Exception:
+            self.metrics.directives.labels("refused").inc()
+            raise
+        self.metrics.directives.labels("sent").inc()
+        return location

@@ -231,6 +231,10 @@ class SessionManager:
     def tracking(self) -> bool:
         return bool(self._sessions)
 
+    def entries(self) -> list[SessionEntry]:
+        """Every session tracked (metrics, ``pc/metrics.py``)."""
+        return list(self._sessions.values())
+
     def pending(self) -> list[SessionEntry]:
         return [e for e in self._sessions.values() if e.instance is None and e.failed is None]
 
