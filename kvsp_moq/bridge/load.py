@@ -29,7 +29,7 @@ from ..pubsub import MoqtError, MoqtSession
 from ..sinks import LayerFailed, LayerSink, LayerState, make_sink
 from ..transport import TransportConfig
 from .binding import BLOCK_GROUP, BindingError, TrackInfo
-from .pool import MoqtPool
+from .pool import MoqtPool, refused_by_goaway
 from .receive import LayerReceiver
 
 __all__ = [
@@ -213,9 +213,23 @@ class BlockLoad:
             self.attempts.append(Attempt(source.url, (wanted[0], wanted[-1]), (),
                                          f"connect: {exc!r}"))
             return
+        retried = False
         for a, b in layer_runs(wanted):
-            verified, error = await fetch_into(session, source.name, source.codec, self.sink,
-                                               a, b, timeout=self.timeout)
+            verified, error, refused = await _fetch_layers(
+                session, source.name, source.codec, self.sink, a, b, timeout=self.timeout)
+            if refused and not retried:
+                # Refused because of a GOAWAY: once more on the pool's new session (the New
+                # Session URI if the GOAWAY named one; bridge/pool.py).
+                retried = True
+                self.attempts.append(Attempt(source.url, (a, b), verified, error))
+                try:
+                    session = await self.pool.get(source.url)
+                except (OSError, TimeoutError, MoqtError, ConnectionError) as exc:
+                    error = f"reconnect after GOAWAY: {exc!r}"
+                else:
+                    verified, error, _ = await _fetch_layers(
+                        session, source.name, source.codec, self.sink, a, b,
+                        timeout=self.timeout)
             self.attempts.append(Attempt(source.url, (a, b), verified, error))
             if error is not None:
                 # The rest of this source's layers stay missing: the next source gets them.
@@ -233,6 +247,18 @@ async def fetch_into(session: MoqtSession, name: BlockName, codec: str, sink: Si
                      accept_announced_digests: bool = False) -> tuple[tuple[int, ...], str | None]:
     """FETCH layers ``first..last`` (objects ``{0, first}..{0, last}``) into ``sink``.
     Returns the layers verified and the first error (None when the source delivered all)."""
+    verified, error, _ = await _fetch_layers(session, name, codec, sink, first, last,
+                                             timeout=timeout,
+                                             accept_announced_digests=accept_announced_digests)
+    return verified, error
+
+
+async def _fetch_layers(session: MoqtSession, name: BlockName, codec: str, sink: Sink,
+                        first: int, last: int, *, timeout: float = 30.0,
+                        accept_announced_digests: bool = False
+                        ) -> tuple[tuple[int, ...], str | None, bool]:
+    """:func:`fetch_into`, and whether the FETCH was refused because of a GOAWAY."""
+    refused = False
     recv = LayerReceiver(sink, first, last, accept_announced_digests=accept_announced_digests)
     verified: list[int] = []
     error: str | None = None
@@ -257,6 +283,7 @@ async def fetch_into(session: MoqtSession, name: BlockName, codec: str, sink: Si
                         break
     except MoqtError as exc:
         error = f"{type(exc).__name__} {exc.code:#x}: {exc}"
+        refused = stream is None and refused_by_goaway(exc)
     except TimeoutError:
         error = f"no complete answer within {timeout} s"
     finally:
@@ -268,7 +295,7 @@ async def fetch_into(session: MoqtSession, name: BlockName, codec: str, sink: Si
                    if sink.state(layer) is not LayerState.READY]
         if missing:
             error = f"the source ended without layers {missing[0]}..{missing[-1]}"
-    return tuple(verified), error
+    return tuple(verified), error, refused
 
 
 def check_track(response: object, sink: Sink, first: int, last: int,

@@ -5,11 +5,20 @@ The payload of layer ``l`` is copied once, from the QUIC buffer into the sink's 
 (``on_object_progress`` -> ``sink.chunk_written``; a large layer on the sink's hash worker
 thread, off the event loop), and verified by the sink when the object ends
 (``sink.end_layer_async``). Nothing here exposes a layer: only the sink does, once verified.
+
+Nothing a source declares is allocated here or in pubsub: the sink's buffer of layer ``l``
+has the layer's size (from the Replica Record's geometry and token count, or the Track
+Properties), and ``sink.begin_layer`` refuses any other Payload Length. An object outside
+the requested range or of the wrong length is refused (:class:`~kvsp_moq.pubsub.receive.Refuse`:
+the data stream is stopped with CANCELLED, a FETCH fails, the load moves on to the next
+source); a duplicate of a layer already received is skipped without being stored
+(:data:`~kvsp_moq.pubsub.receive.DISCARD`).
 """
 
 from __future__ import annotations
 
 from ..moqt.objects import ObjectBegin
+from ..pubsub.receive import DISCARD, Discard, Refuse
 from ..sinks import LayerSink, LayerState, SinkError
 from .binding import BLOCK_GROUP, layer_digest_of
 
@@ -35,14 +44,15 @@ class LayerReceiver:
         #: Why this source is bad (unexpected objects, wrong lengths...), first reason first.
         self.problems: list[str] = []
 
-    def on_object_begin(self, info: ObjectBegin) -> memoryview | None:
+    def on_object_begin(self, info: ObjectBegin) -> memoryview | Discard | Refuse:
         layer = info.object_id
         if info.group_id != BLOCK_GROUP or not self.first <= layer <= self.last:
-            self.problems.append(f"unexpected object {info.group_id}/{layer}")
-            return None  # received into a scratch buffer of pubsub, then dropped
+            problem = f"unexpected object {info.group_id}/{layer}"
+            self.problems.append(problem)
+            return Refuse(reason=problem)  # this source sends what we did not ask for
         state = self.sink.state(layer)
         if state is LayerState.READY or state is LayerState.RECEIVING:
-            return None  # a duplicate (live + fetched, or two sources): keep the first
+            return DISCARD  # a duplicate (live + fetched, or two sources): keep the first
         announced = layer_digest_of(info.properties)
         expected = self.sink.expected_digest(layer)
         if expected is None and announced is not None and self.accept_announced:
@@ -53,9 +63,9 @@ class LayerReceiver:
             pass
         try:
             view = self.sink.begin_layer(layer, info.payload_length)
-        except SinkError as exc:
+        except SinkError as exc:  # e.g. a Payload Length other than the layer's size
             self.problems.append(str(exc))
-            return None
+            return Refuse(reason=str(exc))
         self.receiving.add(layer)
         return view
 
