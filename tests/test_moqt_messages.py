@@ -38,6 +38,7 @@ from kvsp_moq.moqt.messages import (
     RangeFilter,
     Redirect,
     RequestError,
+    PublishOk,
     RequestOk,
     RequestUpdate,
     Setup,
@@ -246,6 +247,9 @@ VECTORS: list[Vector] = [
            RequestOk(P(largest_object=Location(3, 7)), (KV(0x0E, 64),))),
     # 08 EXPIRES 30000 = c07530 (PUBLISH_OK in 18; any of the namespace OKs in 20+)
     Vector("request-ok-expires", ALL, "07 0005 01 08c07530", RequestOk(P(expires=30000))),
+    # Draft 18's table lists 0x1E PUBLISH_OK ({{message-request-ok}}): REQUEST_OK's body under
+    # the old type; 20+ reserve 0x1E (test_moqt_messages_errors: unknown there).
+    Vector("publish-ok-18", (V18,), "1e 0005 01 08c07530", PublishOk(P(expires=30000))),
     # ---------------------------------------------------------------- REQUEST_ERROR
     # DOES_NOT_EXIST 10, Retry Interval 00, Reason 02 "no"
     Vector("request-error", ALL, "05 0005 10 00 026e6f", RequestError(0x10, 0, "no")),

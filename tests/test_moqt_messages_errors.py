@@ -9,6 +9,7 @@ Input bytes are written by hand; sections are those of draft-20 (editor's copy) 
 from __future__ import annotations
 
 import tracemalloc
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,7 @@ from kvsp_moq.moqt.messages import (
     defined_parameter_types,
     encode_message,
 )
+from kvsp_moq.moqt.objects import GroupOrder
 from kvsp_moq.moqt.version import Version
 from kvsp_moq.wire import KeyValuePair, SessionErrorCode, WireError, encode_vi64
 
@@ -98,8 +100,12 @@ def subscribe(params_hex: str) -> bytes:
     ids=hex,
 )
 def test_unknown_message_type(version: Version, message_type: int) -> None:
-    # reserved SETUPs (0x01, 0x40, 0x41, 0x20, 0x21), PUBLISH_OK (<= 17), 0x11 (the <= 17
-    # SUBSCRIBE_NAMESPACE), unassigned, GREASE-like
+    # reserved SETUPs (0x01, 0x40, 0x41, 0x20, 0x21), PUBLISH_OK (<= 17; draft 18's table still
+    # lists it, so it is known there), 0x11 (the <= 17 SUBSCRIBE_NAMESPACE), unassigned,
+    # GREASE-like
+    if message_type == 0x1E and version is Version.DRAFT_18:
+        assert decode_message(version, frame(0x1E, b"\x00")) is not None  # PUBLISH_OK in 18
+        return
     data = frame(message_type, b"\x00")
     assert_error(version, data, PV)
     # Known to be unknown as soon as the type is read, without waiting for the body.
@@ -241,10 +247,8 @@ def test_uri_limits(version: Version) -> None:
         ("01 01 00", "unknown type 0x01"),
         ("01 24 00", "unknown type 0x24"),
         ("01 3600", "unknown type 0x36"),
-        ("01 08 00", "EXPIRES may not appear in SUBSCRIBE"),
-        ("01 09 0000", "LARGEST_OBJECT may not appear in SUBSCRIBE"),
-        ("01 0a 00", "FILL_TIMEOUT may not appear in SUBSCRIBE"),
-        ("01 34 00", "TRACK_NAMESPACE_PREFIX may not appear in SUBSCRIBE"),
+        ("01 08 80", "EXPIRES not listed for SUBSCRIBE, and its value ends early"),
+        ("02 1001 0002", "FORWARD 2 in a second, ignored, FORWARD... repeated first"),
         ("02 1001 0001", "FORWARD repeated"),
         ("02 2080 0080", "SUBSCRIBER_PRIORITY repeated"),
         ("01 1002", "FORWARD 2"),
@@ -259,35 +263,75 @@ def test_parameter_errors(version: Version, params: str, why: str) -> None:
     assert_error(version, subscribe(params), PV)
 
 
+def decoded(version: Version, data: bytes) -> Any:
+    """The message ``data`` decodes to (typed loosely: tests read message-specific fields)."""
+    got = decode_message(version, data)
+    assert got is not None
+    return got[0]
+
+
+def assert_ignored(version: Version, data: bytes) -> Any:
+    """``data`` decodes (whole, and through ControlStreamReader byte by byte) to a message
+    whose parameters are empty: the known parameter its message does not list was ignored
+    (draft-22 §"Message Parameters" names a close only for unknown and duplicate ones)."""
+    got = decode_message(version, data)
+    assert got is not None and got[1] == len(data)
+    assert got[0].parameters == P(), got[0]  # type: ignore[attr-defined]
+    reader = ControlStreamReader(version)
+    msgs = [m for i in range(len(data)) for m in reader.feed(data[i:i + 1])]
+    assert msgs == [got[0]]
+    return got[0]
+
+
+@pytest.mark.parametrize("version", ALL)
+@pytest.mark.parametrize(
+    ("params", "why"),
+    [
+        ("01 08 00", "EXPIRES is not listed for SUBSCRIBE"),
+        ("01 09 0000", "LARGEST_OBJECT is not listed for SUBSCRIBE"),
+        ("01 0a 00", "FILL_TIMEOUT is not listed for SUBSCRIBE"),
+        ("01 34 00", "TRACK_NAMESPACE_PREFIX is not listed for SUBSCRIBE"),
+        ("02 08 00 00 01", "two of them, the second repeated: ignored too"),
+    ],
+)
+def test_parameter_not_listed_is_ignored(version: Version, params: str, why: str) -> None:
+    assert assert_ignored(version, subscribe(params)) == decoded(version, subscribe("00"))
+
+
 @pytest.mark.parametrize("version", ALL)
 def test_parameters_per_message(version: Version) -> None:
-    # FETCH_OK: no parameter may appear in it.
-    assert_error(version, frame(0x18, h("00 0000 01 09 0000")), PV)
-    assert_error(version, frame(0x18, h("00 0000 01 08 00")), PV)
+    # A known parameter in a message that does not list it is ignored (docs/interop.md,
+    # "Leniency"); its value must still be well formed.
+    # FETCH_OK: no parameter is listed for it.
+    assert_ignored(version, frame(0x18, h("00 0000 01 09 0000")))
+    assert_ignored(version, frame(0x18, h("00 0000 01 08 00")))
     # SUBSCRIBE_OK: EXPIRES and LARGEST_OBJECT only.
-    assert_error(version, frame(0x04, h("00 01 10 01")), PV)
-    # PUBLISH_NAMESPACE / SUBSCRIBE_NAMESPACE: AUTHORIZATION_TOKEN only.
-    assert_error(version, frame(0x06, h("00 00 01 1001")), PV)
-    assert_error(version, frame(0x50, h("00 00 01 2001")), PV)
+    assert_ignored(version, frame(0x04, h("00 01 10 01")))
+    assert_error(version, frame(0x04, h("00 01 10 02")), PV)  # FORWARD 2: malformed anyway
+    # PUBLISH_NAMESPACE / SUBSCRIBE_NAMESPACE: AUTHORIZATION_TOKEN only (FORWARD in
+    # SUBSCRIBE_NAMESPACE was seen from another stack, issue 18).
+    assert_ignored(version, frame(0x06, h("00 00 01 1001")))
+    assert_ignored(version, frame(0x50, h("00 00 01 2001")))
+    assert_ignored(version, frame(0x50, h("00 00 01 1001")))
     # TRACK_STATUS: "subscriber parameters related to Track delivery ... are not included".
-    assert_error(version, frame(0x0D, h(SUB + "01 2001")), PV)
+    assert_ignored(version, frame(0x0D, h(SUB + "01 2001")))
     # REQUEST_OK: never AUTHORIZATION_TOKEN.
-    assert_error(version, frame(0x07, h("01 0302 0205")), PV)
+    assert_ignored(version, frame(0x07, h("01 0302 0205")))
 
 
 def test_parameters_per_version() -> None:
     # In draft 18 these are unknown types.
     for params in ("01 35 00", "01 23 00", "01 25 00", "01 2900"):
         assert_error(V18, subscribe(params), PV)
-    # GROUP_ORDER in PUBLISH: 20+ only.
+    # GROUP_ORDER in PUBLISH: 20+ only (ignored in 18).
     publish = frame(0x1D, h("01 01026b76 0174 07 01 2201"))
-    assert_error(V18, publish, PV)
-    assert decode_message(V22, publish) is not None
-    # PUBLISH_OK (REQUEST_OK) could carry SUBSCRIBER_PRIORITY in 18, not in 20+.
+    assert_ignored(V18, publish)
+    assert decoded(V22, publish).parameters == P(group_order=GroupOrder(1))
+    # PUBLISH_OK (REQUEST_OK) could carry SUBSCRIBER_PRIORITY in 18, not in 20+ (ignored).
     ok = frame(0x07, h("01 2005"))
-    assert decode_message(V18, ok)[0] == RequestOk(P(subscriber_priority=5))
+    assert decoded(V18, ok) == RequestOk(P(subscriber_priority=5))
     for version in (V20, V21, V22):
-        assert_error(version, ok, PV)
+        assert assert_ignored(version, ok) == RequestOk()
     # INCLUDE_PROPERTIES 2 → PROTOCOL_VIOLATION.
     assert_error(V22, subscribe("01 3502"), PV)
     assert set(defined_parameter_types(V18)) == {
@@ -373,8 +417,11 @@ def test_location_filters_not_expressible() -> None:
 # -- FILL_PARAMETERS (20+) ----------------------------------------------------------------------
 @pytest.mark.parametrize("version", (V20, V21, V22))
 def test_fill_parameters_errors(version: Version) -> None:
-    assert_error(version, subscribe("01 23 03 01 1001"), PV)  # FORWARD inside FILL_PARAMETERS
-    assert_error(version, subscribe("01 23 04 01 2301 00"), PV)  # FILL_PARAMETERS inside it
+    # FORWARD is not listed inside FILL_PARAMETERS: ignored (the block itself stays).
+    assert decoded(version, subscribe("01 23 03 01 1001")).parameters == P(fill_parameters=P())
+    # FILL_PARAMETERS is not listed inside FILL_PARAMETERS: ignored too.
+    assert decoded(version, subscribe("01 23 04 01 2301 00")).parameters == P(
+        fill_parameters=P())
     assert_error(version, subscribe("01 23 05 02 2001 0002"), PV)  # repeated inside
     assert_error(version, subscribe("01 23 04 01 20"), PV)  # runs past the message
     # The block bounds its parameters: a GROUP_ORDER whose value lies outside it.
@@ -390,8 +437,8 @@ def test_fill_parameters_errors(version: Version) -> None:
     if version is V22:
         assert decode_message(version, nested)[0].parameters.fill_parameters == P(
             subgroup_filters=(RangeFilter(0),))
-    else:
-        assert_error(version, nested, PV)
+    else:  # not listed there in 20/21: ignored
+        assert decoded(version, nested).parameters.fill_parameters == P()
 
 
 # -- Range filters (20+; request-level problems stay decodable) --------------------------------
@@ -501,27 +548,38 @@ def test_check_request_ok() -> None:
         with pytest.raises(WireError) as err:
             check_request_ok(V22, RequestOk(track_properties=status_ok.track_properties), context)
         assert err.value.code == PV
+    # A parameter the answered request does not list: dropped (strict, for ours: an error).
+    lo = RequestOk(P(largest_object=Location(1, 2)))
+    assert check_request_ok(V22, lo, ParamContext.PUBLISH_OK) == RequestOk()
     with pytest.raises(WireError):
-        check_request_ok(V22, RequestOk(P(largest_object=Location(1, 2))), ParamContext.PUBLISH_OK)
-    with pytest.raises(WireError):  # EXPIRES in TRACK_STATUS_OK
-        check_request_ok(V22, RequestOk(P(expires=1)), ParamContext.TRACK_STATUS_OK)
+        check_request_ok(V22, lo, ParamContext.PUBLISH_OK, strict=True)
+    expires = RequestOk(P(expires=1, largest_object=Location(1, 2)))  # EXPIRES in TRACK_STATUS_OK
+    assert check_request_ok(V22, expires, ParamContext.TRACK_STATUS_OK) == lo
+    with pytest.raises(WireError):
+        check_request_ok(V22, expires, ParamContext.TRACK_STATUS_OK, strict=True)
+    assert check_request_ok(V22, lo, ParamContext.TRACK_STATUS_OK) is lo
 
 
 def test_check_request_update() -> None:
     prefix = RequestUpdate(2, P(track_namespace_prefix=(b"a",)))
     check_request_update(V22, prefix, 0x50)
     check_request_update(V22, prefix, 0x51)
-    for request_type in (0x03, 0x1D, 0x16, 0x06):
+    for request_type in (0x03, 0x1D, 0x16, 0x06):  # not listed for these: dropped
+        assert check_request_update(V22, prefix, request_type) == RequestUpdate(2)
         with pytest.raises(WireError):
-            check_request_update(V22, prefix, request_type)
+            check_request_update(V22, prefix, request_type, strict=True)
     with pytest.raises(WireError):  # TRACK_STATUS cannot be updated
         check_request_update(V22, RequestUpdate(2), 0x0D)
     check_request_update(V22, RequestUpdate(2, P(subscriber_priority=1)), 0x16)
-    with pytest.raises(WireError):  # only SUBSCRIBER_PRIORITY (and tokens) for a FETCH
-        check_request_update(V22, RequestUpdate(2, P(forward=True)), 0x16)
-    check_request_update(V22, RequestUpdate(2, P(forward=True)), 0x51)
-    with pytest.raises(WireError):  # FORWARD for SUBSCRIBE_TRACKS: 20+
-        check_request_update(V18, RequestUpdate(2, P(forward=True)), 0x51)
+    # Only SUBSCRIBER_PRIORITY (and tokens) for a FETCH: FORWARD is dropped (strict: error).
+    fwd = RequestUpdate(2, P(forward=True))
+    assert check_request_update(V22, fwd, 0x16) == RequestUpdate(2)
+    with pytest.raises(WireError):
+        check_request_update(V22, fwd, 0x16, strict=True)
+    assert check_request_update(V22, fwd, 0x51) is fwd
+    assert check_request_update(V18, fwd, 0x51) == RequestUpdate(2)  # FORWARD there: 20+
+    with pytest.raises(WireError):
+        check_request_update(V18, fwd, 0x51, strict=True)
 
 
 def test_check_redirect() -> None:
@@ -541,9 +599,11 @@ def test_allow_lists_are_subsets_of_defined_types() -> None:
         for context in ParamContext:
             assert allowed_parameter_types(version, context) <= defined_parameter_types(version)
     assert allowed_parameter_types(V22, ParamContext.FETCH_OK) == frozenset()
-    check_parameters(V22, ParamContext.SUBSCRIBE, P(forward=True))
+    assert check_parameters(V22, ParamContext.SUBSCRIBE, P(forward=True)) == P(forward=True)
+    assert check_parameters(V22, ParamContext.SUBSCRIBE_OK, P(forward=True, expires=3)) == P(
+        expires=3)
     with pytest.raises(WireError):
-        check_parameters(V22, ParamContext.SUBSCRIBE_OK, P(forward=True))
+        check_parameters(V22, ParamContext.SUBSCRIBE_OK, P(forward=True), strict=True)
 
 
 # =============================================================================================

@@ -18,8 +18,13 @@ import pytest
 from kvsp_moq.moqt.data import FetchStreamEncoder
 from kvsp_moq.moqt.errors import RequestErrorCode, SessionErrorCode, StreamResetCode
 from kvsp_moq.moqt.messages import (
+    Location,
+    MessageParameters,
     PublishNamespace,
+    PublishOk,
     RequestError,
+    RequestOk,
+    RequestUpdate,
     Setup,
     Subscribe,
     SubscribeNamespace,
@@ -34,6 +39,7 @@ from kvsp_moq.moqt.reserved import (
 from kvsp_moq.moqt.session import Role, SessionConfig, SessionMachine
 from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.moqt.version import Version
+from kvsp_moq.wire.errors import WireError
 
 V = Version.DRAFT_22
 NS = (b"kvsp-1", b"scope")
@@ -255,3 +261,80 @@ def test_we_do_not_publish_under_reserved_namespaces() -> None:
     # No Request ID was consumed by the refused calls; requesting one is allowed (the peer
     # answers DOES_NOT_EXIST).
     assert c.subscribe((b".",), b"t") == 0
+
+
+# ==========================================================================================
+# leniency where the draft names no close (docs/interop.md "Leniency")
+def _publisher(version: Version) -> tuple[SessionMachine, int]:
+    c = SessionMachine(Role.CLIENT, version, SessionConfig(path="/"))
+    c.start()
+    c.stream_data(3, encode_message(version, Setup()))
+    rid = c.publish(NS, b"t", track_alias=1)
+    c.actions()
+    c.events()
+    return c, rid
+
+
+def test_draft18_publish_ok_0x1e_is_accepted() -> None:
+    # Draft 18 §"Control Messages" table: "0x1E | PUBLISH_OK ({{message-request-ok}})".
+    c, rid = _publisher(Version.DRAFT_18)
+    c.stream_data(0, encode_message(Version.DRAFT_18, PublishOk()))
+    [resp] = [e for e in c.events() if isinstance(e, ev.ResponseReceived)]
+    assert isinstance(resp.message, RequestOk) and resp.request_id == rid and not c.closed
+    # Only as the answer to the PUBLISH: a second one is a violation.
+    c.stream_data(0, encode_message(Version.DRAFT_18, PublishOk()))
+    assert c.close_code == SessionErrorCode.PROTOCOL_VIOLATION
+
+
+@pytest.mark.parametrize("version", [Version.DRAFT_20, Version.DRAFT_22])
+def test_0x1e_is_unknown_after_draft_18(version: Version) -> None:
+    c, _ = _publisher(version)  # 20+: "0x1E | RESERVED (PUBLISH_OK in <= 17)"
+    c.stream_data(0, bytes.fromhex("1e000100"))
+    assert c.close_code == SessionErrorCode.PROTOCOL_VIOLATION
+
+
+def test_known_parameter_not_listed_is_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    # FORWARD in SUBSCRIBE_NAMESPACE, as another stack sent it (issue 18): the draft lists
+    # FORWARD for SUBSCRIBE, REQUEST_UPDATE, PUBLISH, SUBSCRIBE_TRACKS and PUBLISH_STATE_NOTIFY
+    # and names no close for it elsewhere; it is ignored, logged, and the request served.
+    s = server()
+    body = bytes.fromhex("00 01 06 6b7673702d31 01 10 01".replace(" ", ""))
+    with caplog.at_level("INFO", logger="kvsp_moq.moqt.messages.params"):
+        s.stream_data(bidi(0), bytes([0x50, 0, len(body)]) + body)
+    [req] = [e for e in s.events() if isinstance(e, ev.RequestReceived)]
+    assert isinstance(req.message, SubscribeNamespace)
+    assert req.message.parameters == MessageParameters() and not s.closed
+    assert any("FORWARD" in r.getMessage() for r in caplog.records)
+
+
+def test_session_level_checks_drop_unlisted_parameters() -> None:
+    c = SessionMachine(Role.CLIENT, V, SessionConfig(path="/"))
+    c.start()
+    c.stream_data(3, encode_message(V, Setup()))
+    rid = c.track_status(NS, b"t")
+    c.actions()
+    # REQUEST_OK answering TRACK_STATUS with EXPIRES (listed for other REQUEST_OKs only).
+    ok = RequestOk(MessageParameters(expires=5, largest_object=Location(1, 0)))
+    c.stream_data(0, encode_message(V, ok))
+    [resp] = [e for e in c.events() if isinstance(e, ev.ResponseReceived)]
+    assert resp.request_id == rid and not c.closed
+    assert isinstance(resp.message, RequestOk)
+    assert resp.message.parameters == MessageParameters(largest_object=Location(1, 0))
+    # Our own REQUEST_UPDATE with a parameter its request does not list: refused locally.
+    fid = c.fetch(NS, b"t", (0, 0))
+    with pytest.raises(WireError):
+        c.request_update(fid, MessageParameters(forward=True))
+
+
+def test_peer_update_with_unlisted_parameter_is_ignored() -> None:
+    s = server()
+    s.stream_data(bidi(0), encode_message(V, Subscribe(0, NS, b"t")))
+    s.events()
+    # REQUEST_UPDATE of a subscription carrying TRACK_NAMESPACE_PREFIX (listed only for the
+    # namespace requests' updates): the update is delivered without it.
+    upd = RequestUpdate(2, MessageParameters(subscriber_priority=9,
+                                             track_namespace_prefix=(b"x",)))
+    s.stream_data(bidi(0), encode_message(V, upd))
+    [got] = [e for e in s.events() if isinstance(e, ev.UpdateReceived)]
+    assert got.message == RequestUpdate(2, MessageParameters(subscriber_priority=9))
+    assert not s.closed

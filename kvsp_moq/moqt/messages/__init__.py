@@ -71,7 +71,14 @@ from .params import (
     defined_parameter_types,
 )
 from .publish import Publish, PublishDone, PublishStateNotify, stream_count_unknown
-from .request import Redirect, RequestError, RequestOk, check_redirect, check_request_ok
+from .request import (
+    PublishOk,
+    Redirect,
+    RequestError,
+    RequestOk,
+    check_redirect,
+    check_request_ok,
+)
 from .setup import MAX_GOAWAY_URI_LENGTH, GoAway, Setup, SetupOptionType, known_setup_options
 from .subscribe import RequestUpdate, Subscribe, SubscribeOk, check_request_update
 from .token import AliasType, Token, token_cache_size
@@ -115,6 +122,7 @@ __all__ = [
     "PublishBlocked",
     "PublishDone",
     "PublishNamespace",
+    "PublishOk",
     "PublishSkipped",
     "PublishStateNotify",
     "Range",

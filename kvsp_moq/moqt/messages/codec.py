@@ -11,7 +11,9 @@ draft-18 the same section).
 
 * "An endpoint that receives an unknown message type MUST close the session" — with
   PROTOCOL_VIOLATION (the draft names no code; moqt-reference §2.4). A type defined only in
-  another version (PUBLISH_STATE_NOTIFY in 18; 0x1E, PUBLISH_OK before 18) is unknown.
+  another version (PUBLISH_STATE_NOTIFY in 18; 0x1E in 20+, which list it as "RESERVED
+  (PUBLISH_OK in <= 17)") is unknown. Draft 18's table still lists 0x1E PUBLISH_OK: accepted
+  there (:class:`~.request.PublishOk`).
 * "If the length does not match the length of the Message Body, the receiver MUST close the
   session with a PROTOCOL_VIOLATION": a body that ends inside a field, or leaves bytes over.
 * Every other error is the one the message codecs name (``WireError.code``).
@@ -41,7 +43,7 @@ from .namespace import (
     SubscribeTracks,
 )
 from .publish import Publish, PublishDone, PublishStateNotify
-from .request import RequestError, RequestOk
+from .request import PublishOk, RequestError, RequestOk
 from .setup import GoAway, Setup
 from .subscribe import RequestUpdate, Subscribe, SubscribeOk
 from .track_status import TrackStatus
@@ -59,7 +61,8 @@ MAX_MESSAGE_LENGTH = 0xFFFF
 
 #: Every message class; the registry below is derived from TYPE and VERSIONS.
 _CLASSES: tuple[type[Message], ...] = (
-    Setup, GoAway, Subscribe, SubscribeOk, RequestUpdate, RequestOk, RequestError, Publish,
+    Setup, GoAway, Subscribe, SubscribeOk, RequestUpdate, RequestOk, PublishOk, RequestError,
+    Publish,
     PublishDone, PublishStateNotify, Fetch, FetchWithType, FetchOk, TrackStatus,
     PublishNamespace, SubscribeNamespace, SubscribeTracks, Namespace, NamespaceDone,
     PublishSkipped,

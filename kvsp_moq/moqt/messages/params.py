@@ -9,10 +9,15 @@
 * The Value encoding is defined per parameter: uint8 (one byte), varint (vi64), Location
   (two vi64) or length-prefixed (vi64 length + bytes); TRACK_NAMESPACE_PREFIX uses the Track
   Namespace encoding.
-* Unknown parameter (not defined in the negotiated version) → PROTOCOL_VIOLATION; a parameter
-  in a message it may not appear in → PROTOCOL_VIOLATION (§"Parameter Scope"); a repeated
+* Unknown parameter (not defined in the negotiated version) → PROTOCOL_VIOLATION; a repeated
   type that its definition does not allow to repeat → PROTOCOL_VIOLATION. Repeatable:
   AUTHORIZATION_TOKEN and the Range filters.
+* A known parameter in a message its definition does not list ("It MAY appear in ...") is
+  read (its value must still be well formed), ignored and logged: the draft names no close
+  for it (draft-ietf-moq-transport-22 §"Message Parameters" closes the session only for an
+  unknown parameter and for a duplicate; the same in draft 18), and a peer that sends, e.g.,
+  FORWARD in SUBSCRIBE_NAMESPACE loses nothing by our ignoring it. docs/interop.md,
+  "Leniency". We never send one (:func:`write_parameters` raises ``ValueError``).
 * Enumerated uint8 values out of range (FORWARD, GROUP_ORDER, INCLUDE_PROPERTIES) →
   PROTOCOL_VIOLATION; a malformed Token → KEY_VALUE_FORMATTING_ERROR (see ``token``).
 
@@ -42,6 +47,8 @@ PR #1673); draft 22 lists eight, which we take to add the four Object filters 0x
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from enum import Enum, IntEnum
@@ -476,12 +483,25 @@ def allowed_parameter_types(version: Version, context: ParamContext) -> frozense
     return _ALLOWED[version.wire_version][context]
 
 
-def check_parameters(version: Version, context: ParamContext, params: MessageParameters) -> None:
-    """PROTOCOL_VIOLATION if ``params`` has a parameter ``context`` does not allow (for the
-    session: e.g. a REQUEST_OK that answers TRACK_STATUS, or a REQUEST_UPDATE of a FETCH)."""
-    allowed = allowed_parameter_types(version, context)
-    for ptype in sorted(params.types() - allowed):
-        raise violation(f"parameter {_T(ptype).name} not allowed in {context.value}")
+_log = logging.getLogger(__name__)
+
+
+def check_parameters(version: Version, context: ParamContext, params: MessageParameters, *,
+                     strict: bool = False) -> MessageParameters:
+    """``params`` without the parameters ``context`` does not list (for the session: e.g. a
+    REQUEST_OK that answers TRACK_STATUS, or a REQUEST_UPDATE of a FETCH): each is ignored
+    and logged (module docstring). ``strict`` (checking a message of ours): PROTOCOL_VIOLATION
+    instead."""
+    extra = sorted(params.types() - allowed_parameter_types(version, context))
+    if not extra:
+        return params
+    names = ", ".join(_T(t).name for t in extra)
+    if strict:
+        raise violation(f"parameter {names} not allowed in {context.value}")
+    _log.info("ignoring parameter %s: not allowed in %s", names, context.value)
+    cleared = {spec.field: () if spec.repeatable else None
+               for spec in (_SPEC_BY_TYPE[_T(t)] for t in extra)}
+    return dataclasses.replace(params, **cleared)  # type: ignore[arg-type]
 
 
 # =============================================================================================
@@ -496,6 +516,7 @@ def read_parameters(
     allowed = _ALLOWED[wire][context]
     defined = _DEFINED[wire]
     values: dict[str, Any] = {}
+    ignored: list[str] = []
     remaining = r.pull_vi64() if counted else 0
     ptype = 0
     while (remaining > 0) if counted else not r.at_end():
@@ -506,15 +527,18 @@ def read_parameters(
         if ptype not in defined:
             raise violation(f"unknown parameter type {ptype:#x}")
         spec = _SPEC_BY_TYPE[ParameterType(ptype)]
-        if ptype not in allowed:
-            raise violation(f"parameter {spec.type.name} not allowed in {context.value}")
         value = spec.codec.read(r, version)
+        if ptype not in allowed:
+            ignored.append(spec.type.name)  # known, not listed for this message: ignored
+            continue
         if spec.repeatable:
             values.setdefault(spec.field, []).append(value)
         elif spec.field in values:
             raise violation(f"parameter {spec.type.name} repeated")
         else:
             values[spec.field] = value
+    if ignored:
+        _log.info("ignoring parameter %s: not allowed in %s", ", ".join(ignored), context.value)
     return MessageParameters(**values)
 
 

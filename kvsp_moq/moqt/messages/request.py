@@ -17,6 +17,13 @@ together with "Track Properties ... are empty in [all but TRACK_STATUS_OK]. If a
 receives Track Properties in one of these messages it MUST close the session with a
 PROTOCOL_VIOLATION".
 
+Draft 18's message table (§"Control Messages") still lists ``0x1E PUBLISH_OK
+({{message-request-ok}})``, while its REQUEST_OK section makes PUBLISH_OK a shorthand for
+REQUEST_OK (0x7) and its change log says "Remove PUBLISH_OK message type, make it a REQUEST_OK
+alias (#1611)". A draft-18 peer that follows the table sends type 0x1E with REQUEST_OK's body:
+on draft 18 we accept it (:class:`PublishOk`) as the answer to a PUBLISH only; we send 0x7.
+Drafts 20+ list 0x1E as "RESERVED (PUBLISH_OK in <= 17)": unknown there.
+
 REQUEST_ERROR codes are kept as received (``error_code``); unknown codes read as
 INTERNAL_ERROR through :attr:`RequestError.code` and never close the session
 (moqt-reference §2.9). The Redirect rules that need the request or the role (a server
@@ -26,6 +33,7 @@ receiving a non-empty Connect URI; a non-empty Track Name for a namespace-scoped
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ...wire.buffer import Reader, Writer
@@ -64,7 +72,8 @@ from .params import (
     write_parameters,
 )
 
-__all__ = ["Redirect", "RequestError", "RequestOk", "check_redirect", "check_request_ok"]
+__all__ = ["PublishOk", "Redirect", "RequestError", "RequestOk", "check_redirect",
+           "check_request_ok"]
 
 #: No limit is stated for the Connect URI; the 16-bit Message Length bounds it.
 _MAX_CONNECT_URI_LENGTH = 0xFFFF
@@ -105,12 +114,28 @@ class RequestOk(Message):
         return cls(params, read_track_properties(r))
 
 
-def check_request_ok(version: Version, msg: RequestOk, answers: ParamContext) -> None:
+@dataclass(frozen=True, slots=True)
+class PublishOk(RequestOk):
+    """Draft 18's table entry ``0x1E PUBLISH_OK``: a REQUEST_OK body under the old type,
+    answering a PUBLISH (module docstring). Everything that takes a REQUEST_OK takes it."""
+
+    TYPE = 0x1E
+    NAME = "PUBLISH_OK"
+    VERSIONS = frozenset({Version.DRAFT_18})
+    PARAMS = ParamContext.PUBLISH_OK
+    ON_REQUESTS = {PUBLISH_TYPE: Sender.RESPONDER}
+
+
+def check_request_ok(version: Version, msg: RequestOk, answers: ParamContext, *,
+                     strict: bool = False) -> RequestOk:
     """Session check of a REQUEST_OK that answers ``answers`` (e.g. ``TRACK_STATUS_OK``):
-    its parameters, and Track Properties only in TRACK_STATUS_OK (PROTOCOL_VIOLATION)."""
-    check_parameters(version, answers, msg.parameters)
+    Track Properties only in TRACK_STATUS_OK (PROTOCOL_VIOLATION, as the draft says); returns
+    the message without the parameters ``answers`` does not list (ignored and logged, see
+    :func:`~.params.check_parameters`; ``strict``: PROTOCOL_VIOLATION)."""
     if msg.track_properties and answers is not ParamContext.TRACK_STATUS_OK:
         raise violation(f"Track Properties in a REQUEST_OK answering {answers.value}")
+    params = check_parameters(version, answers, msg.parameters, strict=strict)
+    return msg if params is msg.parameters else dataclasses.replace(msg, parameters=params)
 
 
 @dataclass(frozen=True, slots=True)

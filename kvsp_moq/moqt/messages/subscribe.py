@@ -20,6 +20,7 @@ new Request ID. The codec checks its parameters against the union over those req
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ...wire.buffer import Reader, Writer
@@ -137,11 +138,14 @@ _UPDATE_CONTEXT = {
 }
 
 
-def check_request_update(version: Version, msg: RequestUpdate, request_type: int) -> None:
+def check_request_update(version: Version, msg: RequestUpdate, request_type: int, *,
+                         strict: bool = False) -> RequestUpdate:
     """Session check of a REQUEST_UPDATE on the stream opened by ``request_type``: the request
-    must be updatable (draft-20 §"REQUEST_UPDATE": otherwise PROTOCOL_VIOLATION) and the
-    parameters allowed for it."""
+    must be updatable (draft-20 §"REQUEST_UPDATE": otherwise PROTOCOL_VIOLATION); returns the
+    message without the parameters not listed for that request (ignored and logged, see
+    :func:`~.params.check_parameters`; ``strict``, for our own: PROTOCOL_VIOLATION)."""
     context = _UPDATE_CONTEXT.get(request_type)
     if context is None:
         raise violation(f"REQUEST_UPDATE on a stream opened by message type {request_type:#x}")
-    check_parameters(version, context, msg.parameters)
+    params = check_parameters(version, context, msg.parameters, strict=strict)
+    return msg if params is msg.parameters else dataclasses.replace(msg, parameters=params)

@@ -55,6 +55,7 @@ from ..messages import (
     NamespaceDone,
     Publish,
     PublishDone,
+    PublishOk,
     RequestError,
     RequestOk,
     RequestUpdate,
@@ -441,7 +442,7 @@ class SessionMachine(RequestApi):
             raise violation(f"{msg.NAME} on a {req.message.NAME} stream from the "
                             f"{'requester' if peer_is_requester else 'responder'}")
         if isinstance(msg, RequestUpdate):
-            check_request_update(self.version, msg, req.request_type)
+            msg = check_request_update(self.version, msg, req.request_type)
             self._peer_ids.check(msg.request_id)
             req.updates_received += 1
             limit = self.config.max_request_updates
@@ -455,9 +456,11 @@ class SessionMachine(RequestApi):
             if req.local and not req.responded:
                 self._initial_response(req, msg)
                 return
+            if isinstance(msg, PublishOk):  # draft 18's 0x1E answers only the PUBLISH
+                raise violation("PUBLISH_OK after the response to PUBLISH")
             if isinstance(msg, RequestOk | RequestError) and req.pending_updates:
                 if isinstance(msg, RequestOk):
-                    check_request_ok(self.version, msg, ParamContext.REQUEST_UPDATE_OK)
+                    msg = check_request_ok(self.version, msg, ParamContext.REQUEST_UPDATE_OK)
                 upd = req.pending_updates.popleft()
                 self._events.append(UpdateAnswered(req.request_id, upd, msg))
                 return
@@ -473,7 +476,7 @@ class SessionMachine(RequestApi):
             raise violation(f"{msg.NAME} answering {req.message.NAME}")
         req.responded = True
         if isinstance(msg, RequestOk):
-            check_request_ok(self.version, msg, OK_CONTEXT[req.request_type])
+            msg = check_request_ok(self.version, msg, OK_CONTEXT[req.request_type])
         elif isinstance(msg, RequestError):
             check_redirect(self.version, msg, req.request_type,
                            receiver_is_server=not self.is_client)
@@ -586,7 +589,7 @@ class SessionMachine(RequestApi):
             raise RuntimeError("session closed")
         upd = self._ids.allocate()
         msg = RequestUpdate(upd, parameters)
-        check_request_update(self.version, msg, req.request_type)
+        check_request_update(self.version, msg, req.request_type, strict=True)
         req.pending_updates.append(upd)
         self._send(req.stream_id, encode_message(self.version, msg))
         return upd
