@@ -19,7 +19,7 @@ from kvsp_moq.moqt.messages import (
     encode_message,
 )
 from kvsp_moq.moqt.objects import SubgroupHeader, SubgroupIdMode
-from kvsp_moq.moqt.session import Role, SessionMachine, events as ev
+from kvsp_moq.moqt.session import Role, SessionConfig, SessionMachine, events as ev
 from kvsp_moq.moqt.version import Version
 
 V = Version.DRAFT_22
@@ -101,3 +101,36 @@ def test_client_session_with_requests_fuzz(ops: list[tuple]) -> None:
     s.actions()
     s.events()
     _run(s, ops)
+
+
+# Tight limits (issue 18): with a cap of 1 request, 1 tracked gap and a namespace field of
+# exactly "." among the fragments, any input still gives events or the named errors
+# (EXCESSIVE_LOAD, DOES_NOT_EXIST, INVALID_REQUEST_ID, ...), never another exception, and the
+# session's structures stay within the limits.
+_TIGHT_FRAGMENTS = FRAGMENTS + [
+    encode_message(V, Subscribe(4, (b".",), b"t")),
+    encode_message(V, Subscribe(6, (b".session",), b"")),
+    encode_message(V, Subscribe(40, NS, b"far")),  # skips Request IDs
+]
+_tight_chunk = st.one_of(st.binary(max_size=20), st.sampled_from(_TIGHT_FRAGMENTS))
+_tight_op = st.one_of(
+    st.tuples(st.just("data"), st.sampled_from([0, 4, 8, 12, 16, 40, 2, 6, 10, 14]),
+              _tight_chunk, st.booleans()),
+    st.tuples(st.just("reset"), st.sampled_from([0, 4, 6, 10]), st.integers(0, 20)),
+    st.tuples(st.just("stop"), st.sampled_from([1, 5]), st.integers(0, 20)),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_tight_op, max_size=14))
+def test_server_session_fuzz_tight_limits(ops: list[tuple]) -> None:
+    s = SessionMachine(Role.SERVER, V, SessionConfig(max_concurrent_requests=1, max_id_gaps=1,
+                                                    max_pending_stream_bytes=64))
+    s.start()
+    s.stream_data(2, encode_message(V, Setup(path="/")))
+    s.actions()
+    _run(s, ops)
+    sizes = s.state_sizes()
+    assert sizes["requests"] <= 1 and sizes["partial_first"] <= 1
+    assert sizes["peer_request_id_ranges"] <= 2
+    assert sizes["closed_bidi_ranges"] <= 2 and sizes["closed_uni_ranges"] <= 2
