@@ -338,3 +338,26 @@ def test_peer_update_with_unlisted_parameter_is_ignored() -> None:
     [got] = [e for e in s.events() if isinstance(e, ev.UpdateReceived)]
     assert got.message == RequestUpdate(2, MessageParameters(subscriber_priority=9))
     assert not s.closed
+
+
+def test_streams_held_for_unknown_aliases_are_capped() -> None:
+    # Subgroup streams for a Track Alias not known yet are held ("MAY buffer"), each up to
+    # max_pending_stream_bytes; at most max_pending_streams of them at once.
+    from kvsp_moq.moqt.data import SubgroupStreamEncoder
+    from kvsp_moq.moqt.objects import SubgroupHeader, SubgroupIdMode
+
+    c = SessionMachine(Role.CLIENT, V, SessionConfig(path="/", max_pending_streams=4))
+    c.start()
+    c.stream_data(3, encode_message(V, Setup()))
+    c.actions()
+    before = rss_kib()
+    for n in range(1, 2001):
+        header = SubgroupHeader(1000 + n, 0, 0, None, SubgroupIdMode.ZERO)
+        enc = SubgroupStreamEncoder(header, V)
+        c.stream_data(3 + 4 * n, enc.header() + enc.object_header(0, 1 << 16) + b"x" * 60_000)
+    stops = [a for a in c.actions() if isinstance(a, ev.StopSending)]
+    assert len(stops) == 2000 - 4
+    assert {a.error_code for a in stops} == {StreamResetCode.EXCESSIVE_LOAD}
+    assert c.state_sizes()["uni_streams"] == 4 + 1 and not c.closed  # + the control stream
+    # 4 streams x 60 KB held; without the cap 2,000 x 60 KB = 120 MB would be.
+    assert rss_kib() - before < 16 * 1024

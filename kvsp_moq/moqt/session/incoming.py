@@ -7,7 +7,8 @@ the request it belongs to — SUBGROUP_HEADER by Track Alias (held, up to
 ``max_pending_stream_bytes``, while SUBSCRIBE_OK / PUBLISH may still be on its way: "MAY
 buffer"), FETCH_HEADER by Request ID; padding streams are discarded (§"Padding Streams").
 Datagrams are routed by Track Alias. Data for ended subscriptions and fetches is stopped
-with CANCELLED.
+with CANCELLED. At most ``max_pending_streams`` streams are held for unknown aliases at once
+(beyond: EXCESSIVE_LOAD), each up to ``max_pending_stream_bytes``.
 
 State is bounded by what is open, not by the session's history: finished streams are a
 :class:`~.streams.ClosedStreams` range set; a fetch stream naming a Request ID that was used
@@ -259,6 +260,8 @@ class IncomingStreams:
                 st.request_id = rid
             elif header.track_alias in self._retired_aliases:
                 self.stop(stream_id, StreamResetCode.CANCELLED)
+            elif self._pending_streams() >= self.config.max_pending_streams:
+                self.stop(stream_id, StreamResetCode.EXCESSIVE_LOAD)
             else:
                 # Unknown alias: SUBSCRIBE_OK / PUBLISH may still be on its way (MAY buffer).
                 st.pending_alias = header.track_alias
@@ -273,6 +276,9 @@ class IncomingStreams:
         elif isinstance(header, PaddingStreamHeader):
             self._streams.pop(stream_id, None)
             self.dead_streams.add(stream_id)  # discard the rest (§"Padding Streams")
+
+    def _pending_streams(self) -> int:
+        return sum(1 for st in self._streams.values() if st.pending_alias is not None)
 
     def _release_pending(self, alias: int, request_id: int) -> None:
         for stream_id, st in list(self._streams.items()):
