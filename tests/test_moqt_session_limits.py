@@ -28,6 +28,7 @@ from kvsp_moq.moqt.messages import (
     Setup,
     Subscribe,
     SubscribeNamespace,
+    SubscribeOk,
     TrackStatus,
     encode_message,
 )
@@ -359,5 +360,30 @@ def test_streams_held_for_unknown_aliases_are_capped() -> None:
     assert len(stops) == 2000 - 4
     assert {a.error_code for a in stops} == {StreamResetCode.EXCESSIVE_LOAD}
     assert c.state_sizes()["uni_streams"] == 4 + 1 and not c.closed  # + the control stream
+    assert c.state_sizes()["pending_streams"] == 4
     # 4 streams x 60 KB held; without the cap 2,000 x 60 KB = 120 MB would be.
     assert rss_kib() - before < 16 * 1024
+    # SUBSCRIBE_OK for one of them releases it (and its bytes leave the budget).
+    rid = c.subscribe(NS, b"t")
+    c.actions()
+    c.stream_data(0, encode_message(V, SubscribeOk(1001)))
+    assert c.state_sizes()["pending_streams"] == 3
+    assert any(isinstance(e, ev.DataEvent) and e.request_id == rid for e in c.events())
+
+
+def test_bytes_held_for_unknown_aliases_are_capped_in_total() -> None:
+    from kvsp_moq.moqt.data import SubgroupStreamEncoder
+    from kvsp_moq.moqt.objects import SubgroupHeader, SubgroupIdMode
+
+    c = SessionMachine(Role.CLIENT, V, SessionConfig(path="/", max_pending_total_bytes=200_000))
+    c.start()
+    c.stream_data(3, encode_message(V, Setup()))
+    c.actions()
+    for n in range(1, 11):
+        enc = SubgroupStreamEncoder(SubgroupHeader(n, 0, 0, None, SubgroupIdMode.ZERO), V)
+        c.stream_data(3 + 4 * n, enc.header() + enc.object_header(0, 1 << 16) + b"x" * 60_000)
+    stops = [a for a in c.actions() if isinstance(a, ev.StopSending)]
+    # 3 x ~60 KB fit in 200,000 bytes; every later stream overflows it and is stopped.
+    assert [a.stream_id for a in stops] == [3 + 4 * n for n in range(4, 11)]
+    assert {a.error_code for a in stops} == {StreamResetCode.EXCESSIVE_LOAD}
+    assert c.state_sizes()["pending_streams"] == 3 and not c.closed

@@ -48,9 +48,10 @@ class SessionConfig:
     #: Bytes held per data stream whose Track Alias is not known yet, and in total before the
     #: peer's SETUP; beyond them the stream is stopped with EXCESSIVE_LOAD.
     max_pending_stream_bytes: int = 1 << 20
-    #: Data streams held at once for a Track Alias not known yet; one more is stopped with
-    #: EXCESSIVE_LOAD (so what a peer makes us hold is at most this many times the above).
-    max_pending_streams: int = 64
+    #: Data streams held at once for a Track Alias not known yet, and their bytes together;
+    #: beyond either the stream is stopped with EXCESSIVE_LOAD.
+    max_pending_streams: int = 1024
+    max_pending_total_bytes: int = 16 << 20
     #: Requests of the peer we serve at once (draft-ietf-moq-transport-22 §"Subscription
     #: Amplification": "MAY reject excessive subscriptions with REQUEST_ERROR using the
     #: EXCESSIVE_LOAD error code"; §"State maintenance"). Since draft 17 there is no

@@ -7,8 +7,9 @@ the request it belongs to — SUBGROUP_HEADER by Track Alias (held, up to
 ``max_pending_stream_bytes``, while SUBSCRIBE_OK / PUBLISH may still be on its way: "MAY
 buffer"), FETCH_HEADER by Request ID; padding streams are discarded (§"Padding Streams").
 Datagrams are routed by Track Alias. Data for ended subscriptions and fetches is stopped
-with CANCELLED. At most ``max_pending_streams`` streams are held for unknown aliases at once
-(beyond: EXCESSIVE_LOAD), each up to ``max_pending_stream_bytes``.
+with CANCELLED. Streams held for unknown aliases are bounded three ways (beyond each:
+STOP_SENDING EXCESSIVE_LOAD): ``max_pending_stream_bytes`` each, ``max_pending_streams`` at
+once, ``max_pending_total_bytes`` together.
 
 State is bounded by what is open, not by the session's history: finished streams are a
 :class:`~.streams.ClosedStreams` range set; a fetch stream naming a Request ID that was used
@@ -91,6 +92,9 @@ class IncomingStreams:
         self._control_data = control_data
         self._request_id_used = request_id_used
         self._streams: dict[int, _UniIn] = {}
+        #: Streams held for an unknown alias, and their bytes.
+        self._pending_count = 0
+        self._pending_total = 0
         #: Track Alias → request ID of the subscription receiving it.
         self._alias_in: dict[int, int] = {}
         #: Track Alias → its track, and the live requests using it (forgotten with the last).
@@ -154,6 +158,7 @@ class IncomingStreams:
         return {"uni_streams": len(self._streams), "aliases_in": len(self._alias_in),
                 "alias_tracks": len(self._alias_track), "alias_users": len(self._alias_users),
                 "retired_aliases": len(self._retired_aliases),
+                "pending_streams": self._pending_count,
                 "fetch_routes": len(self._fetch_routes), "fetch_orders": len(self._fetch_orders),
                 **self.dead_streams.sizes()}
 
@@ -180,7 +185,7 @@ class IncomingStreams:
             else:
                 if not self._established():
                     # Data before SETUP: hold the bytes (re-fed after SETUP).
-                    del self._streams[stream_id]
+                    self._drop(stream_id)
                     self._hold(stream_id, data, end_stream)
                     return
                 st.parser = DataStreamParser(self.version, group_order=self._fetch_order)
@@ -193,7 +198,7 @@ class IncomingStreams:
 
     def stream_reset(self, stream_id: int, error_code: int) -> None:
         """The peer reset one of its unidirectional streams."""
-        st = self._streams.pop(stream_id, None)
+        st = self._drop(stream_id)
         self.dead_streams.add(stream_id)
         if st is not None and st.request_id is not None:
             self._events.append(DataStreamClosed(st.request_id, stream_id, error_code))
@@ -201,7 +206,7 @@ class IncomingStreams:
     def limit_exceeded(self, stream_id: int, code: int) -> None:
         """A local resource limit on one data stream: cancel just that stream
         (draft-20 §"Resource Exhaustion")."""
-        st = self._streams.pop(stream_id, None)
+        st = self._drop(stream_id)
         self.dead_streams.add(stream_id)
         self._actions.append(StopSending(stream_id, code))
         if st is not None and st.request_id is not None:
@@ -215,7 +220,7 @@ class IncomingStreams:
 
     def stop(self, stream_id: int, code: int) -> None:
         """STOP_SENDING one data stream of the peer; later bytes are ignored."""
-        self._streams.pop(stream_id, None)
+        self._drop(stream_id)
         self.dead_streams.add(stream_id)
         self._actions.append(StopSending(stream_id, code))
 
@@ -243,12 +248,14 @@ class IncomingStreams:
                 self._events.append(DataEvent(st.request_id, stream_id, ev))
         if st.request_id is None and st.pending_alias is not None:
             st.pending_bytes += nbytes
+            self._pending_total += nbytes
             st.pending_end = st.pending_end or end_stream
-            if st.pending_bytes > self.config.max_pending_stream_bytes:
+            if (st.pending_bytes > self.config.max_pending_stream_bytes
+                    or self._pending_total > self.config.max_pending_total_bytes):
                 self.stop(stream_id, StreamResetCode.EXCESSIVE_LOAD)
             return
         if end_stream:
-            self._streams.pop(stream_id, None)
+            self._drop(stream_id)
             self.dead_streams.add(stream_id)
             if st.request_id is not None:
                 self._events.append(DataStreamClosed(st.request_id, stream_id, None))
@@ -260,11 +267,12 @@ class IncomingStreams:
                 st.request_id = rid
             elif header.track_alias in self._retired_aliases:
                 self.stop(stream_id, StreamResetCode.CANCELLED)
-            elif self._pending_streams() >= self.config.max_pending_streams:
+            elif self._pending_count >= self.config.max_pending_streams:
                 self.stop(stream_id, StreamResetCode.EXCESSIVE_LOAD)
             else:
                 # Unknown alias: SUBSCRIBE_OK / PUBLISH may still be on its way (MAY buffer).
                 st.pending_alias = header.track_alias
+                self._pending_count += 1
         elif isinstance(header, FetchHeader):
             if header.request_id in self._fetch_routes:
                 st.request_id = header.request_id
@@ -274,20 +282,30 @@ class IncomingStreams:
             else:
                 raise violation(f"fetch stream for unknown Request ID {header.request_id}")
         elif isinstance(header, PaddingStreamHeader):
-            self._streams.pop(stream_id, None)
+            self._drop(stream_id)
             self.dead_streams.add(stream_id)  # discard the rest (§"Padding Streams")
 
-    def _pending_streams(self) -> int:
-        return sum(1 for st in self._streams.values() if st.pending_alias is not None)
+    def _drop(self, stream_id: int) -> _UniIn | None:
+        """Forget a stream (its held bytes leave the pending budget)."""
+        st = self._streams.pop(stream_id, None)
+        if st is not None and st.pending_alias is not None:
+            self._unhold(st)
+        return st
+
+    def _unhold(self, st: _UniIn) -> None:
+        self._pending_count -= 1
+        self._pending_total -= st.pending_bytes
+        st.pending_bytes = 0
 
     def _release_pending(self, alias: int, request_id: int) -> None:
         for stream_id, st in list(self._streams.items()):
             if st.pending_alias == alias and st.request_id is None:
+                self._unhold(st)
                 st.request_id, st.pending_alias = request_id, None
                 pending, st.pending = st.pending, []
                 for ev in pending:
                     self._events.append(DataEvent(request_id, stream_id, ev))
                 if st.pending_end:
-                    self._streams.pop(stream_id, None)
+                    self._drop(stream_id)
                     self.dead_streams.add(stream_id)
                     self._events.append(DataStreamClosed(request_id, stream_id, None))
