@@ -387,3 +387,23 @@ def test_bytes_held_for_unknown_aliases_are_capped_in_total() -> None:
     assert [a.stream_id for a in stops] == [3 + 4 * n for n in range(4, 11)]
     assert {a.error_code for a in stops} == {StreamResetCode.EXCESSIVE_LOAD}
     assert c.state_sizes()["pending_streams"] == 3 and not c.closed
+
+
+def test_unreleased_finished_subscriptions_are_bounded() -> None:
+    # An application that never calls release(): the session keeps the data routing of at
+    # most max_id_gaps finished subscriptions, oldest dropped first.
+    c = SessionMachine(Role.CLIENT, V, SessionConfig(path="/", max_id_gaps=8))
+    c.start()
+    c.stream_data(3, encode_message(V, Setup()))
+    c.actions()
+    from kvsp_moq.moqt.messages import PublishDone
+
+    for n in range(100):
+        rid = c.subscribe(NS, b"t%d" % n)
+        c.stream_data(4 * n, encode_message(V, SubscribeOk(n))
+                      + encode_message(V, PublishDone(2, 0)), True)
+    c.actions()
+    c.events()
+    assert c.state_sizes()["finished_local"] == 8 and c.state_sizes()["requests"] == 0
+    assert c.state_sizes()["aliases_in"] == 8 and not c.closed
+    assert rid == 2 * 99

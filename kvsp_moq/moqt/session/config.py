@@ -68,8 +68,10 @@ class SessionConfig:
     #: unidirectional streams, retired Track Aliases): finished IDs are a range set
     #: (:mod:`kvsp_moq.moqt.rangeset`), a watermark plus one range per run above a gap. A peer
     #: that leaves more gaps than this has its lowest gaps taken as used (a Request ID there is
-    #: then INVALID_REQUEST_ID, a stream there is ignored). Bounds the session's state by this,
-    #: not by the number of requests it has seen.
+    #: then INVALID_REQUEST_ID, a stream there is ignored). The same number bounds the retired
+    #: Track Aliases remembered and the finished SUBSCRIBEs/FETCHes whose data routing waits
+    #: for ``release()`` (oldest dropped first). Bounds the session's state by this, not by
+    #: the number of requests it has seen.
     max_id_gaps: int = 4096
     #: Setup Options of types this layer does not know (e.g. GREASE), sent as they are.
     extra_setup_options: Sequence[tuple[int, int | bytes]] = ()

@@ -525,6 +525,10 @@ class SessionMachine(RequestApi):
             if req.local and not req.failed and req.request_type in (SUBSCRIBE_TYPE, FETCH_TYPE):
                 # Only these receive data streams (subgroups, fetch and fill fetch streams).
                 self._finished_local[req.request_id] = req.track_alias
+                if len(self._finished_local) > self.config.max_id_gaps:
+                    # An application that never calls release(): the oldest goes first.
+                    oldest = next(iter(self._finished_local))
+                    self._retire(oldest, self._finished_local.pop(oldest))
                 return
         else:
             if not req.send_finished:
