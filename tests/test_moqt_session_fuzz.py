@@ -125,6 +125,7 @@ _tight_op = st.one_of(
 @given(st.lists(_tight_op, max_size=14))
 def test_server_session_fuzz_tight_limits(ops: list[tuple]) -> None:
     s = SessionMachine(Role.SERVER, V, SessionConfig(max_concurrent_requests=1, max_id_gaps=1,
+                                                    max_incomplete_requests=1,
                                                     max_pending_stream_bytes=64))
     s.start()
     s.stream_data(2, encode_message(V, Setup(path="/")))

@@ -127,7 +127,7 @@ def test_refused_request_late_bytes_are_ignored() -> None:
 
 
 def test_incomplete_first_messages_are_capped() -> None:
-    s = server(max_concurrent_requests=4)
+    s = server(max_incomplete_requests=4)
     head = encode_message(V, Subscribe(0, NS, b"t"))[:5]  # never completes
     for n in range(1000):
         s.stream_data(bidi(n), head)

@@ -57,10 +57,13 @@ class SessionConfig:
     #: EXCESSIVE_LOAD error code"; §"State maintenance"). Since draft 17 there is no
     #: MAX_REQUEST_ID: the wire limit is QUIC's MAX_STREAMS, which the transport raises as
     #: streams end. A request beyond this cap is answered REQUEST_ERROR EXCESSIVE_LOAD (Retry
-    #: Interval below) and never reaches the application; request streams whose first message
-    #: is still incomplete count too (beyond: STOP_SENDING + RESET_STREAM EXCESSIVE_LOAD).
-    #: None: no cap.
+    #: Interval below) and never reaches the application. None: no cap.
     max_concurrent_requests: int | None = 1024
+    #: Request streams whose first message is still incomplete, held at once (each buffers
+    #: at most one control message, <= 64 KiB); one more is refused with STOP_SENDING +
+    #: RESET_STREAM EXCESSIVE_LOAD (§"Session initialization": an endpoint "MAY reset such
+    #: bidirectional streams").
+    max_incomplete_requests: int = 64
     #: Retry Interval (ms) sent with that EXCESSIVE_LOAD (§"REQUEST_ERROR": 0 = do not retry;
     #: on the wire the value is ms + 1).
     excessive_load_retry_ms: int = 1000

@@ -372,9 +372,8 @@ class SessionMachine(RequestApi):
         if not msgs:
             if end_stream:
                 raise violation("request stream ended before its request")
-            limit = self.config.max_concurrent_requests
-            if limit is not None and len(self._partial_first) >= limit:
-                # As many unreadable requests as the cap allows already: refuse this stream
+            if len(self._partial_first) >= self.config.max_incomplete_requests:
+                # As many unreadable requests as allowed already: refuse this stream
                 # (§"Session initialization": an endpoint "MAY reset such bidirectional
                 # streams"; §"Resource Exhaustion").
                 self._in.dead_streams.add(stream_id)
