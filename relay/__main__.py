@@ -48,9 +48,19 @@ def _namespace(text: str) -> tuple[bytes, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m relay", description="MOQT relay")
-    p.add_argument("--listen", type=_host_port, default=("127.0.0.1", 4443),
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, (), []) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description="MOQT relay (docs/relay.md)",
+                                formatter_class=_HelpFormatter)
+    p.add_argument("--listen", type=_host_port, default="127.0.0.1:4443",
                    help="HOST:PORT to listen on (port 0: any free port)")
     p.add_argument("--upstream", help="moqt:// URL of the relay to ask when no route matches (local "
                         "namespaces are announced to it, namespace interest forwarded)")
@@ -156,8 +166,8 @@ async def serve(config: RelayConfig) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m relay") -> int:
+    args = parse_args(argv, prog)
     level = args.log_level or ("INFO" if args.verbose or args.log_format == "json"
                                else "WARNING")
     configure_logging(args.log_format, getattr(logging, level))

@@ -1,4 +1,5 @@
-"""``kvsp compat-id``, ``kvsp keys`` and ``kvsp container inspect|verify`` (kvsp-draft §4.1–4.4)."""
+"""``kvsp compat-id``, ``kvsp keys``, ``kvsp scope-id`` and ``kvsp container inspect|verify``
+(kvsp-draft §4.1–4.4; ``container encode`` is in .encode)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..kvsp import blockkeys, compat, container
+from ..kvsp import blockkeys, compat, container, scope
 from ..kvsp.errors import KvspError
 from ..kvsp.hexids import format_digest, parse_hex, parse_hex32
 from ..kvsp.records import ReplicaRecord, parse_json
+from . import encode
+from .errors import UsageError
 
-
-class UsageError(Exception):
-    """Bad input from the command line or a file it names; printed without a traceback."""
+__all__ = ["UsageError", "register"]
 
 
 def _read_json(path: str) -> Any:
@@ -71,6 +72,29 @@ def cmd_keys(args: argparse.Namespace) -> int:
     except (KvspError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     sys.stdout.write("".join(k.hex() + "\n" for k in keys))
+    return 0
+
+
+def _scope_key(args: argparse.Namespace) -> bytes:
+    """``--scope-key HEX`` or ``--scope-key-file F`` (hex, whitespace ignored: the format of
+    ``[instance.engine] scope_key_files``)."""
+    if (args.scope_key is None) == (args.scope_key_file is None):
+        raise UsageError("give exactly one of --scope-key HEX and --scope-key-file F")
+    text = args.scope_key if args.scope_key is not None else Path(args.scope_key_file).read_text()
+    where = "--scope-key" if args.scope_key is not None else args.scope_key_file
+    try:
+        return bytes.fromhex("".join(text.split()))
+    except ValueError:
+        raise UsageError(f"{where}: the scope key must be hex digits") from None
+
+
+def cmd_scope_id(args: argparse.Namespace) -> int:
+    key = _scope_key(args)
+    try:
+        sid = scope.scope_id(key)
+    except KvspError as exc:
+        raise UsageError(f"{exc} (§4.2)") from None
+    print(sid.hex())
     return 0
 
 
@@ -166,7 +190,16 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("tokens", nargs="*", metavar="TOKEN")
     p.set_defaults(handler=cmd_keys)
 
-    p = sub.add_parser("container", help="inspect or verify a KVB1 container file (§4.3)")
+    p = sub.add_parser("scope-id", help="print the Scope ID of a scope key (§4.2)",
+                       description="Print the Scope ID (32 hex digits) of a Scope Key: the "
+                                   "<scope_id hex16> of the IS principals' scopes and the relay's "
+                                   "kvsp-1/0x<compat_id>/0x<scope_id> prefixes (docs/deploy.md)")
+    p.add_argument("--scope-key", metavar="HEX", help="the scope key (>= 32 octets, hex)")
+    p.add_argument("--scope-key-file", metavar="F",
+                   help="a file holding the scope key in hex (as [instance.engine] scope_key_files)")
+    p.set_defaults(handler=cmd_scope_id)
+
+    p = sub.add_parser("container", help="inspect, verify or encode a KVB1 container file (§4.3)")
     csub = p.add_subparsers(dest="container_command", required=True, metavar="ACTION")
     q = csub.add_parser("inspect", help="print the container's header and digests as JSON")
     q.add_argument("file", metavar="FILE")
@@ -175,3 +208,4 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("file", metavar="FILE")
     q.add_argument("--record", required=True, metavar="RECORD.json")
     q.set_defaults(handler=cmd_container_verify)
+    encode.register_action(csub, _inspect_file)

@@ -10,7 +10,7 @@ def run(argv: list[str]) -> int:
     (argparse cannot forward options such as ``--listen`` through a sub-command)."""
     from relay.__main__ import main
 
-    return main(argv)
+    return main(argv, prog="kvsp relay")
 
 
 def _relay(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...bench import report
+from ..progress import Ticker, add_progress_option, wanted
 
 
 def _default_backend() -> str:
@@ -201,3 +202,15 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--refresh-records", type=int, default=100_000, help="records refreshed (--store redis)")
     q.add_argument("--single-puts", type=int, default=5_000, help="records of the single-PUT baseline")
     q.set_defaults(handler=_index)
+    for name, parser in bsub.choices.items():
+        add_progress_option(parser)
+        parser.set_defaults(handler=_with_progress(name, parser.get_default("handler")))
+
+
+def _with_progress(name: str, handler: Callable[[argparse.Namespace], int]
+                   ) -> Callable[[argparse.Namespace], int]:
+    """``handler`` with an elapsed-time line on stderr while it runs (cli/progress.py)."""
+    def run(args: argparse.Namespace) -> int:
+        with Ticker(f"[bench {name}] running:", enabled=wanted(args.progress)):
+            return handler(args)
+    return run

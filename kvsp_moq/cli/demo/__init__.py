@@ -48,11 +48,13 @@ import time
 import uuid
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...kvsp import compat, scope
 from ...kvsp.records import LookupRequest
 from ...transport import new_event_loop
+from ..progress import add_progress_option
 from .cluster import Cluster, http_request, start_cluster
 from .router import SessionClient, Streamed
 
@@ -162,11 +164,17 @@ class Scenario:
 
 # -- the scenario ---------------------------------------------------------------------------------
 
-async def scenario(stack: AsyncExitStack, model_dir: str | None) -> dict[str, Any]:
+async def scenario(stack: AsyncExitStack, model_dir: str | None, progress: bool | None = None) -> dict[str, Any]:
     started = time.perf_counter()
-    from ...model import ByteTokenizer, build_descriptor, ensure_model_files  # imports torch
+    from ...model import ByteTokenizer, ModelConfig, build_descriptor, default_model_dir, ensure_model_files  # imports torch
+    from ..progress import Ticker, wanted
 
-    files = await asyncio.to_thread(ensure_model_files, None, model_dir)
+    target = Path(model_dir) if model_dir else default_model_dir(ModelConfig().name)
+    creating = not (target / "model.json").exists()
+    if creating:
+        _progress(f"creating the reference model in {target} (once; later runs reuse it)")
+    with Ticker("[demo] creating the model:", enabled=creating and wanted(progress)):
+        files = await asyncio.to_thread(ensure_model_files, None, model_dir)
     descriptor = build_descriptor(files, block_tokens=BLOCK_TOKENS)
     cid = compat.compat_id(descriptor)
     scope_key = os.urandom(32)
@@ -368,9 +376,9 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
     return report
 
 
-async def _main(model_dir: str | None) -> dict[str, Any]:
+async def _main(model_dir: str | None, progress: bool | None = None) -> dict[str, Any]:
     async with AsyncExitStack() as stack:
-        report = await scenario(stack, model_dir)
+        report = await scenario(stack, model_dir, progress)
         _progress("shutting down")
     _progress("all servers stopped, relay and instances exited")
     return report
@@ -417,7 +425,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     loop = new_event_loop(use_uvloop=True)
     interrupted = False
     try:
-        task = loop.create_task(_main(args.model_dir))
+        task = loop.create_task(_main(args.model_dir, getattr(args, "progress", None)))
 
         def on_signal() -> None:
             nonlocal interrupted
@@ -464,4 +472,5 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--model-dir", metavar="DIR", default=None,
                    help="the reference model's files (generated there once; default: $KVSP_MODEL_DIR/<name>, "
                         "else ~/.cache/kvsp/model/<name>)")
+    add_progress_option(p)
     p.set_defaults(handler=cmd_demo)
