@@ -25,6 +25,9 @@ NAMESPACES tracks ``("cat", "n<i>", <900 octets>)`` and a track ``("v", "t")`` w
 stored object.
 
 Both print their ``moqt://`` URL on one line, then serve until stdin closes.
+
+``python tests/hostile_moqt_peer.py flood URL N`` — a hostile client: N SUBSCRIBE_NAMESPACE
+on ("cat",) with 64 KiB stream windows, ``ready`` once answered (see :func:`flood`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from kvsp_moq.moqt.objects import SubgroupHeader
 from kvsp_moq.moqt.session import Role, SessionConfig, SessionMachine
 from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub import Catalog, serve
+from kvsp_moq.pubsub import Catalog, ReceiveLimits, connect, serve
 from kvsp_moq.pubsub.driver import ConnectionStreamIds, EventTable, SessionDriver
 from kvsp_moq.transport import Connection, TransportConfig, TransportError
 from kvsp_moq.transport import serve as transport_serve
@@ -201,7 +204,23 @@ class HostilePublisher(SessionDriver):
             pass
 
 
+async def flood(url: str, count: int) -> None:
+    """The hostile client: small flow-control windows, ``count`` SUBSCRIBE_NAMESPACE on the
+    prefix ("cat",) at once; prints ``ready`` once every REQUEST_OK arrived, then reads
+    nothing more than it must (the test SIGSTOPs it)."""
+    config = TransportConfig(insecure=True, max_stream_data=64 * 1024, max_data=1 << 20)
+    limits = ReceiveLimits(max_namespace_updates=1 << 30)
+    session = await connect(url, config, receive_limits=limits)
+    await asyncio.gather(*(session.subscribe_namespace(("cat",)) for _ in range(count)))
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+
+
 async def main() -> None:
+    if sys.argv[1] == "flood":
+        await flood(sys.argv[2], int(sys.argv[3]))
+        return
     mode, cert, key = sys.argv[1:4]
     config = TransportConfig(certificate_file=cert, private_key_file=key)
     if mode == "publisher":

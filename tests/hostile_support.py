@@ -39,21 +39,22 @@ def _status(field: str, pid: int | str = "self") -> int:
 
 
 class PeakRss:
-    """Peak resident memory of this process during a block: ``VmHWM`` of /proc/self/status
-    after resetting it (``echo 5 > /proc/self/clear_refs``), so an allocation that was
-    freed again before the end still counts. ``growth`` is the peak above the resident
-    size at the start."""
+    """Peak resident memory of process ``pid`` (this one by default) from now on:
+    ``VmHWM`` of /proc/PID/status after resetting it (``echo 5 > /proc/PID/clear_refs``),
+    so an allocation that was freed again before the end still counts. ``growth`` is the
+    peak above the resident size at the start."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int | str = "self") -> None:
+        self.pid = pid
         try:
-            Path("/proc/self/clear_refs").write_text("5")
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
         except OSError:  # no reset here: only growth beyond the earlier peak is seen
             pass
-        self.start = _status("VmRSS")
+        self.start = _status("VmRSS", pid)
 
     @property
     def growth(self) -> int:
-        return max(0, _status("VmHWM") - self.start)
+        return max(0, _status("VmHWM", self.pid) - self.start)
 
     def __str__(self) -> str:
         return f"peak RSS {self.growth / MiB:.1f} MiB above the start"

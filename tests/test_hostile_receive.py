@@ -117,11 +117,15 @@ async def test_payload_grows_as_it_arrives_not_as_declared(tmp_path: Path) -> No
             await within(session.close())
 
 
-async def test_endless_subgroup_stream_is_stopped_at_the_queue_bound(tmp_path: Path) -> None:
+@pytest.mark.parametrize("limits", [ReceiveLimits(max_queued_objects=4096),
+                                    ReceiveLimits(max_buffered_bytes=MiB)],
+                         ids=["max_queued_objects", "max_buffered_bytes"])
+async def test_endless_subgroup_stream_is_stopped_at_the_queue_bound(
+        tmp_path: Path, limits: ReceiveLimits) -> None:
     """Objects of 1 KiB without end, nobody reading: the stream is stopped once
-    max_queued_objects are held unread (so is any further stream while they stay unread);
-    what was queued can still be read, and the session serves on."""
-    limits = ReceiveLimits(max_queued_objects=4096)
+    max_queued_objects (or max_buffered_bytes) are held unread (so is any further stream
+    while they stay unread); what was queued can still be read, and the session serves on."""
+    held = min(limits.max_queued_objects, limits.max_buffered_bytes // 1024)
     async with hostile_peer(tmp_path, "publisher") as peer:
         session = await within(connect(peer.url, client_config(), receive_limits=limits))
         try:
@@ -131,11 +135,11 @@ async def test_endless_subgroup_stream_is_stopped_at_the_queue_bound(tmp_path: P
             assert code == StreamResetCode.EXCESSIVE_LOAD
             grown = peak.growth
             assert sub.stats.stopped_streams >= 1
-            assert sub.stats.peak_buffered_bytes <= limits.max_queued_objects * 1024
+            assert sub.stats.peak_buffered_bytes <= held * 1024
             assert grown < DECLARED_BOUND, str(peak)
             # The peer's PUBLISH_DONE ends the subscription once its streams are closed.
             objs = [o for o in await within(sub.collect()) if o.group_id != REPORT_GROUP]
-            assert len(objs) == limits.max_queued_objects
+            assert len(objs) == held
             assert all(len(o.payload) == 1024 for o in objs)
             assert sub.stats.buffered_bytes == 0
             codes, _ = await within(report_of(session, "streams:0:0"))  # well-behaved

@@ -14,6 +14,7 @@ the session before a request gets here.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from ..moqt.errors import PublishDoneCode, RequestErrorCode
@@ -100,10 +101,9 @@ class CatalogServer:
             self.session.spawn(serve_fetch(self.session, self.catalog, rid, msg))
         elif isinstance(msg, SubscribeNamespace):
             moqt.request_ok(rid)
-            prefix = msg.track_namespace_prefix
-            matching = sorted(ns for ns in self.catalog.namespaces()
-                              if ns[:len(prefix)] == prefix)
-            self.session.spawn(send_namespaces(self.session, rid, msg, matching, self._shows))
+            # The catalog's shared sorted snapshot: O(1) of our memory per subscriber.
+            self.session.spawn(send_namespaces(self.session, rid, msg,
+                                               self.catalog.sorted_namespaces(), self._shows))
         elif isinstance(msg, TrackStatus):
             track = self.catalog.get(msg.track_namespace, msg.track_name)
             if track is None:
@@ -144,8 +144,9 @@ class CatalogServer:
 async def send_namespaces(session: ServingSession, rid: int, msg: SubscribeNamespace,
                           namespaces: Sequence[Namespace],
                           shows: NamespaceFilter | None = None) -> None:
-    """One NAMESPACE per namespace (its suffix after the prefix) on the request stream of
-    SUBSCRIBE_NAMESPACE ``rid``, :data:`NAMESPACE_PAGE` at a time: after each page it waits
+    """One NAMESPACE per namespace of ``namespaces`` (sorted) under the request's prefix
+    (its suffix after the prefix) on the request stream of SUBSCRIBE_NAMESPACE ``rid``,
+    :data:`NAMESPACE_PAGE` at a time: after each page it waits
     for the stream's send buffer to drain to :data:`NAMESPACE_PAGE_BUFFER` octets
     (``Connection.wait_writable``), so one subscriber holds about a page of our memory,
     however large the catalog and however slowly it reads
@@ -153,8 +154,12 @@ async def send_namespaces(session: ServingSession, rid: int, msg: SubscribeNames
     cause the relay to send a large volume of NAMESPACE ... messages"). Stops when the
     request or the session ends."""
     prefix = msg.track_namespace_prefix
+    n = len(prefix)
     sent = 0
-    for ns in namespaces:
+    for i in range(bisect_left(namespaces, prefix), len(namespaces)):
+        ns = namespaces[i]
+        if ns[:n] != prefix:
+            break  # past the contiguous run of the prefix
         moqt = session.moqt
         if moqt is None or moqt.closed:
             return

@@ -403,9 +403,13 @@ class Catalog:
     """Tracks served by sessions, by full track name; share one among sessions."""
 
     tracks: dict[tuple[Namespace, bytes], TrackPublisher] = field(default_factory=dict)
+    #: Bumped by :meth:`add` / :meth:`remove`; :meth:`sorted_namespaces` is cached per value.
+    version: int = 0
+    _sorted: tuple[int, tuple[Namespace, ...]] | None = field(default=None, repr=False)
 
     def add(self, track: TrackPublisher) -> TrackPublisher:
         self.tracks[(track.namespace, track.name)] = track
+        self.version += 1
         return track
 
     def create(self, namespace: Sequence[str | bytes] | str | bytes, name: str | bytes,
@@ -417,7 +421,17 @@ class Catalog:
 
     def remove(self, namespace: Namespace, name: bytes) -> TrackPublisher | None:
         """Stop serving a track (new requests for it get DOES_NOT_EXIST); returns it."""
-        return self.tracks.pop((tuple(namespace), bytes(name)), None)
+        track = self.tracks.pop((tuple(namespace), bytes(name)), None)
+        self.version += 1
+        return track
 
     def namespaces(self) -> set[Namespace]:
         return {ns for ns, _ in self.tracks}
+
+    def sorted_namespaces(self) -> tuple[Namespace, ...]:
+        """The namespaces in ascending order: one immutable tuple per catalog version,
+        shared by every reader (the namespaces under a prefix are one contiguous run)."""
+        cached = self._sorted
+        if cached is None or cached[0] != self.version:
+            cached = self._sorted = (self.version, tuple(sorted(self.namespaces())))
+        return cached[1]

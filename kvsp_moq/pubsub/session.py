@@ -166,6 +166,8 @@ class MoqtSession(SessionDriver):
         self._peer_namespace_requests: dict[int, tuple[bytes, ...]] = {}
         #: Our SUBSCRIBE_NAMESPACE requests: Request ID -> prefix.
         self._namespace_subscriptions: dict[int, tuple[bytes, ...]] = {}
+        #: Our SUBSCRIBE_NAMESPACEs cancelled for an overflow (one per such request of ours).
+        self._overflowed: set[int] = set()
         self._published_namespaces: dict[tuple[bytes, ...], int] = {}
         for fut in (self.ready, self.closed, self.goaway_received):
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -368,10 +370,13 @@ class MoqtSession(SessionDriver):
         """A NAMESPACE / NAMESPACE_DONE of our SUBSCRIBE_NAMESPACE ``rid``. Beyond
         ``max_namespace_updates`` unread the subscription is cancelled (draft-22 §"Resource
         Exhaustion"; pubsub/limits.py) and ``("overflow", prefix)`` ends its updates."""
+        if rid in self._overflowed:
+            return  # cancelled for an overflow: what was already parsed for it is dropped
         if self.namespace_updates.qsize() < self.receive_limits.max_namespace_updates:
             self.namespace_updates.put_nowait((kind, suffix))
             return
         prefix = self._namespace_subscriptions.pop(rid, ())
+        self._overflowed.add(rid)
         logger.warning("SUBSCRIBE_NAMESPACE %d cancelled: %d namespace updates unread", rid,
                        self.namespace_updates.qsize())
         self.drop_request(rid)
