@@ -46,6 +46,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ from typing import Any
 from ...kvsp import compat, scope
 from ...kvsp.records import LookupRequest
 from ...transport import new_event_loop
+from ..dashboard import keep_up_with_dashboard
 from ..progress import add_progress_option
 from .cluster import Cluster, http_request, start_cluster
 from .router import SessionClient, Streamed
@@ -164,7 +166,8 @@ class Scenario:
 
 # -- the scenario ---------------------------------------------------------------------------------
 
-async def scenario(stack: AsyncExitStack, model_dir: str | None, progress: bool | None = None) -> dict[str, Any]:
+async def scenario(stack: AsyncExitStack, model_dir: str | None, progress: bool | None = None, *,
+                   on_cluster: Callable[[Cluster], None] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     from ...model import ByteTokenizer, ModelConfig, build_descriptor, default_model_dir, ensure_model_files  # imports torch
     from ..progress import Ticker, wanted
@@ -187,6 +190,8 @@ async def scenario(stack: AsyncExitStack, model_dir: str | None, progress: bool 
     cluster = await start_cluster(stack, descriptor=descriptor, model_dir=str(files.directory), scope_key=scope_key,
                                   progress=_progress)
     _progress(f"{CLUSTER_UP}: index, holder, relay, PC, front end, 2 instances on 127.0.0.1")
+    if on_cluster is not None:
+        on_cluster(cluster)
     client = SessionClient(fe_url=cluster.frontend.url, front_end=cluster.frontend_client, index=cluster.index_client,
                            scope_key=scope_key, scope_id=sid, compat_id=cid, block_tokens=BLOCK_TOKENS, tokenizer=tokenizer)
     run = Scenario(cluster, client)
@@ -376,9 +381,16 @@ def build_report(cluster: Cluster, descriptor: dict[str, Any], cid: str, sid: st
     return report
 
 
-async def _main(model_dir: str | None, progress: bool | None = None) -> dict[str, Any]:
+async def _main(model_dir: str | None, progress: bool | None = None,
+                show: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The scenario; with ``show`` (``--dashboard``) the report is shown and the cluster stays
+    up with the dashboard serving it until cancelled (Ctrl-C)."""
     async with AsyncExitStack() as stack:
-        report = await scenario(stack, model_dir, progress)
+        clusters: list[Cluster] = []
+        report = await scenario(stack, model_dir, progress, on_cluster=clusters.append)
+        if show is not None:
+            show(report)
+            await keep_up_with_dashboard(stack, clusters[0], _progress)
         _progress("shutting down")
     _progress("all servers stopped, relay and instances exited")
     return report
@@ -424,8 +436,20 @@ def _print_report(report: dict[str, Any]) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     loop = new_event_loop(use_uvloop=True)
     interrupted = False
+    shown: list[dict[str, Any]] = []
+
+    def show(report: dict[str, Any]) -> None:
+        shown.append(report)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            _print_report(report)
+        sys.stdout.flush()
+
     try:
-        task = loop.create_task(_main(args.model_dir, getattr(args, "progress", None)))
+
+        task = loop.create_task(_main(args.model_dir, getattr(args, "progress", None),
+                                      show if getattr(args, "dashboard", False) else None))
 
         def on_signal() -> None:
             nonlocal interrupted
@@ -456,6 +480,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+    if shown:  # --dashboard: the report was printed, Ctrl-C ended the dashboard
+        _progress("dashboard stopped: clean shutdown")
+        return 0 if shown[0]["ok"] else 1
     if interrupted or report is None:
         _progress("interrupted: clean shutdown, exit 130")
         return 130
@@ -472,5 +499,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--model-dir", metavar="DIR", default=None,
                    help="the reference model's files (generated there once; default: $KVSP_MODEL_DIR/<name>, "
                         "else ~/.cache/kvsp/model/<name>)")
+    p.add_argument("--dashboard", action="store_true",
+                   help="after the report, keep the cluster up with the live dashboard (docs/dashboard.md) and print "
+                        "its URL; Ctrl-C stops everything")
     add_progress_option(p)
     p.set_defaults(handler=cmd_demo)

@@ -49,6 +49,10 @@ class InstanceView(Record):
     state: str = member(Enum(*INSTANCE_STATES))
     reported: str | None = member(Enum(*INSTANCE_STATES), optional=True)
     assigned: str | None = member(Enum(ACTIVE, DRAINING, SLEEPING), optional=True)
+    #: Load from the last status record (§4.4): requests running and queued, KV use.
+    running: int | None = member(Int(0), optional=True)
+    queued: int | None = member(Int(0), optional=True)
+    kv_utilization: float | None = member(Num(0, 1), optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

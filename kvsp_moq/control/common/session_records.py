@@ -140,6 +140,34 @@ class SessionList(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SessionSummary(Record):
+    """One session in ``GET {pc}sessions`` (ours; the dashboard's listing): its view, plus what
+    it was opened with that an operator looks at (prompt blocks by key, the output asked for)."""
+
+    RECORD_NAME = "session summary"
+
+    session: uuid.UUID = member(UUID)
+    instance: str | None = member(HTTP_URL, optional=True)
+    epoch: int = member(Int(0))
+    output_offset: int = member(Int(0))
+    failed: str | None = member(Str(max_len=MAX_REASON_CHARS), optional=True)
+    compat_id: bytes = member(HEX32)
+    scope_id: bytes = member(HEX16)
+    prompt_blocks: tuple[bytes, ...] = member(ListOf(HEX32))
+    tokens: int = member(Int(1))
+    max_tokens: int = member(Int(1, MAX_OUTPUT_TOKENS))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionSummaryList(Record):
+    RECORD_NAME = "session summary list"
+
+    sessions: tuple[SessionSummary, ...] = member(ListOf(Nested(SessionSummary)))
+    #: Sessions tracked that the principal may see, including those past ``limit``.
+    total: int = member(Int(0))
+
+
+@dataclass(frozen=True, kw_only=True)
 class FailureReport(Record):
     """Body of ``POST {pc}failures`` (ours): ``instance`` failed (§6.8 "When the instance
     fails"). With ``epoch``, the report is about that incarnation only (§6.3 epochs): a report

@@ -16,7 +16,14 @@ from ...kvsp.errors import RecordError
 from ...kvsp.records import InstanceStatusRecord, SessionCheckpoint, ShardMap
 from ..common.errors import StaleEpoch
 from ..common.records import InstanceStateRequest, PlacementRequest
-from ..common.session_records import FailureReport, SessionDone, SessionFailed, SessionOpen
+from ..common.session_records import (
+    FailureReport,
+    SessionDone,
+    SessionFailed,
+    SessionOpen,
+    SessionSummary,
+    SessionSummaryList,
+)
 from ..http.server import (
     MAP_SEGMENT,
     UUID_SEGMENT,
@@ -90,6 +97,7 @@ class PcSessionRoutes(ServiceRoutes[PlacementController]):
         session = f"{base}sessions/{{session:{UUID_SEGMENT}}}"
         return led(self.service, [
             web.post(f"{base}sessions", self.post_session),
+            web.get(f"{base}sessions", self.get_sessions, allow_head=False),
             web.get(session, self.get_session, allow_head=False),
             web.put(f"{session}/checkpoint", self.put_checkpoint),
             web.post(f"{session}/done", self.post_done),
@@ -105,6 +113,20 @@ class PcSessionRoutes(ServiceRoutes[PlacementController]):
         body = await read_record(request, SessionOpen, self.max_body)
         view = await self.service.sessions.open(principal, body)
         return record_response(view, status=201, headers={"Location": f"{self.base}sessions/{body.session}"})
+
+    async def get_sessions(self, request: web.Request) -> web.Response:
+        """Ours (read-only, the dashboard's listing): the sessions tracked in the principal's
+        scopes, the newest ``limit`` (default 256, at most 4096) first."""
+        principal = authenticate(request)
+        raw = request.query.get("limit", "256")
+        if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= 4 and 0 < int(raw) <= 4096):
+            raise RecordError("limit", f"must be an integer in 1..4096, got {raw[:40]!r}")
+        seen = [e for e in self.service.sessions.entries() if principal.may_use_scope(e.open.scope_id)]
+        out = tuple(SessionSummary(
+            session=e.open.session, instance=e.instance, epoch=e.epoch, output_offset=e.checkpoint.output_offset,
+            failed=e.failed, compat_id=e.open.compat_id, scope_id=e.open.scope_id, prompt_blocks=e.open.prompt_blocks,
+            tokens=e.open.tokens, max_tokens=e.open.max_tokens) for e in reversed(seen[-int(raw):]))
+        return record_response(SessionSummaryList(sessions=out, total=len(seen)))
 
     async def get_session(self, request: web.Request) -> web.Response:
         return record_response(self.service.sessions.view(authenticate(request), path_session(request)))

@@ -292,6 +292,9 @@ class PlacementController:
                 state=state,
                 reported=entry.record.state if entry else None,
                 assigned=entry.assigned if entry else None,
+                running=entry.record.running if entry else None,
+                queued=entry.record.queued if entry else None,
+                kv_utilization=entry.record.kv_utilization if entry else None,
             ))
         return InstanceList(instances=tuple(out))
 
