@@ -27,7 +27,8 @@ stored object.
 Both print their ``moqt://`` URL on one line, then serve until stdin closes.
 
 ``python tests/hostile_moqt_peer.py flood URL N`` — a hostile client: N SUBSCRIBE_NAMESPACE
-on ("cat",) with 64 KiB stream windows, ``ready`` once answered (see :func:`flood`).
+on ("cat",) with 64 KiB stream windows, ``ready`` once answered (see :func:`flood`);
+``... requests URL N``: N requests and N junk data streams (see :func:`requests`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from kvsp_moq.moqt.objects import SubgroupHeader
 from kvsp_moq.moqt.session import Role, SessionConfig, SessionMachine
 from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub import Catalog, ReceiveLimits, connect, serve
+from kvsp_moq.pubsub import Catalog, MoqtError, ReceiveLimits, connect, serve
 from kvsp_moq.pubsub.driver import ConnectionStreamIds, EventTable, SessionDriver
 from kvsp_moq.transport import Connection, TransportConfig, TransportError
 from kvsp_moq.transport import serve as transport_serve
@@ -217,9 +218,49 @@ async def flood(url: str, count: int) -> None:
     await loop.run_in_executor(None, sys.stdin.read)
 
 
+async def requests(url: str, count: int) -> None:
+    """The hostile client's request flood: ``count`` TRACK_STATUS and FETCH requests (as
+    many at once as QUIC lets it), ``count`` unidirectional streams each a SUBGROUP_HEADER
+    of a Track Alias nobody gave it, one object of 1 KiB and FIN; prints ``done <refused>``."""
+    session = await connect(url, TransportConfig(insecure=True))
+    refused = 0
+
+    async def one(i: int) -> None:
+        nonlocal refused
+        try:
+            if i % 2:
+                await session.track_status(("v",), "t")
+            else:
+                f = await session.fetch(("v",), "t", start=(0, 0))
+                await f.collect()
+        except MoqtError:
+            refused += 1
+
+    sem = asyncio.Semaphore(100)
+
+    async def bounded(i: int) -> None:
+        async with sem:
+            await one(i)
+
+    await asyncio.gather(*(bounded(i) for i in range(count)))
+    header = SubgroupHeader(1 << 20, 0, 0, 128)
+    for _ in range(count):
+        enc = SubgroupStreamEncoder(header, session.version)
+        sid = session.connection.open_uni()
+        await session.connection.write(sid, enc.header() + enc.object(0, KiB),
+                                       end_stream=True)
+    await session.track_status(("v",), "t")
+    print(f"done {refused}", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+
+
 async def main() -> None:
     if sys.argv[1] == "flood":
         await flood(sys.argv[2], int(sys.argv[3]))
+        return
+    if sys.argv[1] == "requests":
+        await requests(sys.argv[2], int(sys.argv[3]))
         return
     mode, cert, key = sys.argv[1:4]
     config = TransportConfig(certificate_file=cert, private_key_file=key)

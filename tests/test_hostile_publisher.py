@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile_support import HERE, MiB, PeakRss, client_config, hostile_peer, within
+from hostile_support import HERE, MiB, PeakRss, client_config, hostile_peer, rss, within
 from kvsp_moq.pubsub import ReceiveLimits, connect
 
 NAMESPACES = 20_000
@@ -65,3 +65,40 @@ async def test_subscribe_namespace_flood_from_a_reader_that_stalls(tmp_path: Pat
             except TimeoutError:
                 flood.kill()
                 await flood.wait()
+
+
+async def test_request_and_stream_flood(tmp_path: Path) -> None:
+    """5000 TRACK_STATUS / FETCH requests (100 at a time) and 5000 unidirectional streams
+    naming a Track Alias nobody gave (a SUBGROUP_HEADER, one object of 1 KiB, FIN) from one client: the victim serves every request, keeps no state for the
+    junk streams beyond the bound, and its peak RSS grows by less than 64 MiB; what it still
+    holds afterwards is under 32 MiB (nothing per stream or request is kept)."""
+    count = 5000
+    async with hostile_peer(tmp_path, "victim", "10") as victim:
+        pid = victim.proc.pid
+        peak = PeakRss(pid)
+        env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, str(HERE / "hostile_moqt_peer.py"), "requests", victim.url,
+            str(count), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env=env)
+        assert client.stdout is not None and client.stdin is not None
+        try:
+            line = await within(client.stdout.readline(), 300)
+            assert line == b"done 0\n", line  # every request answered
+            good = await within(connect(victim.url, client_config()))
+            try:
+                f = await within(good.fetch(("v",), "t", start=(0, 0)))
+                assert [bytes(o.payload) for o in await within(f.collect())] == [b"v" * 1000]
+            finally:
+                await within(good.close())
+            assert peak.growth < BOUND, str(peak)
+            held = rss(pid) - peak.start
+            assert held < 32 * MiB, f"victim holds {held / MiB:.1f} MiB after the flood"
+            print(f"victim: {peak}, holds {held / MiB:.1f} MiB after")
+        finally:
+            client.stdin.close()
+            try:
+                await within(client.wait(), 20)
+            except TimeoutError:
+                client.kill()
+                await client.wait()
