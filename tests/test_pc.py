@@ -61,7 +61,8 @@ async def test_expiry_means_failed_and_no_placement() -> None:
         assert w.pc_service.registry.state(IX) == "active"
         w.clock.advance(1)
         views = (await call(w.session, "GET", f"{w.pc.url}instances")).json["instances"]
-        assert views == [{"instance": IX, "epoch": 1, "state": "failed", "reported": "active"}]
+        assert views == [{"instance": IX, "epoch": 1, "state": "failed", "reported": "active",
+                          "running": 0, "queued": 0, "kv_utilization": 0.1}]  # the last record's load
         reply = await call(w.session, "POST", f"{w.pc.url}placements", body=place_body([0], 16))
         assert reply.status == 409 and reply.problem == "kvsp-not-active"
 

@@ -49,7 +49,8 @@ async def test_kvsp_pc_and_instance(tmp_path: Path) -> None:
                 # the instance's first report reached the PC before it printed its URL
                 async with session.get(pc_url + "instances") as resp:
                     views = (await resp.json(content_type=None))["instances"]
-                assert views == [{"instance": ii_url, "epoch": 1, "state": "active", "reported": "active"}]
+                assert views == [{"instance": ii_url, "epoch": 1, "state": "active", "reported": "active",
+                                  "running": 0, "queued": 0, "kv_utilization": 0.0}]
                 async with session.put(pc_url + "instance-state", json={"instance": ii_url, "state": "sleeping"}) as resp:
                     assert resp.status == 200 and (await resp.json(content_type=None)) == {"state": "sleeping"}
         finally:
