@@ -108,7 +108,8 @@ async def test_two_pcs_one_active_and_the_standby_takes_over_with_the_state(tmp_
             first.kill()
             assert await guarded(first.proc.wait()) == -signal.SIGKILL
             views = (await until_active(http, second))["instances"]
-            assert views == [{"instance": ix, "epoch": 5, "state": "active", "reported": "active"}]
+            assert views == [{"instance": ix, "epoch": 5, "state": "active", "reported": "active",
+                              "running": 0, "queued": 0, "kv_utilization": 0.1}]
             status, body = await put_status(http, second, status_record(ix, 4))  # §6.3: the highest epoch survived
             assert status == 409 and body["type"].endswith("kvsp-stale-epoch")
 
