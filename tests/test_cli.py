@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -161,3 +162,84 @@ def test_kvsp_relay_forwards_its_options_and_stops_on_sigterm() -> None:
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
+
+
+def test_version_is_the_installed_distribution_version() -> None:
+    from importlib.metadata import version
+
+    assert kvsp("--version").stdout.strip() == f"kvsp {version('kvsp-moq')}"
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["demo", "--jsn"], "usage: kvsp demo "),
+    (["moq", "fetch", "moqt://127.0.0.1:1/", "a", "b", "--bogus"], "usage: kvsp moq fetch "),
+    (["container", "encode", "-o", "x", "--nope"], "usage: kvsp container encode "),
+])
+def test_a_bad_flag_prints_its_subcommands_usage(argv: list[str], usage: str) -> None:
+    proc = kvsp(*argv, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(usage), proc.stderr
+    assert f"error: unrecognized arguments: {argv[-1]}" in proc.stderr
+
+
+def test_kvsp_relay_help_names_itself_and_shows_defaults() -> None:
+    out = kvsp("relay", "--help").stdout
+    assert out.startswith("usage: kvsp relay ") and "python -m relay" not in out
+    assert "(default: 127.0.0.1:4443)" in out and "(default: 256)" in out
+
+
+def test_scope_id_matches_the_vector(tmp_path: Path) -> None:
+    vector = CORE["scopes"][0]
+    assert kvsp("scope-id", "--scope-key", vector["scope_key"]).stdout.strip() == vector["scope_id"]
+    key_file = tmp_path / "scope.key"
+    key_file.write_text(vector["scope_key"][:20] + "\n  " + vector["scope_key"][20:] + "\n")
+    assert kvsp("scope-id", "--scope-key-file", str(key_file)).stdout.strip() == vector["scope_id"]
+    short = kvsp("scope-id", "--scope-key", "ab" * 31, check=False)
+    assert short.returncode == 2 and short.stderr.startswith("kvsp: ") and "32 octets" in short.stderr
+
+
+def test_container_encode_from_npy_layers_and_one_kv_array(tmp_path: Path) -> None:
+    import numpy as np
+
+    from kvsp_moq.kvsp.container import decode_container, layer_digest
+
+    rng = np.random.default_rng(3)
+    kv = rng.standard_normal((3, 2, 5, 2, 4)).astype(np.float16)  # layers, K/V, tokens, heads, dim
+    np.save(tmp_path / "kv.npy", kv)
+    args = []
+    for layer in range(3):
+        for i, part in enumerate("kv"):
+            np.save(tmp_path / f"{part}{layer}.npy", kv[layer, i])
+        args += ["--layer", str(tmp_path / f"k{layer}.npy"), str(tmp_path / f"v{layer}.npy")]
+    a = json.loads(kvsp("container", "encode", "-o", str(tmp_path / "a.kvb"), *args, "--first-layer", "4").stdout)
+    b = json.loads(kvsp("container", "encode", "-o", str(tmp_path / "b.kvb"), "--kv", str(tmp_path / "kv.npy"),
+                        "--first-layer", "4").stdout)
+    assert (tmp_path / "a.kvb").read_bytes() == (tmp_path / "b.kvb").read_bytes()
+    box = decode_container((tmp_path / "a.kvb").read_bytes())
+    assert (box.header.first_layer, box.header.layer_count, box.header.token_count) == (4, 3, 5)
+    for layer in range(3):  # K then V, little-endian fp16, [token][head][dim]
+        assert bytes(box.layer(4 + layer).k) == kv[layer, 0].astype("<f2").tobytes()
+        assert bytes(box.layer(4 + layer).v) == kv[layer, 1].astype("<f2").tobytes()
+    assert a["layer_digests"] == [layer_digest(kv[i, 0].tobytes(), kv[i, 1].tobytes()).hex() for i in range(3)]
+    assert a == {**b, "file": a["file"]} and a["kv_dtype"] == "fp16"
+    assert kvsp("container", "inspect", str(tmp_path / "a.kvb")).stdout.count(a["digest"]) == 1
+
+    np.save(tmp_path / "bits.npy", kv.view(np.uint16))  # bf16 bit patterns: numpy cannot say so
+    ambiguous = kvsp("container", "encode", "-o", str(tmp_path / "c.kvb"), "--kv", str(tmp_path / "bits.npy"),
+                     check=False)
+    assert ambiguous.returncode == 2 and "--kv-dtype" in ambiguous.stderr
+    assert not (tmp_path / "c.kvb").exists()
+    bf16 = json.loads(kvsp("container", "encode", "-o", str(tmp_path / "c.kvb"), "--kv", str(tmp_path / "bits.npy"),
+                           "--kv-dtype", "bf16").stdout)
+    assert bf16["kv_dtype"] == "bf16" and bf16["layer_digests"] == a["layer_digests"]  # same octets
+    wrong = kvsp("container", "encode", "-o", str(tmp_path / "d.kvb"), "--kv", str(tmp_path / "k0.npy"), check=False)
+    assert wrong.returncode == 2 and wrong.stderr.startswith("kvsp: ") and "[layers, 2, tokens" in wrong.stderr
+
+
+def test_progress_on_stderr_only_when_asked_or_a_terminal() -> None:
+    quiet = kvsp("bench", "keys", "--tokens", "2048", "--repeat", "1")  # stderr is a pipe here
+    assert "[bench keys] running:" not in quiet.stderr
+    shown = kvsp("bench", "keys", "--tokens", "2048", "--repeat", "1", "--progress")
+    assert re.search(r"^\[bench keys\] running: \d+\.\d s \(done\)$", shown.stderr, re.M), shown.stderr
+    assert [json.loads(line)["name"] for line in shown.stdout.splitlines()] == \
+        [json.loads(line)["name"] for line in quiet.stdout.splitlines()]  # stdout unchanged

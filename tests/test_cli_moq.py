@@ -124,3 +124,52 @@ async def test_publish_as_client_to_a_server_that_subscribes(data_file: tuple[Pa
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_binary_namespace_fields(data_file: tuple[Path, bytes]) -> None:
+    path, data = data_file
+    proc = await asyncio.create_subprocess_exec(
+        *CMD, "publish", "kvsp-1/hex:ab01", "raw", "--file", str(path), "--object-size",
+        str(OBJECT_SIZE), "--serve", "127.0.0.1:0",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    assert proc.stderr is not None
+    while True:  # the server says where it listens (and names the field in hex)
+        line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+        assert line, "publisher exited before serving"
+        if m := re.search(r"serving (moqt://\S+) (\S+)", line):
+            url = m.group(1)
+            assert m.group(2) == "kvsp-1/hex:ab01"
+            break
+    try:
+        for spelling in ("kvsp-1/hex:ab01", "kvsp-1/0xab01"):  # both are the octets ab 01
+            rc, out, err = await _run("fetch", url, spelling, "raw", "--insecure")
+            assert rc == 0, err
+            assert out.splitlines() == expected_lines(data)
+        rc, out, err = await _run("fetch", url, "kvsp-1/ab01", "raw", "--insecure")  # the text "ab01"
+        assert rc == 1 and out == "" and "MOQT error 0x10 (REQUEST_ERROR DOES_NOT_EXIST)" in err
+        rc, _, err = await _run("fetch", url, "kvsp-1/hex:abc", "raw", "--insecure")
+        assert rc == 2 and "hex digits" in err
+    finally:
+        await _stop(proc)
+
+
+async def test_a_server_that_never_answers_is_one_line_with_a_hint() -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:  # bound, never answers
+        silent.bind(("127.0.0.1", 0))
+        port = silent.getsockname()[1]
+        rc, out, err = await _run("fetch", f"moqt://127.0.0.1:{port}/", "kvsp-1/x", "raw", "--insecure",
+                                  "--connect-timeout", "0.5")
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"kvsp: cannot connect: QUIC handshake with 127.0.0.1:{port} timed out")
+    assert "reachable over UDP" in lines[0]
+
+
+async def test_block_names_are_checked_before_connecting() -> None:
+    for block, problem in (("ab/cd", "4 hex fields"), ("00/11/22/33", "compat_id must be 32 octets"),
+                           ("!!", "base64url")):
+        rc, _, err = await _run("fetch", "moqt://127.0.0.1:9/", "--block", block, "--insecure")
+        assert rc == 2 and err.startswith("kvsp: --block") and problem in err, err

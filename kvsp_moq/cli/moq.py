@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import logging
 import signal
 import sys
 from contextlib import AbstractContextManager, nullcontext
@@ -249,6 +250,8 @@ def _runner(coro_fn: Callable[[argparse.Namespace], Coroutine[object, object, in
     """A handler running ``coro_fn``; its failures (MOQT errors, connection errors) reach
     ``kvsp``'s main, which prints them as one ``kvsp: ...`` line (cli/errors.py)."""
     def handler(args: argparse.Namespace) -> int:
+        # aioquic logs a failed handshake itself; the one line of cli/errors.py says it
+        logging.getLogger("quic").setLevel(logging.ERROR)
         return int(run(coro_fn(args)))
     return handler
 
