@@ -30,6 +30,7 @@ from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.congestion import base as _congestion
 from aioquic.quic.connection import QuicConnection, QuicConnectionState
+from aioquic.quic.logger import QLOG_VERSION, QuicLoggerTrace
 from aioquic.quic.packet_builder import PACKET_NUMBER_SEND_SIZE
 from aioquic.tls import load_pem_private_key, load_pem_x509_certificates
 
@@ -48,6 +49,8 @@ class AioquicLibrary(QuicLibrary):
     name = "aioquic"
     QuicConnection = QuicConnection
     QuicConfiguration = QuicConfiguration
+    QuicLoggerTrace = QuicLoggerTrace
+    qlog_version = QLOG_VERSION
     QuicServer = QuicServer
     events = events
     load_pem_private_key = staticmethod(load_pem_private_key)

@@ -109,6 +109,10 @@ class TransportConfig:
     server_name: str | None = None
     #: Append TLS secrets in NSS key log format here (Wireshark); None: off.
     keylog_file: PathLike | None = None
+    #: Write one qlog file per connection here (``{ODCID}_{client|server}.qlog``, created if
+    #: missing; ``transport.qlog``, docs/tracing.md); None: off. aioquic and qh3; aiopquic
+    #: refuses it (ValueError).
+    qlog_dir: PathLike | None = None
 
     # -- packets, windows, congestion -----------------------------------------------------
     #: Largest UDP payload we send, IP/UDP headers excluded. 1200 works on any path; on

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import TransportConfig
+from .qlog import QlogDirectory
 
 __all__ = ["QuicLibrary"]
 
@@ -35,6 +36,9 @@ class QuicLibrary(abc.ABC):
     QuicServer: Any
     #: The ``quic.events`` module (same class names in both libraries).
     events: Any
+    #: ``quic.logger.QuicLoggerTrace`` and ``quic.logger.QLOG_VERSION`` (``qlog_dir``).
+    QuicLoggerTrace: Any
+    qlog_version: str
     #: ``tls.load_pem_private_key`` / ``tls.load_pem_x509_certificates``.
     load_pem_private_key: Callable[..., Any]
     load_pem_x509_certificates: Callable[[bytes], list[Any]]
@@ -83,6 +87,8 @@ class QuicLibrary(abc.ABC):
                              "transport.tls for a dev one)")
         if config.keylog_file is not None:
             qc.secrets_log_file = open(config.keylog_file, "a")  # noqa: SIM115
+        if config.qlog_dir is not None:
+            qc.quic_logger = QlogDirectory(config.qlog_dir, self.QuicLoggerTrace, self.qlog_version)
         return qc
 
     @abc.abstractmethod

@@ -60,6 +60,7 @@ from qh3.asyncio.server import QuicServer
 from qh3.quic import events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
+from qh3.quic.logger import QLOG_VERSION, QuicLoggerTrace
 from qh3.quic.packet import pull_quic_transport_parameters, push_quic_transport_parameters
 from qh3.tls import ExtensionType, load_pem_private_key, load_pem_x509_certificates
 
@@ -173,6 +174,8 @@ class Qh3Library(QuicLibrary):
     name = "qh3"
     QuicConnection = _ClientConnection  # the engine creates client connections only
     QuicConfiguration = QuicConfiguration
+    QuicLoggerTrace = QuicLoggerTrace
+    qlog_version = QLOG_VERSION
     QuicServer = _Server
     events = events
     load_pem_private_key = staticmethod(load_pem_private_key)

@@ -82,6 +82,9 @@ def quic_configuration(config: TransportConfig, *, is_client: bool, files: TlsFi
     """aiopquic's ``QuicConfiguration`` for ``config``; in-memory PEM goes to ``files``.
     Raises ``ValueError`` for what picoquic cannot honour (an unknown congestion-control
     name or path-MTU policy, a server without a certificate)."""
+    if config.qlog_dir is not None:
+        raise ValueError("qlog_dir: the aiopquic backend does not write qlog files (not wired);"
+                         " use the aioquic or qh3 backend")
     pmtud = config.extra.get("pmtud", "basic")
     qc = QuicConfiguration(
         alpn_protocols=list(config.alpn_protocols),
