@@ -103,6 +103,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                         "request, cache and upstream events (level INFO unless --log-level)")
     p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="log level (default: WARNING; INFO with -v or --log-format json)")
+    p.add_argument("--qlog", metavar="DIR",
+                   help="write one qlog file per QUIC connection (downstream and upstream) into "
+                        "DIR, {ODCID}_{client|server}.qlog (docs/tracing.md; default off)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     if bool(args.cert) != bool(args.key):
@@ -132,6 +135,9 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         warn_unverified(f"the upstream relay {args.upstream} (--insecure-upstream)")
     upstream = TransportConfig(insecure=args.insecure_upstream, ca_file=getattr(args, "upstream_ca", None),
                                max_datagram_size=args.max_datagram_size)
+    qlog = getattr(args, "qlog", None)
+    if qlog is not None:
+        server, upstream = server.replace(qlog_dir=qlog), upstream.replace(qlog_dir=qlog)
     return RelayConfig(host=host, port=port, server_transport=server, upstream=args.upstream,
                        upstream_transport=upstream, cache_bytes=args.cache_mib * MiB,
                        subscriber_queue_bytes=int(args.subscriber_queue_mib * MiB),

@@ -8,8 +8,9 @@ connection's original destination connection ID alone, so the client's and the s
 one connection overwrite each other when both ends log into one directory (a loopback test, a
 relay chained to itself). :class:`QlogDirectory` is that logger with the vantage point in the
 name, ``{ODCID}_{client|server}.qlog``, written whole through a temporary file (a reader never
-sees half a file), plus :meth:`QlogDirectory.flush` for connections still open when the process
-stops. One file is one JSON qlog (``qlog_format`` "JSON", the library's ``qlog_version``, 0.3
+sees half a file), plus :meth:`QlogDirectory.flush` for connections still open, which runs for
+every logger at interpreter exit (a process ended by SIGTERM/SIGINT keeps the traces of
+connections it did not close; SIGKILL loses them). One file is one JSON qlog (``qlog_format`` "JSON", the library's ``qlog_version``, 0.3
 for both) holding one trace; qvis (https://qvis.quictools.info) opens it.
 
 This module imports no QUIC library: a backend passes its ``QuicLoggerTrace`` class and qlog
@@ -18,10 +19,12 @@ version (``library.QuicLibrary.qlog``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,6 +53,7 @@ class QlogDirectory:
         self._trace_class = trace_class
         self.qlog_version = qlog_version
         self._open: dict[int, tuple[Any, bool, bytes]] = {}
+        _LIVE.add(self)
 
     def start_trace(self, is_client: bool, odcid: bytes) -> Any:
         trace = self._trace_class(is_client=is_client, odcid=odcid)
@@ -84,3 +88,13 @@ class QlogDirectory:
             raise
         return path
 
+
+
+_LIVE: weakref.WeakSet[QlogDirectory] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for logger in list(_LIVE):
+        with contextlib.suppress(OSError):
+            logger.flush()
