@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from ..moqt.errors import RequestErrorCode
 from ..moqt.messages import Token
 from ..moqt.session import SessionConfig
-from ..pubsub import ErrorKind, MoqtError, MoqtSession, connect
+from ..pubsub import DEFAULT_RECEIVE_LIMITS, ErrorKind, MoqtError, MoqtSession, ReceiveLimits, connect
 from ..transport import TransportConfig
 
 __all__ = ["MoqtPool", "refused_by_goaway"]
@@ -50,17 +50,20 @@ class MoqtPool:
 
     ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options sent on every connection (a bearer
     token of the control plane as bytes / str, or a ``Token``): the instance's credentials
-    for the scopes it reads (binding §9)."""
+    for the scopes it reads (binding §9). ``receive_limits``: what a source may make each
+    session hold (pubsub/limits.py; block loads receive into sinks of the layer's size)."""
 
     def __init__(self, config: TransportConfig | None = None, *,
                  connect_timeout: float = 5.0,
                  session_config: Callable[[], SessionConfig] | None = None,
-                 setup_tokens: Sequence[Token | bytes | str] = ()) -> None:
+                 setup_tokens: Sequence[Token | bytes | str] = (),
+                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> None:
         self.config = config or TransportConfig()  # verifies the server (docs/security.md)
         #: A fresh SessionConfig per connection (PATH / AUTHORITY, implementation...).
         self.session_config = session_config
         self.setup_tokens = tuple(setup_tokens)
         self.connect_timeout = connect_timeout
+        self.receive_limits = receive_limits
         self._sessions: dict[str, asyncio.Future[MoqtSession]] = {}
         #: Where the session for a URL is opened: the URL, or the New Session URI of the
         #: last GOAWAY on it.
@@ -100,7 +103,7 @@ class MoqtPool:
         fut = asyncio.ensure_future(asyncio.wait_for(
             connect(self.target(url), self.config, setup_timeout=self.connect_timeout,
                     session_config=self.session_config() if self.session_config else None,
-                    setup_tokens=self.setup_tokens),
+                    setup_tokens=self.setup_tokens, receive_limits=self.receive_limits),
             self.connect_timeout))
 
         def connected(f: asyncio.Future[MoqtSession]) -> None:
