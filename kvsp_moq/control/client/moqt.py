@@ -54,7 +54,7 @@ from ...kvsp.records import ReplicaRecord
 from ...kvsp.registries import CODEC_RAW, ELEMENT_TYPES
 from ...moqt.errors import RequestErrorCode
 from ...moqt.session import SessionConfig
-from ...pubsub import ErrorKind, MoqtError
+from ...pubsub import ErrorKind, MoqtError, MoqtSession
 from ...sinks import LayerState, NumpySink
 from ...transport import TransportConfig
 from .retrieval import Attempt, RetrievalFailed, Retrieved
@@ -130,12 +130,18 @@ class MoqtBlockRetriever:
         name = record.block_name()
         assert name is not None  # a moqt:// record carries moqt_namespace (checked on construction)
         try:
-            session = await self.pool.get(record.holder)
+            await self.pool.get(record.holder)
         except (OSError, TimeoutError, ConnectionError, MoqtError) as exc:
             raise _Reject("error", f"cannot connect: {exc!r}") from None
-        try:
+
+        async def info(session: MoqtSession) -> TrackInfo:
             async with asyncio.timeout(self.timeout):
                 return await block_info(session, name, CODEC_RAW.name)
+
+        try:
+            # A request refused because the peer sent GOAWAY is retried once on the pool's new
+            # session (the New Session URI if given).
+            return await self.pool.call(record.holder, info)
         except MoqtError as exc:
             # binding §5: DOES_NOT_EXIST is a cache miss, like HTTP 404 (§6.1)
             missing = exc.kind is ErrorKind.REQUEST and exc.code == RequestErrorCode.DOES_NOT_EXIST
