@@ -15,7 +15,8 @@ TLS (docs/security.md): the sessions they make verify servers per ``tls`` (``[tl
 ``common/tls.py``: ``ca_file`` or the system store), and a request carrying a bearer token to a
 ``http://`` URL other than loopback is refused before it is sent (:class:`PlainHttpRefused`, an
 ``aiohttp.ClientError``) unless ``[tls] allow_plain_http``; the clients with a base URL refuse it
-at construction (``ConfigError``). A ``session`` passed in is used as it is.
+at construction (``ConfigError``). While a trace is current, every request carries its
+``traceparent`` (a child span; docs/tracing.md). A ``session`` passed in is used as it is.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from ..common.session_records import (
     StreamFailed,
 )
 from ..common.shard_store import ShardSlice, TokenRange
+from ..common import tracing
 from ..common.tls import TlsConfig
 from .publisher import IndexRefused, IndexUnreachable
 from .retrieval import parse_repr_digest
@@ -122,10 +124,30 @@ def _token_guard(tls: TlsConfig) -> aiohttp.ClientMiddlewareType:
     return guard
 
 
+async def _trace(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+    """A client middleware: while a trace is current (a request being served, or work it
+    spawned), each call is a child span whose ``traceparent`` the request carries
+    (``common/tracing.py``; docs/tracing.md)."""
+    span = tracing.client_span(request.method, str(request.url))
+    if span is None:
+        return await handler(request)
+    request.headers[tracing.TRACEPARENT] = span.context.traceparent
+    try:
+        response = await handler(request)
+    except BaseException as exc:
+        span.finish(None, exc)
+        tracing.log_call(span, None, exc)
+        raise
+    span.finish(response.status)
+    tracing.log_call(span, response.status)
+    return response
+
+
 def _new_session(tls: TlsConfig) -> aiohttp.ClientSession:
-    """A client session verifying servers per ``tls`` and guarding tokens (module notes)."""
+    """A client session verifying servers per ``tls``, guarding tokens and propagating the
+    current trace (module notes)."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_ssl),
-                                 middlewares=(_token_guard(tls),))
+                                 middlewares=(_token_guard(tls), _trace))
 
 
 def _check_base_url(tls: TlsConfig, what: str, url: str, token: str | None) -> None:

@@ -11,7 +11,8 @@ by aiohttp. Role-neutral; each role's ``routes.py`` builds on it and its ``serve
   ``application/problem+json``;
 - :func:`problem_middleware` — every refusal (``ServiceError``, ``RecordError``, routing errors,
   unexpected exceptions) leaves as a problem details response;
-- :func:`build_app` / :func:`serve_app` / :class:`RunningServer` — the application and its server.
+- :func:`build_app` / :func:`serve_app` / :class:`RunningServer` — the application and its server;
+  every request traced (W3C ``traceparent``, ``tracing.py``; docs/tracing.md).
 
 Endpoints and their shapes: docs/http-api.md.
 """
@@ -35,6 +36,7 @@ from ...kvsp.records import Problem, Record, decode_json, dump_json, parse_json
 from ..common.auth import Authorizer, Principal
 from ..common.errors import ServiceError
 from ..common.media import BLOCK_MEDIA_TYPE, KVSP_JSON
+from .tracing import install_access_log, on_prepare, trace_middleware
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +243,10 @@ async def read_block_body(request: web.Request, max_octets: int) -> memoryview:
 def build_app(*, auth: Authorizer, routes: Iterable[web.RouteDef] = ()) -> web.Application:
     """One application serving ``routes`` (the route tables of the roles it runs), all
     authenticated by ``auth``; each role's ``serve.py`` adds its service and background work."""
-    app = web.Application(middlewares=[problem_middleware])
+    install_access_log()
+    # tracing outermost: it sees the status of every answer, problems included
+    app = web.Application(middlewares=[trace_middleware, problem_middleware])
+    app.on_response_prepare.append(on_prepare)
     app[AUTHORIZER] = auth
     app.add_routes(list(routes))
     return app
