@@ -215,12 +215,20 @@ def _start(parent: TraceContext | None, kind: str, name: str, attributes: dict[s
     if _otel_trace is not None:
         tracer = _otel_trace.get_tracer(TRACER_NAME)
         otel_kind = _otel_trace.SpanKind.SERVER if kind == "server" else _otel_trace.SpanKind.CLIENT
-        made = tracer.start_span(name, context=_otel_parent(parent), kind=otel_kind, attributes=attributes)
+        parent_context, parent_id = _otel_parent(parent), parent.span_id if parent else None
+        if kind == "client" and parent is not None:
+            # inside a request: the current OpenTelemetry span (ours, or an operator's own span
+            # within it) is the parent, a local one
+            current_span = _otel_trace.get_current_span()
+            here = current_span.get_span_context()
+            if current_span.is_recording() and format(here.trace_id, "032x") == parent.trace_id:
+                parent_context, parent_id = _otel_context.get_current(), format(here.span_id, "016x")
+        made = tracer.start_span(name, context=parent_context, kind=otel_kind, attributes=attributes)
         sc = made.get_span_context()
-        if sc.is_valid and (parent is None or sc.span_id != int(parent.span_id, 16)):
-            # an SDK span: its IDs go on the wire (a no-op tracer echoes the parent's)
+        if sc.is_valid and sc.span_id != _otel_trace.get_current_span(parent_context).get_span_context().span_id:
+            # an SDK span: its IDs go on the wire (a no-op tracer echoes its parent's)
             span.context = TraceContext(format(sc.trace_id, "032x"), format(sc.span_id, "016x"),
-                                        parent.span_id if parent else None, int(sc.trace_flags))
+                                        parent_id, int(sc.trace_flags))
         span.otel = made
     return span
 
