@@ -82,9 +82,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return f"timed out{': ' + str(exc) if str(exc) else ''} (no answer from the server)", 1
     if isinstance(exc, FileNotFoundError):
         return f"{exc.filename}: no such file", 2
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return f"{where}{exc.strerror or exc}", 2
+    if isinstance(exc, OSError):  # a file that cannot be read, an address already in use
+        return (f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)), 2
     return f"{type(exc).__name__}: {exc} (unexpected; KVSP_TRACEBACK=1 shows where)", 1
 
 
