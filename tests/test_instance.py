@@ -240,3 +240,28 @@ async def _yield() -> None:
     import asyncio
 
     await asyncio.sleep(0)
+
+
+async def test_running_directives_are_capped_with_429_and_retry_after() -> None:
+    # A peer (or a PC gone wrong) cannot start unbounded work: with one directive stalled at a
+    # holder and max_running_directives = 1, a second is refused with 429 kvsp-overloaded and
+    # Retry-After, starts nothing, and is accepted once the first has ended; a repeat of the
+    # running directive's id is still the same run (not a new one).
+    async with world() as w:
+        async with slow_holder({bkey(1): container(1)}) as slow:
+            await w.publish(record_for(1, slow.url))
+            ii = await w.start_instance(max_running_directives=1)
+            first = directive([(1, [slow.url])])
+            assert (await post(w, ii.url, first))[0] == 202
+            await slow.entered.wait()  # the first directive is running, stalled at the holder
+            assert (await post(w, ii.url, first))[0] == 202  # the same directive again
+            second = directive([(1, [slow.url])])
+            reply = await call(w.session, "POST", f"{ii.url}prefetch", who="pc", body=second)
+            assert reply.status == 429 and reply.json["type"].endswith("kvsp-overloaded")
+            assert reply.headers["Retry-After"] == "1"
+            assert instance_service(ii).prefetch.get(uuid.UUID(second["directive"])) is None
+            assert (await call(w.session, "GET", f"{ii.url}prefetch/{second['directive']}")).status == 404
+            slow.release.set()
+            assert (await wait_done(w, ii, first["directive"]))["state"] == "complete"
+            assert (await post(w, ii.url, second))[0] == 202
+            assert (await wait_done(w, ii, second["directive"]))["state"] == "complete"

@@ -33,10 +33,11 @@ PRECONDITION_FAILED: Final = "kvsp-precondition-failed"  # e.g. PUT with If-None
 NOT_ACTIVE: Final = "kvsp-not-active"  # §6.3: a draining or sleeping instance refuses new sessions and directives
 UNAVAILABLE: Final = "kvsp-unavailable"  # the role's state store cannot be reached (retry later)
 NOT_LEADER: Final = "kvsp-not-leader"  # a standby PC: the active one answers (retry another PC)
+OVERLOADED: Final = "kvsp-overloaded"  # a cap on concurrent work is reached (retry later)
 
 SPEC_PROBLEMS: Final = (LEASE_QUOTA, LAYERS_UNAVAILABLE, STALE_EPOCH)
 OUR_PROBLEMS: Final = (UNAUTHORIZED, FORBIDDEN, BAD_RECORD, NOT_FOUND, PRECONDITION_FAILED, NOT_ACTIVE,
-                       UNAVAILABLE, NOT_LEADER)
+                       UNAVAILABLE, NOT_LEADER, OVERLOADED)
 PROBLEM_NAMES: Final = SPEC_PROBLEMS + OUR_PROBLEMS
 
 #: The HTTP status each problem type is sent with. Only 404 for kvsp-layers-unavailable is
@@ -54,6 +55,7 @@ DEFAULT_STATUS: Mapping[str, int] = MappingProxyType(
         NOT_ACTIVE: 409,
         UNAVAILABLE: 503,
         NOT_LEADER: 503,
+        OVERLOADED: 429,
     }
 )
 
@@ -71,6 +73,7 @@ TITLES: Mapping[str, str] = MappingProxyType(
         NOT_ACTIVE: "Instance not active",
         UNAVAILABLE: "State store unavailable",
         NOT_LEADER: "Not the active controller",
+        OVERLOADED: "Too much work in progress",
     }
 )
 

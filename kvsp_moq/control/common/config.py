@@ -358,6 +358,8 @@ class InstanceConfig:
     record_ttl_ms: int = 60_000
     max_body_octets: int = 1 * MiB
     max_directives: int = 1024
+    #: §6.5 directives running at once; a new one beyond it is refused (429 kvsp-overloaded).
+    max_running_directives: int = 64
     #: §6.5: blocks of one prefetch directive retrieved at once (round trips overlap).
     prefetch_blocks_in_flight: int = 4
     max_sessions: int = 1024
@@ -395,7 +397,7 @@ class InstanceConfig:
         _check_pc_urls("instance", self)
         _check_ints("instance", self, (
             ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
-            ("max_body_octets", 1024), ("max_directives", 1), ("prefetch_blocks_in_flight", 1), ("max_sessions", 1), ("batch_size", 0),
+            ("max_body_octets", 1024), ("max_directives", 1), ("max_running_directives", 1), ("prefetch_blocks_in_flight", 1), ("max_sessions", 1), ("batch_size", 0),
             ("checkpoint_every", 1), ("session_load_timeout_ms", 1), ("block_read_timeout_ms", 1),
         ))
         if self.checkpoint_every > 64:

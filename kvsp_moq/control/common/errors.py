@@ -117,6 +117,17 @@ class StoreUnavailable(ServiceError):
         return MappingProxyType({"Retry-After": str(self.RETRY_AFTER_S)})
 
 
+class Overloaded(ServiceError):
+    """A cap on concurrent work is reached (429 ``kvsp-overloaded``, ours; e.g. running prefetch
+    directives, issue 18): nothing was started; retry after ``Retry-After``."""
+
+    problem = problems.OVERLOADED
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return MappingProxyType({"Retry-After": "1"})
+
+
 class NotLeader(ServiceError):
     """A standby Placement Controller refuses what only the active one may do (503
     ``kvsp-not-leader``, ours): the client tries its next PC URL. ``leader`` names the active

@@ -54,7 +54,7 @@ from ..client.retrieval import (
     retrieve_via_moqt,
 )
 from ..common.clock import Timer
-from ..common.errors import LeaseRefused
+from ..common.errors import LeaseRefused, Overloaded
 
 __all__ = ["LeaseClient", "PrefetchExecutor", "ReplicaSource"]
 
@@ -108,6 +108,7 @@ class PrefetchExecutor:
         fetcher: BlockFetcher,
         timer: Timer,
         max_directives: int = 1024,
+        max_running: int = 64,
         moqt_retriever: MoqtRetriever | None = None,
         blocks_in_flight: int = 4,
     ) -> None:
@@ -120,6 +121,8 @@ class PrefetchExecutor:
         self.fetcher = fetcher
         self.timer = timer
         self.max_directives = max_directives
+        #: Directives running at once (a peer's flood of directives must not start unbounded work).
+        self.max_running = max_running
         self.moqt_retriever = moqt_retriever
         #: Blocks of one directive retrieved at once: each retrieval waits a round trip or
         #: more before its first byte, so a few in flight keep the path busy.
@@ -146,6 +149,8 @@ class PrefetchExecutor:
         run = self._runs.get(directive.directive)
         if run is not None:
             return run
+        if self.running >= self.max_running:
+            raise Overloaded(f"{self.running} prefetch directives are running (max_running_directives)")
         run = DirectiveRun(directive)
         self._runs[directive.directive] = run
         self._forget_old()

@@ -111,7 +111,7 @@ async def serve_instance(
     executor = PrefetchExecutor(
         store=store, publisher=publisher, replicas=replicas, leases=leases,
         fetcher=counted_fetcher if counted_fetcher is not None else cast(BlockFetcher, fetcher), timer=timer,
-        max_directives=ic.max_directives, blocks_in_flight=ic.prefetch_blocks_in_flight,
+        max_directives=ic.max_directives, max_running=ic.max_running_directives, blocks_in_flight=ic.prefetch_blocks_in_flight,
         moqt_retriever=counted_retriever if counted_retriever is not None else moqt_retriever,
     )
     session_pc = pc if isinstance(pc, HttpPcClient) else None
