@@ -220,3 +220,57 @@ def test_instance_engine_section_of_the_toml(tmp_path: Path) -> None:
         assert err.value.key == key
     path.write_text('[instance]\nindex_url = "http://127.0.0.1:1/"\n')
     assert load_config(path).instance.engine is None
+
+
+async def test_moqt_limits_of_the_toml_reach_the_engine_sessions(cluster: Cluster, tmp_path: Path) -> None:
+    """``[instance.engine.moqt_limits]``: loaded from the TOML, given to the engine's load pool,
+    its holder's relay session and the prefetch loads' pool (pubsub/limits.py ReceiveLimits);
+    a bad value is a ConfigError naming the key."""
+    import dataclasses
+
+    from kvsp_moq.control.common.config import load_config
+    from kvsp_moq.control.common.errors import ConfigError
+    from kvsp_moq.control.engine.counters import CountingRetriever
+    from kvsp_moq.pubsub import ReceiveLimits
+
+    base = ('[instance]\nindex_url = "http://127.0.0.1:1/"\n[instance.engine]\nblock_tokens = 16\n'
+            '[instance.engine.moqt_limits]\n')
+    path = tmp_path / "ii.toml"
+    path.write_text(base + "max_object_size = 4096\nmax_incoming_publishes = 0\n")
+    loaded = load_config(path).instance.engine
+    assert loaded is not None
+    limits = loaded.moqt_limits
+    assert limits == ReceiveLimits(max_object_size=4096, max_incoming_publishes=0)
+    for extra, key in (("max_object_size = -1\n", "instance.engine.moqt_limits.max_object_size"),
+                       ('max_queued_objects = "many"\n', "instance.engine.moqt_limits.max_queued_objects"),
+                       ("preallocate = true\n", "instance.engine.moqt_limits.preallocate"),
+                       ("max_objects = 3\n", "instance.engine.moqt_limits.max_objects")):
+        path.write_text(base + extra)
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert err.value.key == key
+    path.write_text('[instance]\nindex_url = "http://127.0.0.1:1/"\n[instance.engine]\nmoqt_limits = 5\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.key == "instance.engine.moqt_limits"
+
+    engine = EngineConfig(model_dir=str(cluster.model_dir), block_tokens=B, torch_threads=1,
+                          relay_url=cluster.relay.url, scope_keys={SCOPE_ID: SCOPE_KEY})
+    assert engine.moqt_limits == ReceiveLimits()  # the default
+    ic = InstanceConfig(index_url=cluster.index.url, token=TOKEN, tiers=(TierConfig("host", 64 * MiB),),
+                        engine=dataclasses.replace(engine, moqt_limits=limits))
+    a = await cluster.stack.enter_async_context(await serve_instance(
+        ControlConfig(auth=cluster.auth, instance=ic, tls=TlsConfig(ca_file=ca_file())), report=False))
+    ea = engine_of(a)
+    assert ea.pool is not None and ea.pool.receive_limits == limits
+    session = await within(ea.pool.get(cluster.relay.url))
+    assert session.receive_limits == limits
+    assert ea.moqt_holder is not None
+    assert [s.receive_limits for s in ea.moqt_holder.relay_sessions()] == [limits]
+    retriever = a.app[INSTANCE_SERVICE].prefetch.moqt_retriever
+    assert isinstance(retriever, CountingRetriever) and retriever.receive_limits == limits
+    from kvsp_moq.control.client.moqt import MoqtBlockRetriever
+
+    own = MoqtBlockRetriever(receive_limits=limits)
+    assert own.pool.receive_limits == limits
+    await own.close()

@@ -34,7 +34,7 @@ from ..kvsp.naming import NAMESPACE_TAG, BlockName, NamingError
 from ..kvsp.records import ReplicaRecord
 from ..moqt.messages import Message, SubscribeNamespace, SubscribeTracks, Token
 from ..moqt.session import SessionConfig
-from ..pubsub import Catalog, MoqtError, MoqtServer, MoqtSession, connect, serve
+from ..pubsub import DEFAULT_RECEIVE_LIMITS, Catalog, MoqtError, MoqtServer, MoqtSession, ReceiveLimits, connect, serve
 from ..pubsub.session import token_values
 from ..storage import BlockStore, BlockWriter, RecordKey
 from ..transport import TransportConfig
@@ -148,19 +148,25 @@ class MoqtHolder:
 
     async def attach_relay(self, url: str, config: TransportConfig | None = None, *,
                            session_config: SessionConfig | None = None,
-                           setup_tokens: Sequence[Token | bytes | str] = ()) -> MoqtSession:
+                           setup_tokens: Sequence[Token | bytes | str] = (),
+                           receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> MoqtSession:
         """Connect to a relay as a publisher: PUBLISH_NAMESPACE every published replica (and
         every later one); the relay's SUBSCRIBE / FETCH are answered from the store.
         ``setup_tokens`` are sent as AUTHORIZATION_TOKEN Setup Options: the token of a
         principal allowed to publish the scopes (binding §9). The relay's requests on this
-        session are not checked against :attr:`authorizer`: the relay enforces binding §9."""
+        session are not checked against :attr:`authorizer`: the relay enforces binding §9.
+        ``receive_limits``: what the relay may make the session hold (pubsub/limits.py)."""
         session = await connect(url, config or TransportConfig(),
                                 catalog=self.catalog, session_config=session_config,
-                                setup_tokens=setup_tokens)
+                                setup_tokens=setup_tokens, receive_limits=receive_limits)
         self._relays[url] = session
         for track in list(self._tracks.values()):
             await session.publish_namespace(track.namespace)
         return session
+
+    def relay_sessions(self) -> list[MoqtSession]:
+        """The current sessions to the attached relays."""
+        return list(self._relays.values())
 
     # -- publishing -------------------------------------------------------------------------
     def publish(self, key: RecordKey) -> BlockTrack:

@@ -54,7 +54,7 @@ from ...kvsp.records import ReplicaRecord
 from ...kvsp.registries import CODEC_RAW, ELEMENT_TYPES
 from ...moqt.errors import RequestErrorCode
 from ...moqt.session import SessionConfig
-from ...pubsub import ErrorKind, MoqtError, MoqtSession
+from ...pubsub import DEFAULT_RECEIVE_LIMITS, ErrorKind, MoqtError, MoqtSession, ReceiveLimits
 from ...sinks import LayerState, NumpySink
 from ...transport import TransportConfig
 from .retrieval import Attempt, RetrievalFailed, Retrieved
@@ -81,14 +81,17 @@ class MoqtBlockRetriever:
     the record's digests, §6.7, confidentiality on TLS);
     ``session_config`` a factory of SessionConfigs per connection; ``pool`` instead of both:
     a pool of the caller's (e.g. one carrying the instance's AUTHORIZATION_TOKEN, binding §9),
-    which :meth:`close` leaves open. ``timeout``: seconds per request (TRACK_STATUS, each FETCH)."""
+    which :meth:`close` leaves open. ``timeout``: seconds per request (TRACK_STATUS, each FETCH).
+    ``receive_limits``: what a source may make each session of its own pool hold."""
 
     def __init__(self, config: TransportConfig | None = None, *, timeout: float = 30.0,
                  connect_timeout: float = 5.0,
                  session_config: Callable[[], SessionConfig] | None = None,
-                 pool: MoqtPool | None = None) -> None:
+                 pool: MoqtPool | None = None,
+                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> None:
         self._own_pool = pool is None
-        self.pool = pool or MoqtPool(config, connect_timeout=connect_timeout, session_config=session_config)
+        self.pool = pool or MoqtPool(config, connect_timeout=connect_timeout, session_config=session_config,
+                                     receive_limits=receive_limits)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
 

@@ -15,6 +15,15 @@ relay_url = "moqt://relay.rack7.example:4443/moq"  # publish computed blocks her
 ca_file = "relay-ca.pem"                           # its trust anchors (default: [tls] ca_file)
 holder_url = "https://h1.example/kvsp/"            # and PUT them here over HTTP
 scope_key_files = ["shared-prompts.key"]           # hex of >= 32 octets each (§4.2)
+
+[instance.engine.moqt_limits]    # what a relay / holder may make each MOQT session hold
+max_object_size = 67108864       # pubsub/limits.py ReceiveLimits; every key optional,
+max_buffered_bytes = 268435456   # integers >= 0, defaults shown (docs/security.md)
+max_queued_objects = 65536
+preallocate = 16384
+max_namespace_updates = 4096
+max_peer_namespaces = 4096
+max_incoming_publishes = 1024
 ```
 """
 
@@ -26,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from ...kvsp.scope import scope_id as derive_scope_id
+from ...pubsub.limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from .errors import ConfigError
 
-__all__ = ["EngineConfig", "engine_config_from_mapping", "read_scope_key"]
+__all__ = ["EngineConfig", "engine_config_from_mapping", "read_scope_key", "receive_limits_from_mapping"]
 
 #: The least number of octets of a Scope Key (§4.2 "at least 32 random octets").
 MIN_SCOPE_KEY_OCTETS = 32
@@ -65,8 +75,13 @@ class EngineConfig:
     insecure: bool | None = None
     #: TTL of the Replica Records the engine publishes for the MOQT replicas it serves (§6.1).
     record_ttl_ms: int = 60_000
+    #: What a relay or holder may make each of the engine's MOQT sessions hold (its load pool,
+    #: its holder's relay session, the prefetch loads): ``[instance.engine.moqt_limits]``.
+    moqt_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS
 
     def __post_init__(self) -> None:
+        if not isinstance(self.moqt_limits, ReceiveLimits):
+            raise ConfigError("instance.engine.moqt_limits", "must be a table")
         for name, minimum in (("block_tokens", 1), ("torch_threads", 0), ("max_tokens", 1), ("record_ttl_ms", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -114,6 +129,8 @@ def engine_config_from_mapping(section: object, base_dir: Path) -> EngineConfig:
     if unknown:
         raise ConfigError(f"instance.engine.{sorted(unknown)[0]}", "unknown key")
     values: dict[str, Any] = dict(section)
+    if "moqt_limits" in values:
+        values["moqt_limits"] = receive_limits_from_mapping(values["moqt_limits"], "instance.engine.moqt_limits")
     files = values.pop("scope_key_files", [])
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise ConfigError("instance.engine.scope_key_files", "must be an array of file names")
@@ -127,3 +144,19 @@ def engine_config_from_mapping(section: object, base_dir: Path) -> EngineConfig:
     if values.get("ca_file") is not None and not Path(values["ca_file"]).is_file():
         raise ConfigError("instance.engine.ca_file", f"{values['ca_file']}: no such file")
     return EngineConfig(**values, scope_keys=keys)
+
+
+def receive_limits_from_mapping(section: object, key: str) -> ReceiveLimits:
+    """A ``ReceiveLimits`` table (``[instance.engine.moqt_limits]``): its keys are the fields of
+    :class:`~kvsp_moq.pubsub.limits.ReceiveLimits`, each an integer >= 0; absent ones keep
+    their default."""
+    if not isinstance(section, dict):
+        raise ConfigError(key, "must be a table")
+    names = {f.name for f in fields(ReceiveLimits)}
+    unknown = set(section) - names
+    if unknown:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}", "unknown key")
+    for name, value in section.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key}.{name}", "must be an integer >= 0")
+    return ReceiveLimits(**section)

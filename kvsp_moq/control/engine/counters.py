@@ -19,6 +19,7 @@ from typing import Any
 
 from ...kvsp.container import FIXED_HEADER_SIZE, LENGTH_ENTRY_SIZE
 from ...kvsp.records import ReplicaRecord
+from ...pubsub.limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from ...transport import TransportConfig
 from ..client.retrieval import BlockFetcher, MoqtRetriever, Retrieved, retrieve_via_moqt
 
@@ -138,19 +139,23 @@ class CountingRetriever:
     connection per relay or holder across blocks and directives (closed by :meth:`close`)."""
 
     def __init__(self, counters: EngineCounters, inner: MoqtRetriever | None = None, *,
-                 transport: TransportConfig | None = None) -> None:
+                 transport: TransportConfig | None = None,
+                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> None:
         self.counters = counters
         self.inner = inner
         #: The QUIC/TLS client configuration of its own retriever (None: the bridge's default,
         #: which verifies against the system store; docs/security.md).
         self.transport = transport
+        #: What a source may make each session of its own retriever hold
+        #: (``[instance.engine.moqt_limits]``).
+        self.receive_limits = receive_limits
         self._own: Any = None
 
     async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
         if self.inner is None and self._own is None:
             from ..client.moqt import MoqtBlockRetriever
 
-            self._own = MoqtBlockRetriever(self.transport)
+            self._own = MoqtBlockRetriever(self.transport, receive_limits=self.receive_limits)
         retrieved = await retrieve_via_moqt(replicas, self.inner if self.inner is not None else self._own)
         self.counters.prefetch_moqt.add(kv_octets(retrieved))
         return retrieved

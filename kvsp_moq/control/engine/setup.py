@@ -4,7 +4,8 @@
 replica publisher and HTTP clients; this module adds what is MOQT: a
 :class:`~kvsp_moq.bridge.MoqtPool` for on-demand loads through the relay, and a
 :class:`~kvsp_moq.bridge.MoqtHolder` on the instance's store attached to the relay as a
-publisher (binding v1), both presenting the instance's token (binding §9).
+publisher (binding v1), both presenting the instance's token (binding §9) and bounded by
+``[instance.engine.moqt_limits]`` (``EngineConfig.moqt_limits``, docs/security.md).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ async def start_engine(
     moqt_holder: MoqtHolder | None = None
     if config.relay_url is not None:
         tokens = (token,) if token else ()
-        pool = MoqtPool(transport, connect_timeout=config.moqt_timeout_s, setup_tokens=tokens)
+        pool = MoqtPool(transport, connect_timeout=config.moqt_timeout_s, setup_tokens=tokens,
+                        receive_limits=config.moqt_limits)
         moqt_holder = MoqtHolder(store, ttl_ms=config.record_ttl_ms)
         try:
-            await moqt_holder.attach_relay(config.relay_url, transport, setup_tokens=tokens)
+            await moqt_holder.attach_relay(config.relay_url, transport, setup_tokens=tokens,
+                                           receive_limits=config.moqt_limits)
         except BaseException:
             await moqt_holder.close()
             await pool.close()

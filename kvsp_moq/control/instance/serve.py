@@ -106,7 +106,8 @@ async def serve_instance(
     if moqt_retriever is None and counters is None:  # MOQT prefetch loads verify per [tls]
         moqt_retriever = functools.partial(retrieve_block, config=tls.transport(purpose="MOQT prefetch loads"))
     counted_fetcher = CountingFetcher(counters, cast(BlockFetcher, fetcher), 0) if counters is not None else None
-    counted_retriever = (CountingRetriever(counters, moqt_retriever, transport=engine_transport(ic.engine, tls))
+    counted_retriever = (CountingRetriever(counters, moqt_retriever, transport=engine_transport(ic.engine, tls),
+                                           receive_limits=ic.engine.moqt_limits)
                          if counters is not None and ic.engine is not None else None)
     executor = PrefetchExecutor(
         store=store, publisher=publisher, replicas=replicas, leases=leases,
