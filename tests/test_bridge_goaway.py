@@ -155,3 +155,52 @@ async def test_pool_call_retries_once(holder: HolderNode) -> None:
             await within(s.close())
         server.close()
         await within(server.wait_closed())
+
+
+async def test_holder_follows_a_draining_relay_to_the_new_session_uri(holder: HolderNode) -> None:
+    """MoqtHolder.attach_relay and the relay's GOAWAY: the holder connects to the New Session
+    URI, PUBLISH_NAMESPACEs its replicas there and closes the old session itself once idle (the
+    draining relay sees every session leave before its drain timeout). A block published before
+    the GOAWAY and one published after it are fetched through the new relay."""
+    before, after = make_key(43), make_key(44)
+    layers = make_layers(LAYERS)
+    holder.put(before, layers)
+    second = await Relay(RelayConfig(server_transport=server_config(),
+                                     upstream_transport=client_config())).start()
+    first = await Relay(RelayConfig(server_transport=server_config(),
+                                    upstream_transport=client_config(),
+                                    goaway_uri=second.url, drain_timeout=20.0)).start()
+    pool = MoqtPool(client_config())
+    drain = None
+    try:
+        old = await within(holder.holder.attach_relay(first.url, client_config()))
+        await within(holder.holder.wait_announced())
+        assert holder.holder.replica_record(before).holder == first.url
+        drain = asyncio.ensure_future(first.shutdown())
+        assert await within(old.goaway_received) == second.url
+        await within(holder.holder.wait_announced())  # the new session, its PUBLISH_NAMESPACEs
+        [new] = holder.holder.relay_sessions()
+        assert new is not old and holder.holder.goaways == 1
+        assert new.connection.url is not None and new.connection.url.port == second.port
+        # The old session had no request of ours in flight: the holder closed it itself, so
+        # the relay's drain ended with every session gone by itself (no GOAWAY_TIMEOUT).
+        assert await within(drain) is True
+        assert old.closed.done()
+        holder.put(after, layers)
+        await within(holder.holder.wait_announced())
+        for key in (before, after):
+            record = holder.holder.replica_record(key)
+            assert record.holder == second.url  # new records name the New Session URI
+            sink = sink_for_record(record, layers.geometry, layers.tokens, backend="numpy")
+            result = await within(load_block(record, sink, pool=pool))
+            assert result.complete and all(a.error is None for a in result.attempts)
+            for layer in range(LAYERS):
+                k, v = sink.layer(layer)
+                assert k.tobytes() + v.tobytes() == holder.payload(key, layer)
+        assert second.stats.snapshot()["upstream_fetches"] == 2
+    finally:
+        await within(pool.close())
+        if drain is not None:
+            await within(drain)
+        await within(first.close())
+        await within(second.close())

@@ -5,7 +5,12 @@ tracks, each under its own five-field namespace:
 
 * as a MOQT server itself (:meth:`MoqtHolder.serve`), and/or
 * as a client of one or more relays (:meth:`MoqtHolder.attach_relay`): PUBLISH_NAMESPACE of
-  every replica's namespace, then it answers the relay's SUBSCRIBE and FETCH.
+  every replica's namespace, then it answers the relay's SUBSCRIBE and FETCH. On the relay's
+  GOAWAY (draft-ietf-moq-transport-22 §"GOAWAY", §"Session Migration") it connects at once to
+  the New Session URI if the GOAWAY carried one ("The client MUST use this URI for the new
+  session if provided"), else to the same URL, PUBLISH_NAMESPACEs every replica there, and
+  closes the old session once none of its requests is in flight on it
+  (:meth:`~kvsp_moq.pubsub.MoqtSession.wait_idle`): publishing through the relay goes on.
 
 FETCH is served straight from the store's tier buffers (:class:`~.track.BlockTrack`); a block
 still being computed (:meth:`MoqtHolder.begin`) is published layer by layer as it is written.
@@ -27,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..kvsp.layout import Geometry
@@ -104,6 +110,19 @@ class ScopeGate:
         return scope is not None and self._may_use(session, message, scope)
 
 
+@dataclass
+class _RelayLink:
+    """One :meth:`MoqtHolder.attach_relay`: where its session goes now (the attached URL, or
+    the New Session URI of the relay's last GOAWAY), how to connect again, the session."""
+
+    target: str
+    config: TransportConfig
+    session_config: SessionConfig | None
+    setup_tokens: tuple[Token | bytes | str, ...]
+    receive_limits: ReceiveLimits
+    session: MoqtSession
+
+
 class MoqtHolder:
     """Publishes the replicas of ``store`` over MOQT (binding v1)."""
 
@@ -123,8 +142,12 @@ class MoqtHolder:
         self._expires: dict[bytes, float] = {}
         self._server: MoqtServer | None = None
         self._host = "127.0.0.1"
-        self._relays: dict[str, MoqtSession] = {}
+        self._relays: dict[str, _RelayLink] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Relay sessions after a GOAWAY, until closed (their close-when-idle tasks).
+        self._draining: dict[MoqtSession, asyncio.Task[None]] = {}
+        #: GOAWAYs received from attached relays (a counter for tests and metrics).
+        self.goaways = 0
         store.add_evict_listener(self._on_evict)
         self._listening = True
 
@@ -155,18 +178,79 @@ class MoqtHolder:
         ``setup_tokens`` are sent as AUTHORIZATION_TOKEN Setup Options: the token of a
         principal allowed to publish the scopes (binding §9). The relay's requests on this
         session are not checked against :attr:`authorizer`: the relay enforces binding §9.
-        ``receive_limits``: what the relay may make the session hold (pubsub/limits.py)."""
-        session = await connect(url, config or TransportConfig(),
-                                catalog=self.catalog, session_config=session_config,
-                                setup_tokens=setup_tokens, receive_limits=receive_limits)
-        self._relays[url] = session
+        ``receive_limits``: what the relay may make the session hold (pubsub/limits.py).
+        After the relay's GOAWAY the link moves to a new session (see the module notes)."""
+        link = _RelayLink(url, config or TransportConfig(), session_config, tuple(setup_tokens),
+                          receive_limits, await self._connect(url, config or TransportConfig(),
+                                                              session_config, tuple(setup_tokens),
+                                                              receive_limits))
+        session = link.session
+        self._relays[url] = link
+        self._watch(url, link)
         for track in list(self._tracks.values()):
             await session.publish_namespace(track.namespace)
         return session
 
+    async def _connect(self, url: str, config: TransportConfig, session_config: SessionConfig | None,
+                       setup_tokens: tuple[Token | bytes | str, ...],
+                       receive_limits: ReceiveLimits) -> MoqtSession:
+        return await connect(url, config, catalog=self.catalog, session_config=session_config,
+                             setup_tokens=setup_tokens, receive_limits=receive_limits)
+
+    def _watch(self, url: str, link: _RelayLink) -> None:
+        session = link.session
+
+        def on_goaway(goaway: asyncio.Future[str]) -> None:
+            if goaway.cancelled() or goaway.exception() is not None:
+                return
+            if self._relays.get(url) is not link or link.session is not session:
+                return  # detached or closed meanwhile
+            self.goaways += 1
+            self._spawn(self._migrate(url, link, session, goaway.result()))
+
+        session.goaway_received.add_done_callback(on_goaway)
+
+    async def _migrate(self, url: str, link: _RelayLink, old: MoqtSession, new_uri: str) -> None:
+        """The relay sent GOAWAY on ``old``: a new session to ``new_uri`` (empty: the same
+        target), every replica published there, ``old`` closed once idle."""
+        target = new_uri or link.target
+        log.info("relay %s: GOAWAY%s; publishing through a new session", link.target,
+                 f" (New Session URI {new_uri})" if new_uri else "")
+        try:
+            new = await self._connect(target, link.config, link.session_config, link.setup_tokens,
+                                      link.receive_limits)
+        except Exception as exc:  # the old session serves until the relay closes it
+            log.warning("relay %s: cannot connect to %s after GOAWAY: %s", link.target, target, exc)
+            return
+        if not self._listening or self._relays.get(url) is not link:  # closed meanwhile
+            await new.close()
+            return
+        link.target, link.session = target, new
+        self._watch(url, link)
+        self._close_when_idle(old)
+        # Every track published from now on is announced on ``new`` by publish(); these are
+        # the ones published before (no await since the swap).
+        await asyncio.gather(*(self._announce(new, t) for t in list(self._tracks.values())))
+
+    def _close_when_idle(self, session: MoqtSession) -> None:
+        async def close() -> None:
+            try:
+                idle = asyncio.ensure_future(session.wait_idle())
+                closed = asyncio.shield(session.closed)  # cancelling the shield spares it
+                either: set[asyncio.Future[Any]] = {idle, closed}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                idle.cancel()
+                closed.cancel()
+                if not session.closed.done():
+                    await session.close()
+            finally:
+                self._draining.pop(session, None)
+
+        self._draining[session] = asyncio.ensure_future(close())
+
     def relay_sessions(self) -> list[MoqtSession]:
         """The current sessions to the attached relays."""
-        return list(self._relays.values())
+        return [link.session for link in self._relays.values()]
 
     # -- publishing -------------------------------------------------------------------------
     def publish(self, key: RecordKey) -> BlockTrack:
@@ -181,8 +265,8 @@ class MoqtHolder:
         self._tracks[key] = track
         self.catalog.add(track)
         self._expires.setdefault(info.replica_id, self._clock() + self.ttl_ms / 1000)
-        for session in self._relays.values():
-            self._spawn(self._announce(session, track))
+        for link in self._relays.values():
+            self._spawn(self._announce(link.session, track))
         return track
 
     def publish_all(self) -> list[BlockTrack]:
@@ -211,11 +295,11 @@ class MoqtHolder:
                        ttl_ms: int | None = None) -> ReplicaRecord:
         """The Replica Record of a published, complete replica (kvsp-draft §4.4): ``holder``
         defaults to the first attached relay's URL, else this server's; ``moqt_namespace``
-        names the replica. Issuing it sets the replica's expiry, hence the
-        MAX_CACHE_DURATION relays get (binding §7)."""
+        names the replica (after a relay's GOAWAY with a New Session URI: that URI). Issuing it
+        sets the replica's expiry, hence the MAX_CACHE_DURATION relays get (binding §7)."""
         track = self.publish(key)
         ttl = self.ttl_ms if ttl_ms is None else ttl_ms
-        url = holder or (next(iter(self._relays)) if self._relays else self.url)
+        url = holder or (next(iter(self._relays.values())).target if self._relays else self.url)
         self._expires[track.replica_id] = self._clock() + ttl / 1000
         return self.store.info(key).replica_record(url, ttl)
 
@@ -231,8 +315,8 @@ class MoqtHolder:
         del self._tracks[key]
         self._expires.pop(replica_id, None)
         self.catalog.remove(track.namespace, track.name)  # new requests: DOES_NOT_EXIST
-        for session in self._relays.values():
-            session.withdraw_namespace(track.namespace)
+        for link in self._relays.values():
+            link.session.withdraw_namespace(track.namespace)
         self._spawn(track.withdraw("replica evicted"))
 
     async def _announce(self, session: MoqtSession, track: BlockTrack) -> None:
@@ -255,9 +339,14 @@ class MoqtHolder:
         if self._listening:
             self._listening = False
             self.store.remove_evict_listener(self._on_evict)
-        for session in list(self._relays.values()):
-            await session.close()
-        self._relays.clear()
+        links, self._relays = list(self._relays.values()), {}
+        for link in links:
+            await link.session.close()
+        for session, task in list(self._draining.items()):
+            task.cancel()
+            self._draining.pop(session, None)
+            if not session.closed.done():
+                await session.close()
         if self._server is not None:
             for s in list(self._server.sessions):
                 await s.close()
