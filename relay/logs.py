@@ -25,6 +25,10 @@ upstream_subscribe_namespace    prefix, request_id, upstream — ONE per watched
 upstream_unsubscribe_namespace  prefix, request_id, upstream — the last watcher left
 namespace_solicit   peer, prefix, request_id — our SUBSCRIBE_NAMESPACE to a downstream session
 namespace_solicit_refused / _skipped   peer, prefix, code/reason — it refused / no publish grant
+namespace_solicit_timeout  peer, prefix, request_id — no answer in request_timeout: cancelled
+publish_refused     peer, namespace, track, code, reason — a PUBLISH we sent was refused
+publish_timeout     peer, namespace, track, request_id — our PUBLISH up the chain got no
+                    answer in request_timeout: cancelled, the track stays local
 solicited_namespace peer, namespace, decision, principals — a NAMESPACE answer (routed / refused)
 solicited_namespace_done  peer, namespace — its route withdrawn
 ==================  ==========================================================================

@@ -18,7 +18,9 @@ for the Track's namespace or a prefix thereof".
   forwarding subscriber, §"Forward Handling") is passed on to the publisher. The publisher's
   PUBLISH_DONE goes up as the fan-out's PUBLISH_DONE. A PUBLISH that arrived from the
   upstream relay is never sent back up, nor a standby PUBLISH (only the active one of a
-  track). If the upstream refuses it, the track stays local (logged).
+  track). If the upstream refuses it, or does not answer it within ``request_timeout``
+  (the request is then cancelled, draft-22 §"Request Cancellation"), the track stays local
+  (logged): its objects keep flowing to the local subscribers.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kvsp_moq.pubsub.window import subscription_window
 from kvsp_moq.transport import ConnectError, TransportError
 
 from .cache import TrackName
+from .deadline import Deadline
 from .fanout import Fanout, Subscriber
 from .logs import event
 from .names import format_namespace
@@ -76,7 +79,13 @@ class PushedSubscriber(Subscriber):
     """A PUBLISH the relay sent: a subscriber of the track's fan-out on a request the relay
     opened."""
 
+    #: The PUBLISH_OK / REQUEST_ERROR must come before it expires (the PUBLISH up the relay
+    #: chain: ``request_timeout``, relay/deadline.py); None: no bound.
+    timer: Deadline | None = None
+
     def on_response(self, msg: Message) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         if isinstance(msg, RequestOk):  # PUBLISH_OK may carry SUBSCRIBER_PRIORITY, FORWARD
             self.apply(msg.parameters)
         elif isinstance(msg, RequestError):  # e.g. UNINTERESTED: stop sending it this track
@@ -84,20 +93,56 @@ class PushedSubscriber(Subscriber):
             event("publish_refused", peer=self.peer.address, namespace=format_namespace(ns),
                   track=name.decode("utf-8", "backslashreplace"), code=msg.error_code,
                   reason=msg.error_reason)
-            self.ended = True
-            self.out.abort()
-            self.peer.local.pop(self.request_id, None)
-            self.fanout.remove(self)
+            self._drop()
+
+    def _drop(self) -> None:
+        """Send it this track no more (the other subscribers of the fan-out keep it)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.ended = True
+        self.out.abort()
+        self.peer.local.pop(self.request_id, None)
+        self.fanout.remove(self)
+
+    def _timed_out(self) -> None:
+        """No answer within the request timeout: cancel the PUBLISH (RESET_STREAM /
+        STOP_SENDING CANCELLED) and treat it as refused."""
+        if self.ended or self.peer.local.get(self.request_id) is not self:
+            return
+        ns, name = self.fanout.track
+        event("publish_timeout", logging.WARNING, peer=self.peer.address,
+              namespace=format_namespace(ns), track=name.decode("utf-8", "backslashreplace"),
+              request_id=self.request_id)
+        self.fanout.stats.upstream_timeouts += 1
+        self._drop()
+        moqt = self.peer.moqt
+        if moqt is not None and not moqt.closed:
+            moqt.cancel(self.request_id)
+            self.peer.flush()
+        self.fanout.emit("publish_timeout", self)
+
+    def on_cancelled(self, code: int) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        super().on_cancelled(code)
+
+    def on_session_closed(self, peer: PeerSession) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        super().on_session_closed(peer)
 
     def publish_done(self, status: int, reason: str) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         super().publish_done(status, reason)
         self.peer.local.pop(self.request_id, None)
 
 
 def push_publish(relay: UpstreamLink, peer: PeerSession, track: Publication,
-                 forward: bool) -> PushedSubscriber | None:
+                 forward: bool, timeout: float | None = None) -> PushedSubscriber | None:
     """PUBLISH ``track`` on ``peer`` and add it to the track's fan-out (None if the session
-    cannot take a request now)."""
+    cannot take a request now). With ``timeout`` (seconds) the PUBLISH is cancelled and
+    dropped as if refused when no answer came within it."""
     moqt = peer.moqt
     if moqt is None or moqt.closed:
         return None
@@ -117,6 +162,9 @@ def push_publish(relay: UpstreamLink, peer: PeerSession, track: Publication,
     sub.forward = forward  # our PUBLISH says FORWARD=0 then (§"Forward State")
     peer.local[rid] = sub
     track.fanout.add(sub)
+    if timeout is not None:
+        sub.timer = Deadline(timeout, sub._timed_out)
+        sub.timer.arm()
     peer.flush()
     return sub
 
@@ -145,7 +193,7 @@ class UpstreamPublishing:
             return
         if up is None or up is track.peer or not track.active or track.ended:
             return
-        sub = push_publish(relay, up, track, track.forwarding)
+        sub = push_publish(relay, up, track, track.forwarding, relay.config.request_timeout)
         if sub is None:
             return
         relay.stats.upstream_publishes += 1

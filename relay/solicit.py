@@ -21,6 +21,11 @@ does, and :class:`Solicitation` turns the answers into routes exactly like PUBLI
 * NAMESPACE_DONE, the publisher ending the request (cancel / FIN / REQUEST_ERROR) or the
   session ending withdraw them.
 
+Its REQUEST_OK / REQUEST_ERROR must come within ``request_timeout`` (relay/deadline.py):
+otherwise the request is cancelled (RESET_STREAM / STOP_SENDING CANCELLED) and treated as
+refused (``namespace_solicit_timeout`` event, counted in ``upstream_timeouts``); the
+session is not solicited again.
+
 Authorization: only sessions whose principals (SETUP tokens, or ``[anonymous]``) have a
 ``publish`` prefix overlapping the solicited prefix are solicited; a NAMESPACE outside their
 ``publish`` prefixes is ignored (``solicited_namespace`` event, decision ``refused``).
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING
 from kvsp_moq.moqt.messages import Message, NamespaceDone, RequestError, Setup
 from kvsp_moq.moqt.messages import Namespace as NamespaceMsg
 
+from .deadline import Deadline
 from .limits import is_reserved_namespace
 from .logs import event
 from .names import format_namespace
@@ -56,6 +62,22 @@ class Solicitation(RequestHandler):
         #: full namespaces this publisher answered (and we accepted), each a route.
         self.names: set[Namespace] = set()
         self.ended = False
+        #: REQUEST_OK / REQUEST_ERROR must come within the request timeout.
+        self.timer = Deadline(relay.config.request_timeout, self._timed_out)
+
+    def _timed_out(self) -> None:
+        """No answer in time: cancelled, as if refused."""
+        if self.ended:
+            return
+        event("namespace_solicit_timeout", logging.WARNING, peer=self.peer.address,
+              prefix=format_namespace(self.prefix), request_id=self.rid)
+        self.relay.stats.upstream_timeouts += 1
+        self._end()
+        moqt = self.peer.moqt
+        if self.rid is not None and moqt is not None and not moqt.closed:
+            moqt.cancel(self.rid)
+            self.peer.flush()
+        self.relay.emit("namespace_solicit_timeout", self)
 
     def open(self) -> None:
         moqt = self.peer.moqt
@@ -64,6 +86,7 @@ class Solicitation(RequestHandler):
         self.peer.local[self.rid] = self
         event("namespace_solicit", peer=self.peer.address, prefix=format_namespace(self.prefix),
               request_id=self.rid)
+        self.timer.arm()
         self.peer.flush()
 
     def _key(self, ns: Namespace) -> tuple[str, int | None, Namespace]:
@@ -76,6 +99,7 @@ class Solicitation(RequestHandler):
 
     # -- RequestHandler ----------------------------------------------------------------------
     def on_response(self, msg: Message) -> None:
+        self.timer.cancel()
         if isinstance(msg, RequestError):
             event("namespace_solicit_refused", logging.WARNING, peer=self.peer.address,
                   prefix=format_namespace(self.prefix), code=int(msg.error_code),
@@ -121,6 +145,7 @@ class Solicitation(RequestHandler):
 
     def _end(self) -> None:
         """The publisher ended our request: its namespaces are gone."""
+        self.timer.cancel()
         if self.ended:
             return
         self.ended = True
@@ -138,6 +163,7 @@ class Solicitation(RequestHandler):
     def on_session_closed(self, peer: PeerSession) -> None:
         # Relay.on_session_closed withdraws every route of the session (and tells the
         # watchers and the upstream relay) once.
+        self.timer.cancel()
         self.ended = True
         self.names = set()
 

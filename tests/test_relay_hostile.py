@@ -3,8 +3,9 @@
 (cache structures and RSS bounded), a stalled upstream (a SIGSTOPped publisher process:
 REQUEST_ERROR TIMEOUT and state cleaned), the drain (GOAWAY carries the drain time,
 GOAWAY_TIMEOUT closes a session that stays), reserved namespaces (never forwarded
-upstream), paged SUBSCRIBE_NAMESPACE answers and in-flight bytes counted against the cache
-budget. No sleeps: every wait is on an event, a future or a process; ``within`` only turns
+upstream), paged SUBSCRIBE_NAMESPACE answers, in-flight bytes counted against the cache
+budget, and peers that never answer our PUBLISH up the chain or our solicitation
+(SUBSCRIBE_NAMESPACE). No sleeps: every wait is on an event, a future or a process; ``within`` only turns
 a hang into a failure. Memory is RSS from /proc/self/status.
 """
 
@@ -20,9 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from kvsp_moq.moqt.errors import RequestErrorCode, SessionErrorCode
+from kvsp_moq.moqt.errors import (
+    PublishDoneCode,
+    RequestErrorCode,
+    SessionErrorCode,
+    StreamResetCode,
+)
+from kvsp_moq.moqt.messages import Publish, SubscribeNamespace
+from kvsp_moq.moqt.session import Role, SessionConfig
 from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
-from kvsp_moq.transport import TransportConfig
+from kvsp_moq.transport import TransportConfig, parse_moqt_url
+from kvsp_moq.transport import connect as transport_connect
+from kvsp_moq.transport import serve as transport_serve
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
 
@@ -336,3 +346,120 @@ async def test_in_flight_bytes_never_exceed_the_cache_budget(net: Net) -> None:
     assert exc.value.code == RequestErrorCode.EXCESSIVE_LOAD
     assert relay.cache.reserved == 0
     assert max(peaks) <= budget and relay.cache.bytes <= budget
+
+
+# ------------------------------------------------------------------------------------------
+class Mute(MoqtSession):
+    """A real pubsub session that never answers the peer's requests of the ``mute`` types
+    (it just records them); it sees their cancellation on ``cancelled``."""
+
+    mute: tuple[type, ...] = ()
+
+    def __init__(self, role: Role, **kw) -> None:
+        super().__init__(role, **kw)
+        loop = asyncio.get_running_loop()
+        self.muted: asyncio.Future[int] = loop.create_future()
+        self.cancelled: asyncio.Future[tuple[int, int]] = loop.create_future()
+
+    def _on_request(self, rid: int, msg) -> None:
+        if isinstance(msg, self.mute):
+            if not self.muted.done():
+                self.muted.set_result(rid)
+            return  # no REQUEST_OK, no REQUEST_ERROR
+        super()._on_request(rid, msg)
+
+    def _on_cancelled(self, rid: int, code: int) -> None:
+        super()._on_cancelled(rid, code)
+        if not self.cancelled.done():
+            self.cancelled.set_result((rid, code))
+
+
+def observed(relay: Relay, kind: str) -> asyncio.Future:
+    """Resolves with the first ``kind`` event the relay reports to its observers."""
+    fut = asyncio.get_running_loop().create_future()
+    relay.observers.append(lambda k, obj: k == kind and not fut.done() and fut.set_result(obj))
+    return fut
+
+
+async def test_upstream_publish_without_answer_times_out_and_stays_local(net: Net) -> None:
+    """Chaining: the upstream relay (a real session that never answers PUBLISH) gets our
+    PUBLISH of a downstream publisher's track; after request_timeout the relay cancels it
+    (RESET_STREAM / STOP_SENDING CANCELLED) and treats it as refused: no state left for it
+    on the upstream session, and the track's objects keep flowing to local subscribers."""
+    made: list[Mute] = []
+
+    def factory() -> Mute:
+        s = Mute(Role.SERVER)
+        s.mute = (Publish,)
+        made.append(s)
+        return s
+
+    server = TransportConfig(certificate_pem=_CERT.cert_pem, private_key_pem=_CERT.key_pem,
+                             max_datagram_size=DGRAM)
+    upstream = await transport_serve("127.0.0.1", 0, factory, server)
+    try:
+        relay = await net.relay(upstream=f"moqt://127.0.0.1:{upstream.port}/moq",
+                                request_timeout=0.5)
+        timed_out = observed(relay, "publish_timeout")
+        catalog = Catalog()
+        pub = await net.client(relay, catalog)
+        track = catalog.create(NS, "t")
+        await within(pub.publish(track))
+        sub = await within((await net.client(relay)).subscribe(NS, "t"))
+        assert len(made) == 1
+        up_rid = await within(made[0].muted)  # the PUBLISH reached the upstream
+        pushed = await within(timed_out)
+        assert pushed.request_id == up_rid
+        rid, code = await within(made[0].cancelled)
+        assert (rid, code) == (up_rid, StreamResetCode.CANCELLED)
+        assert relay.stats.upstream_publishes == 1 and relay.stats.upstream_timeouts == 1
+        up = next(p for p in relay.sessions if p.upstream)
+        assert up.local == {} and pushed.ended
+        published = relay.upstreams.tracks[(NSB, b"t")]
+        assert pushed not in published.fanout.subscribers
+        for g in range(2):
+            await within(track.write_object(g, 0, b"o%d" % g))
+        await within(track.finish())
+        objs = await within(sub.collect())
+        assert [(o.group_id, bytes(o.payload)) for o in objs] == [(0, b"o0"), (1, b"o1")]
+        assert sub.publish_done is not None
+        assert sub.publish_done.status_code == PublishDoneCode.TRACK_ENDED
+    finally:
+        upstream.close()
+        for s in made:
+            if not s.closed.done():
+                await within(s.close())
+
+
+async def test_solicitation_without_answer_times_out_as_refused(net: Net) -> None:
+    """A downstream session that never answers the relay's SUBSCRIBE_NAMESPACE (sent after
+    SETUP, relay/solicit.py): after request_timeout the relay cancels it and treats it as
+    refused (no handler left, nothing routed); the session itself is served as usual."""
+    relay = await net.relay(request_timeout=0.5)
+    timed_out = observed(relay, "namespace_solicit_timeout")
+    made: list[Mute] = []
+
+    def factory() -> Mute:
+        s = Mute(Role.CLIENT, session_config=SessionConfig(path="/moq",
+                                                           authority="127.0.0.1"))
+        s.mute = (SubscribeNamespace,)
+        made.append(s)
+        return s
+
+    await within(transport_connect(parse_moqt_url(relay.url), factory, client_config()))
+    client = made[0]
+    net.sessions.append(client)
+    await within(client.ready)
+    solicit_rid = await within(client.muted)
+    solicitation = await within(timed_out)
+    assert solicitation.rid == solicit_rid and solicitation.ended
+    rid, code = await within(client.cancelled)
+    assert (rid, code) == (solicit_rid, StreamResetCode.CANCELLED)
+    assert relay.stats.upstream_timeouts == 1
+    peer = next(p for p in relay.sessions if p.solicitation is solicitation)
+    assert peer.local == {}
+    assert relay.routing.namespaces() == []
+    # Treated as refused, not as a broken session: its own requests are served.
+    await within(client.publish_namespace(NS))
+    route = relay.routing.lookup(NSB)
+    assert route is peer
