@@ -12,9 +12,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kvsp_moq.moqt.errors import RequestErrorCode
+from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode, StreamResetCode
+from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.moqt.version import Version
-from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect, serve
+from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, Refuse, connect, serve
 from kvsp_moq.transport import TransportConfig
 from kvsp_moq.transport.tls import make_self_signed
 
@@ -222,3 +223,43 @@ async def test_each_version(version: Version) -> None:
     finally:
         await p.stop()
 
+
+
+async def test_a_stopped_subgroup_stream_ends_only_that_stream(pair: Pair) -> None:
+    """The subscriber refuses group 0's object (on_object_begin → Refuse: STOP_SENDING on
+    that subgroup stream). The publisher, once it got the STOP_SENDING, skips the rest of
+    group 0 for it, but the subscription stays: group 1 arrives on a new stream, then
+    PUBLISH_DONE with a Stream Count of both streams."""
+    track = pair.catalog.create(NS, "stop-one")
+    stopped: asyncio.Future = asyncio.get_running_loop().create_future()
+    server = pair.server_session
+    orig = server.dispatch
+
+    def spy(e: ev.Event) -> None:
+        orig(e)
+        if isinstance(e, ev.DataStreamStopped) and not stopped.done():
+            stopped.set_result(e)
+
+    server.dispatch = spy  # type: ignore[method-assign]
+
+    def on_begin(info):
+        return Refuse(StreamResetCode.CANCELLED, "not group 0") if info.group_id == 0 \
+            else None
+
+    sub = await within(pair.client.subscribe(NS, "stop-one", on_object_begin=on_begin))
+    await within(track.subscribed.wait())
+    await within(track.write_object(0, 0, b"refused"))
+    e = await within(stopped)  # the publisher got the STOP_SENDING of group 0's stream
+    assert e.error_code == StreamResetCode.CANCELLED
+    assert track.subscriber_count == 1 and not track.unsubscribed.is_set()
+    await within(track.write_object(0, 1, b"rest of group 0"))  # not sent: stream stopped
+    await within(track.write_object(1, 0, b"g1o0"))
+    await within(track.write_object(1, 1, b"g1o1"))
+    await within(track.finish())
+    got = await within(sub.collect())
+    assert [(o.group_id, o.object_id, bytes(o.payload)) for o in got] == \
+        [(1, 0, b"g1o0"), (1, 1, b"g1o1")]
+    assert sub.stats.stopped_streams == 1
+    assert sub.publish_done is not None
+    assert sub.publish_done.status_code == PublishDoneCode.TRACK_ENDED
+    assert sub.publish_done.stream_count == 2

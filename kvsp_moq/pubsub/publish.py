@@ -8,6 +8,11 @@ it in the track's in-memory store when ``keep=True`` so FETCH can serve object r
 Large payloads are streamed: :meth:`TrackPublisher.begin_object` sends the object header with
 the declared length, then :meth:`ObjectWriter.write` sends chunks as they come, each through
 ``Connection.write`` (bounded send buffer) — the whole object is never held here.
+
+A subscriber that stops one subgroup stream (STOP_SENDING, e.g. a receive limit or an
+``on_object_begin`` :class:`~.receive.Refuse`) loses only the rest of that stream's
+subgroup: the next group goes to it on a new stream. Only the subscription ending
+(PUBLISH_DONE, cancellation, the session closing or failing) removes the subscriber.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Outgoing:
     session: DataPlane
     request_id: int
     track_alias: int
+    #: The group of the open subgroup stream; kept with ``stream_id`` None once the
+    #: subscriber stopped that stream (the rest of the group is not sent to it).
     group: int | None = None
     stream_id: int | None = None
     encoder: SubgroupStreamEncoder | None = None
@@ -157,6 +164,23 @@ class TrackPublisher:
         self._subs = [s for s in self._subs if not s.dead]
         self.forward_changed()
 
+    def stream_stopped(self, session: DataPlane, request_id: int, stream_id: int) -> None:
+        """The subscriber stopped data stream ``stream_id`` of its subscription
+        ``request_id`` (STOP_SENDING): that stream ends, the rest of its group is not sent
+        to it; later groups are, on new streams. The subscription stays."""
+        for s in self._subs:
+            if s.session is session and s.request_id == request_id \
+                    and s.stream_id == stream_id:
+                self._stream_stopped(s)
+
+    @staticmethod
+    def _stream_stopped(sub: Outgoing) -> None:
+        sid = sub.stream_id
+        if sid is None:
+            return
+        sub.stream_id, sub.encoder = None, None  # sub.group kept: skip the rest of it
+        sub.session.data_stream_done(sid)
+
     # -- writing ---------------------------------------------------------------------------
     async def write_object(self, group: int, object_id: int, payload: Buffer, *,
                            properties: PropertyList = (), priority: int | None = None) -> None:
@@ -189,10 +213,14 @@ class TrackPublisher:
                     continue
                 if not sub.window.admits(group, object_id):
                     continue  # MUST NOT send objects outside the requested range
+                if sub.group == group and sub.stream_id is None:
+                    continue  # the subscriber stopped this group's stream
                 try:
                     await self._object_header(sub, group, object_id, length, props, prio)
                     targets.append(sub)
-                except (StreamClosedError, TransportError, KeyError):
+                except StreamClosedError:  # stopped by the subscriber: this stream only
+                    self._stream_stopped(sub)
+                except (TransportError, KeyError):  # the session (or request) is gone
                     sub.dead = True
             return ObjectWriter(self, group, object_id, length, props, prio, targets)
         except BaseException:
@@ -362,7 +390,9 @@ class ObjectWriter:
                 continue
             try:
                 await sub.session.connection.write(sub.stream_id, chunk)
-            except (StreamClosedError, TransportError):
+            except StreamClosedError:  # stopped by the subscriber: this stream only
+                self.track._stream_stopped(sub)
+            except TransportError:  # the session is gone
                 sub.dead = True
 
     async def close(self) -> None:

@@ -247,9 +247,10 @@ class MoqtSession(SessionDriver):
                 fut.set_result(e.message)
 
     def _on_data_stream_stopped(self, e: ev.DataStreamStopped) -> None:
+        # One stopped subgroup stream ends that stream only, not the subscription.
         track = self.serving.served(e.request_id)
         if track is not None:
-            track.remove_subscriber(self, e.request_id)
+            track.stream_stopped(self, e.request_id, e.stream_id)
 
     def _on_goaway(self, e: ev.GoawayReceived) -> None:
         if not self.goaway_received.done():
