@@ -235,14 +235,7 @@ class MoqtHolder:
     def _close_when_idle(self, session: MoqtSession) -> None:
         async def close() -> None:
             try:
-                idle = asyncio.ensure_future(session.wait_idle())
-                closed = asyncio.shield(session.closed)  # cancelling the shield spares it
-                either: set[asyncio.Future[Any]] = {idle, closed}
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                idle.cancel()
-                closed.cancel()
-                if not session.closed.done():
-                    await session.close()
+                await session.close_when_idle()
             finally:
                 self._draining.pop(session, None)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..moqt.errors import RequestErrorCode
 from ..moqt.messages import Token
@@ -140,14 +140,7 @@ class MoqtPool:
         """Close a GOAWAY'd session once none of our requests is in flight on it (or the
         peer closed it first)."""
         try:
-            idle = asyncio.ensure_future(session.wait_idle())
-            closed = asyncio.shield(session.closed)  # cancelling the shield spares it
-            either: set[asyncio.Future[Any]] = {idle, closed}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            idle.cancel()
-            closed.cancel()
-            if not session.closed.done():
-                await session.close()
+            await session.close_when_idle()
         finally:
             self._draining.discard(session)
 

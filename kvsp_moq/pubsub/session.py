@@ -18,7 +18,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, replace
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..moqt.session import events as ev
 from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionErrorCode
@@ -708,6 +708,19 @@ class MoqtSession(SessionDriver):
         while self.requests_in_flight and not self.closed.done():
             self._released.clear()
             await self._released.wait()
+
+    async def close_when_idle(self) -> None:
+        """Close the session once none of our requests is in flight on it, or return when the
+        peer closed it first (after a GOAWAY: what is in flight finishes here, new requests go
+        to the new session)."""
+        idle = asyncio.ensure_future(self.wait_idle())
+        closed = asyncio.shield(self.closed)  # cancelling the shield spares the future
+        either: set[asyncio.Future[Any]] = {idle, closed}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        idle.cancel()
+        closed.cancel()
+        if not self.closed.done():
+            await self.close()
 
     async def drain(self) -> None:
         """Wait until the peer acknowledged everything sent on this session's streams (call
