@@ -213,13 +213,8 @@ class _TrackStatusProxy(RequestHandler):
         if self.answered:
             return
         self.stats.upstream_timeouts += 1
-        rid = self.up_rid
-        if rid is not None:
-            self.up.local.pop(rid, None)
-            moqt = self.up.moqt
-            if moqt is not None and not moqt.closed:
-                moqt.cancel(rid)
-                self.up.flush()
+        if self.up_rid is not None:
+            self.up.cancel_request(self.up_rid)
         self._reject(RequestErrorCode.TIMEOUT, "upstream did not answer TRACK_STATUS in time")
 
     def _reject(self, code: int, reason: str) -> None:

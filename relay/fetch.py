@@ -231,13 +231,8 @@ class _UpstreamFetch(RequestHandler):
         """Give up: cancel the upstream FETCH, its waiters get REQUEST_ERROR ``code``."""
         if self.done:
             return
-        rid = self.request_id
-        if rid is not None:
-            self.peer.local.pop(rid, None)
-            moqt = self.peer.moqt
-            if moqt is not None and not moqt.closed:
-                moqt.cancel(rid)
-                self.peer.flush()
+        if self.request_id is not None:
+            self.peer.cancel_request(self.request_id)
         self._fail(code, reason, retry_interval)
 
     def on_response(self, msg: Message) -> None:

@@ -114,12 +114,9 @@ class UpstreamAnnouncement(RequestHandler):
         self._drop()
         peer, rid = self.peer, self.rid
         if peer is not None and rid is not None and peer.is_open:
-            peer.local.pop(rid, None)
-            assert peer.moqt is not None
-            peer.moqt.cancel(rid)
+            peer.cancel_request(rid)
             event("upstream_withdraw", namespace=format_namespace(self.ns), request_id=rid,
                   upstream=peer.address)
-            peer.flush()
 
     def _drop(self) -> None:
         self.gone = True
@@ -211,12 +208,9 @@ class UpstreamInterest(RequestHandler):
         peer, rid = self.peer, self.rid
         self.peer = self.rid = None
         if peer is not None and rid is not None and peer.is_open:
-            peer.local.pop(rid, None)
-            assert peer.moqt is not None
-            peer.moqt.cancel(rid)
+            peer.cancel_request(rid)
             event("upstream_unsubscribe_namespace", prefix=format_namespace(self.prefix),
                   request_id=rid, upstream=peer.address)
-            peer.flush()
         self._forget_all()
 
     def _forget_all(self) -> None:

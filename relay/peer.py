@@ -400,6 +400,15 @@ class PeerSession(SessionDriver):
             apply_action(self.connection, action)
         self.pump()
 
+    def cancel_request(self, rid: int) -> None:
+        """Give up our request ``rid``: forget its handler, cancel it on the session (if it is
+        still open) and send that now."""
+        self.local.pop(rid, None)
+        moqt = self.moqt
+        if moqt is not None and not moqt.closed:
+            moqt.cancel(rid)
+            self.flush()
+
     def release(self, rid: int) -> None:
         """Forget our finished request ``rid`` (its data routing too)."""
         self.local.pop(rid, None)

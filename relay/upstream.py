@@ -86,13 +86,8 @@ class UpstreamSubscription(RequestHandler):
         self._log("upstream_timeout")
         self.manager.stats.upstream_timeouts += 1
         self.retire()
-        rid = self.request_id
-        if rid is not None:
-            self.peer.local.pop(rid, None)
-            moqt = self.peer.moqt
-            if moqt is not None and not moqt.closed:
-                moqt.cancel(rid)
-                self.peer.flush()
+        if self.request_id is not None:
+            self.peer.cancel_request(self.request_id)
         self._reject_pending(RequestErrorCode.TIMEOUT, "upstream did not answer SUBSCRIBE in time")
 
     # -- downstream side ---------------------------------------------------------------------
