@@ -42,7 +42,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ...kvsp.compat import validate_descriptor
 from ...kvsp.errors import DescriptorError
@@ -56,8 +56,30 @@ MiB = 1 << 20
 
 
 @dataclass(frozen=True)
-class IndexConfig:
+class StoreSettings:
+    """The store keys every stateful role section has (``common/store.py``, DESIGN.md §8):
+    where the role's state lives, "memory" (the embedded default) or a redis:// / rediss://
+    URL; the password may come from a file; every call is bounded. ``SECTION`` names the
+    section in errors."""
+
+    SECTION: ClassVar[str] = ""
+    store: str = "memory"
+    store_password_file: str | None = None
+    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
+    store_key_prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def store_spec(self) -> StoreSpec:
+        """The validated ``store`` setting."""
+        return parse_store(self.SECTION, self.store, password_file=self.store_password_file,
+                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
+
+
+@dataclass(frozen=True)
+class IndexConfig(StoreSettings):
     """Limits and settings of the Index Service (§6.1, §6.2)."""
+
+    SECTION: ClassVar[str] = "index"
 
     base_path: str = "/"
     max_ttl_ms: int = 600_000
@@ -71,19 +93,6 @@ class IndexConfig:
     descriptors: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
     #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
     metrics_public: bool = False
-
-    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
-    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
-    store: str = "memory"
-    store_password_file: str | None = None
-    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
-    store_key_prefix: str = DEFAULT_KEY_PREFIX
-
-    @property
-    def store_spec(self) -> StoreSpec:
-        """The validated ``store`` setting."""
-        return parse_store("index", self.store, password_file=self.store_password_file,
-                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
 
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
@@ -130,8 +139,10 @@ class TierConfig:
 
 
 @dataclass(frozen=True)
-class HolderConfig:
+class HolderConfig(StoreSettings):
     """Settings, limits and quotas of the holder (§6.1, §6.6, §6.7)."""
+
+    SECTION: ClassVar[str] = "holder"
 
     base_path: str = "/"
     #: The holder URL written in Replica Records and used by clients to reach the holder;
@@ -160,19 +171,6 @@ class HolderConfig:
     tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
     #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
     metrics_public: bool = False
-
-    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
-    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
-    store: str = "memory"
-    store_password_file: str | None = None
-    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
-    store_key_prefix: str = DEFAULT_KEY_PREFIX
-
-    @property
-    def store_spec(self) -> StoreSpec:
-        """The validated ``store`` setting."""
-        return parse_store("holder", self.store, password_file=self.store_password_file,
-                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
 
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
@@ -253,8 +251,10 @@ SLEEP_POLICIES = ("min-active", "always", "never")
 
 
 @dataclass(frozen=True)
-class PcConfig:
+class PcConfig(StoreSettings):
     """Settings of the Placement Controller (§6.3, §6.4, §6.5; docs/http-api.md "Placement Controller")."""
+
+    SECTION: ClassVar[str] = "pc"
 
     base_path: str = "/"
     #: The IS the PC looks up (§6.2, with targets) and feeds with the statuses it receives.
@@ -291,19 +291,6 @@ class PcConfig:
     leader_lease_ms: int = 3_000
     #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
     metrics_public: bool = False
-
-    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
-    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
-    store: str = "memory"
-    store_password_file: str | None = None
-    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
-    store_key_prefix: str = DEFAULT_KEY_PREFIX
-
-    @property
-    def store_spec(self) -> StoreSpec:
-        """The validated ``store`` setting."""
-        return parse_store("pc", self.store, password_file=self.store_password_file,
-                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
 
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
@@ -413,8 +400,10 @@ class InstanceConfig:
 
 
 @dataclass(frozen=True)
-class FrontEndConfig:
+class FrontEndConfig(StoreSettings):
     """Settings of the front end (§6.8; docs/http-api.md "Front end")."""
+
+    SECTION: ClassVar[str] = "frontend"
 
     base_path: str = "/"
     #: The front end's URL, sent to the PC as where output tokens go; default: the bound address.
@@ -431,19 +420,6 @@ class FrontEndConfig:
     max_ahead: int = 4_096
     #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
     metrics_public: bool = False
-
-    #: Where the role's state lives (``common/store.py``): "memory" (the embedded default) or
-    #: a redis:// / rediss:// URL; the password may come from a file; every call is bounded.
-    store: str = "memory"
-    store_password_file: str | None = None
-    store_timeout_ms: int = DEFAULT_TIMEOUT_MS
-    store_key_prefix: str = DEFAULT_KEY_PREFIX
-
-    @property
-    def store_spec(self) -> StoreSpec:
-        """The validated ``store`` setting."""
-        return parse_store("frontend", self.store, password_file=self.store_password_file,
-                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
 
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
