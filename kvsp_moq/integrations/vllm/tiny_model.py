@@ -1,0 +1,105 @@
+"""A tiny random-weight Llama and its WordLevel tokenizer, written locally (docs/vllm.md).
+
+vLLM needs a Hugging Face model directory; the tests, ``kvsp demo --engine vllm`` and
+``kvsp bench vllm`` use this one so nothing is downloaded. :func:`write_tiny_llama` writes
+``config.json``, ``model.safetensors`` (weights from a fixed seed: the same bytes, so the same
+``model_digest``, on every run), ``generation_config.json``, ``tokenizer.json`` (a ``tokenizers``
+WordLevel model over the words ``w0`` .. ``w{vocab-4}`` split on whitespace) and
+``tokenizer_config.json``. It needs ``torch``, ``transformers`` and ``tokenizers`` (all three come
+with the ``vllm`` extra) and imports them only when called.
+
+The geometry is that of the issue's measurements: 2 KV heads x head_dim 32 (4 query heads,
+hidden 128). Weights are drawn with unit-variance activations in mind (a linear map
+of fan-in n gets N(0, 1/n)); the output head is scaled by ``logit_gain`` so greedy decoding has
+clear winners (near-uniform logits would let argmax hang on rounding).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["TinyLlama", "prompt_words", "write_tiny_llama"]
+
+#: Special tokens at the start of the vocabulary.
+SPECIAL_TOKENS = ("[UNK]", "<s>", "</s>")
+
+
+@dataclass(frozen=True)
+class TinyLlama:
+    """The shape of the tiny model (defaults: what the tests and the demo use)."""
+
+    layers: int = 4
+    hidden: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 256
+    vocab: int = 512
+    max_positions: int = 4096
+    rope_theta: float = 10000.0
+    logit_gain: float = 8.0
+    seed: int = 15
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def _words(vocab: int) -> list[str]:
+    return list(SPECIAL_TOKENS) + [f"w{i}" for i in range(vocab - len(SPECIAL_TOKENS))]
+
+
+def prompt_words(token_ids: list[int], vocab: int = TinyLlama.vocab) -> str:
+    """The text whose tokenization is ``token_ids`` (ids of plain words, >= 3)."""
+    words = _words(vocab)
+    return " ".join(words[t] for t in token_ids)
+
+
+def write_tiny_llama(directory: str | Path, shape: TinyLlama = TinyLlama()) -> Path:
+    """Write the model into ``directory`` (created; files already there are replaced) and
+    return its path. Deterministic: the same ``shape`` gives the same bytes."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_positions,
+        rope_theta=shape.rope_theta,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    generator = torch.Generator().manual_seed(shape.seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                scale = 1.0 if "embed" in name else param.shape[-1] ** -0.5
+                if name.startswith("lm_head"):
+                    scale *= shape.logit_gain
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    model.save_pretrained(out, safe_serialization=True)
+    vocab = {w: i for i, w in enumerate(_words(shape.vocab))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "[UNK]", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "[UNK]",
+        "model_max_length": shape.max_positions,
+    }, indent=1) + "\n")
+    return out
