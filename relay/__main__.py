@@ -1,7 +1,12 @@
 """``python -m relay --listen HOST:PORT [--upstream URL] [--cert PEM --key PEM]
 [--upstream-ca PEM | --insecure-upstream] [--config AUTH.toml] [--metrics [HOST:]PORT] [--log-format json]``
 
-Without ``--cert``/``--key`` a self-signed certificate is made for the listen host. The
+Without ``--cert``/``--key`` a self-signed certificate (EC P-256, 13 days) is made for the
+listen host. The port takes raw QUIC (ALPN ``moqt-NN``) and WebTransport (ALPN ``h3``,
+``https://HOST:PORT/moq``; ``--no-webtransport`` turns it off), and prints ``relay
+webtransport on https://HOST:PORT/moq (certificate sha-256 HEX)``: a browser connects with
+``serverCertificateHashes`` naming that hash (any ECDSA certificate valid at most 14 days
+given with ``--cert/--key`` works the same; docs/relay.md "WebTransport"). The
 upstream relay's certificate is verified (against ``--upstream-ca``, else the system trust
 store); ``--insecure-upstream`` turns that off, with a warning logged. Prints
 ``relay listening on moqt://HOST:PORT/moq`` once bound (port 0 picks one). On SIGTERM or
@@ -18,13 +23,23 @@ import signal
 import sys
 
 from kvsp_moq.transport import TransportConfig, run
-from kvsp_moq.transport.tls import make_self_signed, warn_unverified
+from kvsp_moq.transport.tls import (
+    WEBTRANSPORT_HASH_MAX_DAYS,
+    certificate_sha256,
+    make_self_signed,
+    warn_unverified,
+)
 
 from .auth import AuthConfigError, load_auth_config
 from .config import MiB, RelayConfig
 from .core import Relay
 from .logs import configure_logging
 from .names import parse_namespace
+
+
+#: Validity of the self-signed certificate made without ``--cert``: short enough for a
+#: browser to accept it by its hash (WebTransport ``serverCertificateHashes``).
+SELF_SIGNED_DAYS = WEBTRANSPORT_HASH_MAX_DAYS - 1
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -64,13 +79,18 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                    help="HOST:PORT to listen on (port 0: any free port)")
     p.add_argument("--upstream", help="moqt:// URL of the relay to ask when no route matches (local "
                         "namespaces are announced to it, namespace interest forwarded)")
-    p.add_argument("--cert", help="certificate PEM file (default: self-signed)")
+    p.add_argument("--cert", help="certificate PEM file (default: self-signed, EC P-256, valid "
+                                  f"{SELF_SIGNED_DAYS} days: usable by a browser's WebTransport "
+                                  "serverCertificateHashes)")
     p.add_argument("--key", help="private key PEM file")
     p.add_argument("--upstream-ca", metavar="PEM",
                    help="trust anchors (PEM) for the upstream relay's certificate "
                         "(default: the system trust store)")
     p.add_argument("--insecure-upstream", action="store_true",
                    help="do not verify the upstream relay's certificate (dev only; logged)")
+    p.add_argument("--webtransport", action=argparse.BooleanOptionalAction, default=True,
+                   help="also accept MOQT over WebTransport (ALPN h3, https://HOST:PORT/moq) on "
+                        "the listen port, beside raw QUIC (ALPN moqt-NN)")
     p.add_argument("--cache-mib", type=int, default=256, help="object cache budget (MiB)")
     p.add_argument("--subscriber-queue-mib", type=float, default=8,
                    help="per-subscriber queue bound before TOO_FAR_BEHIND (MiB)")
@@ -123,14 +143,16 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
 
 def build_config(args: argparse.Namespace) -> RelayConfig:
     host, port = args.listen
+    wt = getattr(args, "webtransport", True)
     if args.cert:
         server = TransportConfig(certificate_file=args.cert, private_key_file=args.key,
-                                 max_datagram_size=args.max_datagram_size)
+                                 max_datagram_size=args.max_datagram_size, webtransport=wt)
     else:
-        cert = make_self_signed(("localhost", host)) if _is_name(host) else \
-            make_self_signed(ip_addresses=tuple(dict.fromkeys(("127.0.0.1", "::1", host))))
+        cert = make_self_signed(("localhost", host), days=SELF_SIGNED_DAYS) if _is_name(host) \
+            else make_self_signed(ip_addresses=tuple(dict.fromkeys(("127.0.0.1", "::1", host))),
+                                  days=SELF_SIGNED_DAYS)
         server = TransportConfig(certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem,
-                                 max_datagram_size=args.max_datagram_size)
+                                 max_datagram_size=args.max_datagram_size, webtransport=wt)
     if args.insecure_upstream and args.upstream:
         warn_unverified(f"the upstream relay {args.upstream} (--insecure-upstream)")
     upstream = TransportConfig(insecure=args.insecure_upstream, ca_file=getattr(args, "upstream_ca", None),
@@ -160,6 +182,10 @@ async def serve(config: RelayConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"relay listening on moqt://{config.host}:{relay.port}/moq", flush=True)
+    if config.server_transport.webtransport:
+        digest = certificate_sha256(config.server_transport)
+        print(f"relay webtransport on https://{config.host}:{relay.port}/moq"
+              + (f" (certificate sha-256 {digest})" if digest else ""), flush=True)
     if relay.metrics is not None:
         host = config.metrics[0] if config.metrics else "127.0.0.1"
         print(f"relay metrics on http://{host}:{relay.metrics.port}/metrics", flush=True)

@@ -62,7 +62,7 @@ def test_url_ipv6_and_percent_encoding():
 
 
 @pytest.mark.parametrize("url, message", [
-    ("https://example.com/moq", "scheme"),
+    ("wss://example.com/moq", "scheme"),
     ("http://example.com", "scheme"),
     ("example.com:443", "scheme"),
     ("moqt:/example.com", "authority"),

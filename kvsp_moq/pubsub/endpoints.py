@@ -27,8 +27,9 @@ async def connect(url: str, config: TransportConfig | None = None, *,
                   setup_timeout: float = GUARD, accept_publish: bool = False,
                   setup_tokens: Sequence[TokenLike] = (),
                   receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> MoqtSession:
-    """Connect to ``moqt://host:port/path``; return the session once SETUP was exchanged.
-    The MOQT version is the ALPN negotiated from ``config.alpn_protocols``.
+    """Connect to ``moqt://host:port/path`` (or ``https://host:port/path``: WebTransport);
+    return the session once SETUP was exchanged. The MOQT version is the ALPN (WT-Protocol)
+    negotiated from ``config.alpn_protocols``.
     ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options (a ``Token``, or bytes / str sent
     as USE_VALUE with Token Type 0). Tokens over an unverified connection (``insecure``) to
     a host other than loopback raise ``InsecureCredentialsError`` before anything is sent
@@ -37,10 +38,11 @@ async def connect(url: str, config: TransportConfig | None = None, *,
     if setup_tokens and config is not None:
         check_credentials(url, config)
     cfg = session_config or SessionConfig()
-    if cfg.path is None:
-        cfg.path = parsed.path_and_query
-    if cfg.authority is None:
-        cfg.authority = parsed.authority
+    if not parsed.is_webtransport:  # WebTransport carries them in CONNECT (§"PATH")
+        if cfg.path is None:
+            cfg.path = parsed.path_and_query
+        if cfg.authority is None:
+            cfg.authority = parsed.authority
     made: list[MoqtSession] = []
 
     def factory() -> MoqtSession:

@@ -15,6 +15,7 @@ for a protocol object above it (the sans-IO MOQT session) and knows nothing of w
 * :mod:`.connection_core`, :mod:`.server_core` — what every backend's ``Connection`` and
   ``Server`` share (handler calls, close bookkeeping, waiters, the server's close sequence).
 * :mod:`.aioquic_backend`, :mod:`.qh3_backend` — the two libraries (imported on first use).
+* :mod:`.webtransport` — WebTransport sessions over HTTP/3 on any backend (``https://``).
 * :mod:`.aiopquic.backend` — picoquic through aiopquic (Python >= 3.12): not sans-IO, so it
   implements the interface on aiopquic's own asyncio API instead of the engine.
 
@@ -118,15 +119,29 @@ async def connect(url: str | MoqtUrl, handler_factory: HandlerFactory,
                   config: TransportConfig | None = None) -> Connection:
     """Open a QUIC connection to a ``moqt://host[:port]/path`` URL with the backend named by
     ``config.backend``; return it once the handshake succeeded and
-    ``handler.connection_made`` ran. Raises :class:`ConnectError` on a failed handshake,
+    ``handler.connection_made`` ran. An ``https://`` URL opens a WebTransport session
+    instead (ALPN ``h3``, the MOQT versions of ``config.alpn_protocols`` offered in
+    WT-Available-Protocols; :mod:`.webtransport`), returned as the ``Connection``.
+    Raises :class:`ConnectError` on a failed handshake,
     :class:`BackendUnavailableError` when the backend's package is missing."""
     config = config or TransportConfig()
-    return await load_backend(config.backend).connect(url, handler_factory, config)
+    backend = load_backend(config.backend)
+    target = parse_moqt_url(url) if isinstance(url, str) else url
+    if target.is_webtransport:
+        from . import webtransport
+        return await webtransport.connect(backend, target, handler_factory, config)
+    return await backend.connect(target, handler_factory, config)
 
 
 async def serve(host: str, port: int, handler_factory: HandlerFactory,
                 config: TransportConfig | None = None) -> Server:
     """Listen on ``host:port`` (0 picks a free port: see ``Server.port``) with the backend
-    named by ``config.backend``; every accepted connection gets ``handler_factory()``."""
+    named by ``config.backend``; every accepted connection gets ``handler_factory()``. With
+    ``config.webtransport`` the port also takes WebTransport sessions (ALPN ``h3``): each
+    session gets ``handler_factory()`` and is the ``Connection`` its handler is given."""
     config = config or TransportConfig()
+    if config.webtransport:
+        from . import webtransport
+        handler_factory = webtransport.serve_factory(config, handler_factory)
+        config = webtransport.server_config(config)
     return await load_backend(config.backend).serve(host, port, handler_factory, config)

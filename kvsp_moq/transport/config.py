@@ -127,8 +127,11 @@ class TransportConfig:
     #: Initial per-stream receive window (MAX_STREAM_DATA) we grant the peer. aioquic doubles
     #: both windows as they fill (receive-side auto-tuning), so they are starting points.
     max_stream_data: int = 4 * _MiB
-    #: aioquic: ``"reno"`` (None means reno) or ``"cubic"``. qh3's Rust core has one built-in
-    #: controller that cannot be chosen: leave None (a name is rejected).
+    #: aioquic: ``"reno"`` (None means reno), ``"cubic"`` or ``"bbr"`` (``transport.bbr``:
+    #: a model of the path's bandwidth and RTT, paced, random loss below 2 % per round trip
+    #: not read as congestion; docs/transport.md "Congestion control"). qh3's Rust core has
+    #: one built-in controller that cannot be chosen: leave None (a name is rejected).
+    #: aiopquic: picoquic's names (None: ``"bbr1"``).
     congestion_control_algorithm: str | None = None
     #: Initial RTT estimate, seconds (RFC 9002 uses 0.333; aioquic 0.1).
     initial_rtt: float = 0.1
@@ -157,6 +160,26 @@ class TransportConfig:
     #: ``Connection.wait_writable`` returns once a stream's buffered bytes are at most this.
     #: None: half the high-water mark.
     send_buffer_low_water: int | None = None
+
+    # -- WebTransport (docs/transport.md "WebTransport") ----------------------------------
+    #: Server: accept WebTransport sessions (HTTP/3 extended CONNECT, ALPN ``h3``, offered
+    #: after the ``moqt-NN`` tokens) on the same port as raw MOQT. A client uses
+    #: WebTransport for an ``https://`` URL whatever this says.
+    webtransport: bool = False
+    #: WebTransport sessions one HTTP/3 connection may hold at once (advertised in
+    #: SETTINGS; a CONNECT beyond it is answered 429).
+    webtransport_max_sessions: int = 4
+    #: Peer streams that name a session not (yet) established are buffered, at most this
+    #: many per connection and ``webtransport_max_pending_bytes`` bytes in all; beyond, a
+    #: stream is refused with WT_BUFFERED_STREAM_REJECTED.
+    webtransport_max_pending_streams: int = 16
+    webtransport_max_pending_bytes: int = 256 * 1024
+    #: The largest HTTP/3 field section (HEADERS) and control-stream frame we accept
+    #: (SETTINGS_MAX_FIELD_SECTION_SIZE); a longer frame is H3_EXCESSIVE_LOAD.
+    h3_max_field_section_size: int = 16 * 1024
+    #: A closed session's CLOSE_WEBTRANSPORT_SESSION capsule gets this many seconds to be
+    #: acknowledged before the QUIC connection under it (holding no other session) closes.
+    webtransport_close_timeout: float = 2.0
 
     # -- close codes the transport itself uses --------------------------------------------
     #: Application close code when the peer did not negotiate DATAGRAM (MOQT
@@ -204,6 +227,12 @@ class TransportConfig:
             raise ValueError("send_buffer_low_water must be in [0, send_buffer_high_water]")
         if self.idle_timeout <= 0 or self.handshake_timeout <= 0 or self.initial_rtt <= 0:
             raise ValueError("timeouts and initial_rtt must be positive")
+        for name in ("webtransport_max_sessions", "webtransport_max_pending_bytes",
+                     "h3_max_field_section_size", "webtransport_close_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.webtransport_max_pending_streams < 0:
+            raise ValueError("webtransport_max_pending_streams must be >= 0")
         if (self.certificate_pem is None) != (self.private_key_pem is None):
             raise ValueError("certificate_pem and private_key_pem go together")
 

@@ -35,6 +35,8 @@ from .url import parse_moqt_url
 __all__ = [
     "InsecureCredentialsError",
     "SelfSignedCert",
+    "WEBTRANSPORT_HASH_MAX_DAYS",
+    "certificate_sha256",
     "check_credentials",
     "is_loopback_host",
     "make_self_signed",
@@ -42,6 +44,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The longest validity a certificate may have for a browser to accept it by its hash
+#: (W3C WebTransport ``serverCertificateHashes``: ECDSA, at most 14 days).
+WEBTRANSPORT_HASH_MAX_DAYS = 14
 
 #: Purposes already warned about in this process (:func:`warn_unverified`).
 _WARNED: set[str] = set()
@@ -122,6 +128,13 @@ class SelfSignedCert:
         return x509.load_pem_x509_certificates(self.cert_pem)[-1]
 
     @property
+    def sha256(self) -> str:
+        """The SHA-256 of the server certificate's DER, hex: the value a browser's
+        WebTransport ``serverCertificateHashes`` names (for a certificate of at most
+        :data:`WEBTRANSPORT_HASH_MAX_DAYS` days)."""
+        return self.certificate.fingerprint(hashes.SHA256()).hex()
+
+    @property
     def ca_pem(self) -> bytes:
         """The CA certificate alone, PEM: a client's trust anchor (``ca_file`` / ``ca_data``)."""
         return self.ca_certificate.public_bytes(serialization.Encoding.PEM)
@@ -198,3 +211,15 @@ def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
                          key_encipherment=False, data_encipherment=False, key_agreement=False,
                          key_cert_sign=cert_sign, crl_sign=False, encipher_only=False,
                          decipher_only=False)
+
+
+def certificate_sha256(config: TransportConfig) -> str | None:
+    """The SHA-256 (hex) of the first certificate a server configured with ``config``
+    presents (``certificate_pem`` or ``certificate_file``), for WebTransport's
+    ``serverCertificateHashes``; None when it has none."""
+    pem = config.certificate_pem
+    if pem is None and config.certificate_file is not None:
+        pem = Path(config.certificate_file).read_bytes()
+    if pem is None:
+        return None
+    return x509.load_pem_x509_certificate(pem).fingerprint(hashes.SHA256()).hex()
