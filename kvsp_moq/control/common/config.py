@@ -358,6 +358,12 @@ class InstanceConfig:
     tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
     #: §6.8 "at least every 64 output tokens": a checkpoint after this many tokens without one.
     checkpoint_every: int = 64
+    #: One checkpoint (or ``session_done``) call to the PC gives up after this long; a PC that
+    #: does not acknowledge in time is skipped and the session generates on (docs/reliability.md).
+    checkpoint_timeout_ms: int = 10_000
+    #: How long a session retries a delivery to its front end, and the last checkpoint of a
+    #: non-deterministic sampler, with a growing pause (0.1 s doubling to 2 s) before failing.
+    delivery_deadline_ms: int = 15_000
     #: ``[instance.engine]``: the reference-model engine serving ``POST generate`` (none: the
     #: instance runs only its control plane). See ``common/engine_config.py``.
     engine: EngineConfig | None = None
@@ -386,6 +392,7 @@ class InstanceConfig:
             ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
             ("max_body_octets", 1024), ("max_directives", 1), ("max_running_directives", 1), ("prefetch_blocks_in_flight", 1), ("max_sessions", 1), ("batch_size", 0),
             ("checkpoint_every", 1), ("session_load_timeout_ms", 1), ("block_read_timeout_ms", 1),
+            ("checkpoint_timeout_ms", 1), ("delivery_deadline_ms", 1),
         ))
         if self.checkpoint_every > 64:
             raise ConfigError("instance.checkpoint_every", "must be at most 64 (§6.8 at least every 64 output tokens)")

@@ -85,7 +85,9 @@ class InstanceService:
         self.links = tuple(Link(holder=l.holder, mbit_per_s=l.mbit_per_s, rtt_us=l.rtt_us) for l in self.config.links)
         #: §6.8 sessions run by the engine (``instance/sessions.py``).
         self.sessions = InstanceSessions(engine=session_engine, lifecycle=self.lifecycle, pc=checkpoints, front_end=front_ends,
-                                         checkpoint_every=self.config.checkpoint_every)
+                                         checkpoint_every=self.config.checkpoint_every,
+                                         checkpoint_timeout_ms=self.config.checkpoint_timeout_ms,
+                                         delivery_deadline_ms=self.config.delivery_deadline_ms)
         #: §6.9 this instance's shards and its side of resharding (``instance/reshard.py``).
         self.shards = ReshardParticipant(shard_store if shard_store is not None else MemoryShardStore(), shard_fetcher)
         #: The model-running engine behind ``POST generate`` (``engine/engine.py``); set by

@@ -13,6 +13,14 @@ hands it a :class:`SessionOrder` (the checkpoint to continue from and the sessio
   with the engine's sampler state and releases what the acknowledgement covers.
 - A refusal with ``kvsp-stale-epoch`` (from the PC or the front end) means the session was
   moved to another instance: :class:`Superseded` is raised into the engine, which stops.
+- A PC that cannot be reached, or does not answer a checkpoint within ``checkpoint_timeout_ms``,
+  does not stop an admitted session (docs/reliability.md): the checkpoint is counted
+  (``checkpoint_failures``) and skipped, the next one covers its tokens. A deterministic
+  sampler's tokens are released all the same (§6.8: the front end discards duplicates by index
+  after a resume); a non-deterministic one's wait for an acknowledged checkpoint, and the last
+  checkpoint of such a run is retried with a growing pause until ``delivery_deadline_ms`` (§6.8
+  MUST NOT release before the PC acknowledged it). ``session_done`` failing is logged: the front
+  end has the end already.
 - A run that fails otherwise — the engine cannot serve the session here
   (:class:`SessionRefused`: another model, prompt blocks no replica delivers, an unknown
   sampler) or any other error — is reported to the PC with ``POST {pc}sessions/{id}/failed``
@@ -120,6 +128,7 @@ class SessionOutput:
         front_end: TokenSink | None,
         checkpoint_every: int = 64,
         delivery_deadline_ms: int = 15_000,
+        checkpoint_timeout_ms: int = 10_000,
     ) -> None:
         self.order = order
         self.session = order.session
@@ -128,6 +137,9 @@ class SessionOutput:
         self.front_end = front_end
         self.checkpoint_every = checkpoint_every
         self.delivery_deadline_ms = delivery_deadline_ms
+        self.checkpoint_timeout_ms = checkpoint_timeout_ms
+        #: Checkpoints the PC did not acknowledge (unreachable, failing, or too slow).
+        self.checkpoint_failures = 0
         base = order.checkpoint
         self.deterministic = base.sampler.deterministic
         self.sampler = base.sampler
@@ -163,9 +175,11 @@ class SessionOutput:
             await self.checkpoint()
         return index
 
-    async def checkpoint(self, sampler: Sampler | None = None) -> int:
+    async def checkpoint(self, sampler: Sampler | None = None, *, required: bool = False) -> int:
         """Checkpoint everything generated so far (``sampler`` is the engine's state; default:
-        the order's with ``step`` = tokens generated). Returns the acknowledged offset."""
+        the order's with ``step`` = tokens generated). Returns the acknowledged offset. A PC
+        that does not acknowledge it leaves the offset where it was (see the module notes);
+        ``required``: retried until ``delivery_deadline_ms``, then ``PeerUnreachable``."""
         if sampler is not None:
             self.sampler = sampler
         else:
@@ -178,12 +192,37 @@ class SessionOutput:
         if self.pc is None:
             self.acknowledged = cp.output_offset  # no PC: nobody to acknowledge (embedding, tests)
         else:
-            ack = await self.pc.checkpoint(cp)
-            if ack.epoch != self.epoch:
-                raise Superseded(f"the PC holds session {self.session} at epoch {ack.epoch}")
-            self.acknowledged = max(self.acknowledged, min(ack.output_offset, self.next_index))
+            ack = await self._send_checkpoint(cp, required)
+            if ack is not None:
+                if ack.epoch != self.epoch:
+                    raise Superseded(f"the PC holds session {self.session} at epoch {ack.epoch}")
+                self.acknowledged = max(self.acknowledged, min(ack.output_offset, self.next_index))
         await self._release_up_to(self.acknowledged)
         return self.acknowledged
+
+    async def _send_checkpoint(self, cp: SessionCheckpoint, required: bool) -> CheckpointAck | None:
+        """``PUT {pc}sessions/{id}/checkpoint``, each attempt within ``checkpoint_timeout_ms``;
+        None when the PC did not acknowledge it (and it is not ``required``)."""
+        assert self.pc is not None
+        deadline = time.monotonic() + self.delivery_deadline_ms / 1000
+        pause = DELIVERY_RETRY_FIRST_S
+        while True:
+            try:
+                async with asyncio.timeout(self.checkpoint_timeout_ms / 1000):
+                    return await self.pc.checkpoint(cp)
+            except (PeerUnreachable, TimeoutError) as exc:
+                self.checkpoint_failures += 1
+                reason = f"{type(exc).__name__}: {exc}"
+            if not required:
+                log.warning("session %s: checkpoint at %d not acknowledged (%s); generating on",
+                            self.session, cp.output_offset, reason)
+                return None
+            if time.monotonic() + pause > deadline:
+                raise PeerUnreachable(f"checkpoint at {cp.output_offset} not acknowledged within "
+                                      f"delivery_deadline_ms: {reason}")
+            log.warning("session %s: checkpoint failed, retrying in %.1f s: %s", self.session, pause, reason)
+            await asyncio.sleep(pause)  # back-off between attempts, bounded by the deadline
+            pause = min(pause * 2, DELIVERY_RETRY_MAX_S)
 
     async def finish(self) -> None:
         """The output is complete: checkpoint what is not covered (a non-deterministic
@@ -191,11 +230,18 @@ class SessionOutput:
         if self.finished:
             return
         if self.acknowledged < self.next_index or self._last_checkpoint < self.next_index:
-            await self.checkpoint()
+            # A non-deterministic sampler's last tokens are released only once acknowledged.
+            await self.checkpoint(required=not self.deterministic)
         await self._deliver([], end=self.next_index)
         self.finished = True
         if self.pc is not None:
-            await self.pc.session_done(self.session, SessionDone(epoch=self.epoch, output_offset=self.next_index))
+            done = SessionDone(epoch=self.epoch, output_offset=self.next_index)
+            try:
+                async with asyncio.timeout(self.checkpoint_timeout_ms / 1000):
+                    await self.pc.session_done(self.session, done)
+            except (PeerUnreachable, TimeoutError) as exc:
+                log.warning("session %s: telling the PC it is done failed (%s: %s); the front end has the end",
+                            self.session, type(exc).__name__, exc)
 
     async def _release_up_to(self, limit: int) -> None:
         if limit <= self.released:
@@ -240,12 +286,16 @@ class InstanceSessions:
         pc: CheckpointSink | None,
         front_end: TokenSink | None,
         checkpoint_every: int = 64,
+        checkpoint_timeout_ms: int = 10_000,
+        delivery_deadline_ms: int = 15_000,
     ) -> None:
         self.engine = engine
         self.lifecycle = lifecycle
         self.pc = pc
         self.front_end = front_end
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_timeout_ms = checkpoint_timeout_ms
+        self.delivery_deadline_ms = delivery_deadline_ms
         self._epochs: dict[uuid.UUID, int] = {}  # highest epoch seen per session
         self._runs: dict[uuid.UUID, tuple[SessionOutput, asyncio.Task[None]]] = {}
 
@@ -273,7 +323,9 @@ class InstanceSessions:
         self.lifecycle.admit(session, order.checkpoint.scope_id)
         self._epochs[session] = order.epoch
         self._cancel(session)
-        output = SessionOutput(order, pc=self.pc, front_end=self.front_end, checkpoint_every=self.checkpoint_every)
+        output = SessionOutput(order, pc=self.pc, front_end=self.front_end, checkpoint_every=self.checkpoint_every,
+                               checkpoint_timeout_ms=self.checkpoint_timeout_ms,
+                               delivery_deadline_ms=self.delivery_deadline_ms)
         task = asyncio.get_running_loop().create_task(self._run(order, output, resume))
         self._runs[session] = (output, task)
         return SessionAccepted(session=session, epoch=order.epoch)
