@@ -48,7 +48,8 @@ from kvsp_moq.wire.errors import StreamResetCode
 
 from .cache import CachedObject
 from .fanout import Subscriber
-from .fetch import WHOLE_GROUP, FetchRange, FetchService, FetchSink, fetch_pieces
+from .fetch import FetchService
+from .inflight import WHOLE_GROUP, FetchRange, FetchSink, UpstreamFetch, fetch_pieces
 from .peer import PeerSession
 from .upstream import UpstreamManager, UpstreamSubscription
 
@@ -88,10 +89,11 @@ def fill_range(flt: LocationFilter | None, largest: Loc | None) -> tuple[Loc, Lo
 class _FillStream(FetchSink):
     """The fill fetch stream of one subscription: written through its ordered queue."""
 
-    def __init__(self, service: FillService, sub: Subscriber, start: Loc, end: Loc) -> None:
-        self.service, self.sub, self.start, self.end = service, sub, start, end
+    def __init__(self, service: FillService, sub: Subscriber, first: Loc, last: Loc) -> None:
+        self.service, self.sub, self.first, self.last = service, sub, first, last
+        self.sid: int | None = None
 
-    def _open(self) -> int | None:
+    def _open(self, publisher_priority: int, group_id: int) -> int | None:
         sub = self.sub
         moqt = sub.peer.moqt
         if sub.ended or moqt is None or moqt.closed or sub.request_id not in moqt.requests:
@@ -99,29 +101,50 @@ class _FillStream(FetchSink):
         sid = moqt.open_fetch_stream(sub.request_id)  # FETCH_HEADER{the SUBSCRIBE's ID}
         sub.streams_opened += 1  # counted in PUBLISH_DONE's Stream Count
         sub.peer.flush()
+        sub.out.open_stream(sid, publisher_priority, group_id, fill=True)
+        self.sid = sid
         return sid
 
+    def _keep(self, loc: Loc) -> bool:
+        return self.first <= loc <= self.last
+
+    def _encoder(self) -> FetchStreamEncoder:
+        return FetchStreamEncoder(self.sub.request_id, self.sub.peer.version)
+
     def deliver(self, objects: list[CachedObject], end_of_track: bool) -> None:
-        sid = self._open()
-        if sid is None:
-            return
-        sub = self.sub
-        mine = [o for o in objects
-                if o.status is ObjectStatus.NORMAL and self.start <= o.location <= self.end]
+        mine = [o for o in objects if o.status is ObjectStatus.NORMAL and self._keep(o.location)]
         first = mine[0] if mine else None
-        sub.out.open_stream(sid, first.publisher_priority if first else 128,
-                            first.group_id if first else self.start[0], fill=True)
-        sub.out.feed(sid, fetch_pieces(FetchStreamEncoder(sub.request_id, sub.peer.version),
-                                       mine, self.service.fetches.stats))
+        sid = self._open(first.publisher_priority if first else 128,
+                         first.group_id if first else self.first[0])
+        if sid is not None:
+            self.sub.out.feed(sid, fetch_pieces(self._encoder(), mine, self.service.fetches.stats))
+
+    def start(self, up: UpstreamFetch) -> bool:
+        """Cut through: the stream opens now and carries the objects as they arrive."""
+        sid = self._open(128, self.first[0])
+        if sid is not None:
+            self.sub.out.feed(sid, up.pieces(self._encoder(), self.service.fetches.stats,
+                                             self._keep))
+        return True
+
+    def progress(self) -> None:
+        if self.sid is not None:
+            self.sub.out.wake(self.sid)
+
+    finish = progress  # the rest, then the FIN
+
+    def cut(self, code: int, reason: str) -> None:
+        logger.info("relay: fill of request %d cut (%#x): %s", self.sub.request_id, code, reason)
+        if self.sid is not None:
+            self.sub.out.reset(self.sid, code)
 
     def fail(self, code: int, reason: str, retry_interval: int = 0) -> None:
         if code == RequestErrorCode.INVALID_RANGE:
             self.deliver([], False)  # no objects in the range: FETCH_HEADER, FIN
             return
         logger.info("relay: fill of request %d failed: %s", self.sub.request_id, reason)
-        sid = self._open()
+        sid = self._open(128, self.first[0])
         if sid is not None:
-            self.sub.out.open_stream(sid, 128, self.start[0], fill=True)
             self.sub.out.reset(sid, StreamResetCode.INTERNAL_ERROR)
 
 

@@ -43,7 +43,8 @@ from typing import Generic, TypeVar
 
 from kvsp_moq.moqt.objects import GroupOrder
 
-__all__ = ["Flow", "LazyHeap", "Piece", "Schedule", "StreamKey", "FlowKey", "stream_key"]
+__all__ = ["Flow", "LazyHeap", "PENDING", "Piece", "Schedule", "StreamKey", "FlowKey",
+           "stream_key"]
 
 #: (publisher priority, group rank, fill rank, Subgroup ID): lower first.
 StreamKey = tuple[int, int, int, int]
@@ -136,6 +137,12 @@ class Piece:
     group_id: int | None = None
 
 
+#: What a pull source yields when it has nothing more *yet* (a FETCH range still arriving
+#: from upstream, cut through by :mod:`relay.inflight`): the stream keeps its source and
+#: waits, not ready, until :meth:`Schedule.wake`.
+PENDING = Piece()
+
+
 @dataclass(slots=True, eq=False)
 class _Stream:
     sid: int
@@ -149,6 +156,8 @@ class _Stream:
     source: Iterator[Piece] | None = None
     #: A pull stream's pieces are not counted in the flow's ``queued`` bytes.
     pull: bool = False
+    #: Its source yielded :data:`PENDING` and it was not woken since.
+    waiting: bool = False
 
     def key(self) -> StreamKey:
         return stream_key(self.publisher_priority, self.flow.group_order, self.group_id,
@@ -167,6 +176,8 @@ class Flow:
     queued: int = 0
     peak_queued: int = 0
     turn: int = 0
+    #: Pull streams waiting for their source (:data:`PENDING`): not ready, not idle either.
+    pending: int = 0
     closed: bool = False
     streams: dict[int, _Stream] = field(default_factory=dict)
     ready: LazyHeap[int, StreamKey] = field(default_factory=LazyHeap)
@@ -175,8 +186,9 @@ class Flow:
 
     @property
     def idle(self) -> bool:
-        """Nothing of this request waits (everything handed to QUIC)."""
-        return not self.ready
+        """Nothing of this request waits (everything handed to QUIC, no stream waiting for
+        more from its source)."""
+        return not self.ready and not self.pending
 
     @property
     def over_budget(self) -> bool:
@@ -217,6 +229,7 @@ class Schedule:
         flow.streams.clear()
         flow.ready.clear()
         flow.queued = 0
+        flow.pending = 0
         return sids
 
     # -- streams -------------------------------------------------------------------------------
@@ -251,6 +264,14 @@ class Schedule:
         self._refill(st)
         self._rank_stream(st)
 
+    def wake(self, sid: int) -> None:
+        """A pull stream that waited (its source yielded :data:`PENDING`) may have more."""
+        st = self.streams.get(sid)
+        if st is None or not st.pull or st.items:
+            return
+        self._refill(st)
+        self._rank_stream(st)
+
     def drop_stream(self, sid: int) -> None:
         """Forget ``sid`` and what it queued (reset, stopped, or finished)."""
         st = self.streams.pop(sid, None)
@@ -258,6 +279,9 @@ class Schedule:
             return
         flow = st.flow
         flow.streams.pop(sid, None)
+        if st.waiting:
+            st.waiting = False
+            flow.pending -= 1
         if not st.pull:
             flow.queued -= sum(len(p.data) for p in st.items)
         st.items.clear()
@@ -297,6 +321,14 @@ class Schedule:
         if st.items or st.source is None:
             return
         piece = next(st.source, None)
+        if piece is PENDING:  # nothing yet: not ready until woken
+            if not st.waiting:
+                st.waiting = True
+                st.flow.pending += 1
+            return
+        if st.waiting:
+            st.waiting = False
+            st.flow.pending -= 1
         if piece is None:
             st.source = None
             return

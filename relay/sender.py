@@ -125,6 +125,14 @@ class RequestOut:
         self.sender.schedule.attach(sid, source)
         self.sender.kick()
 
+    def wake(self, sid: int) -> None:
+        """Pull stream ``sid``'s source has more now (it yielded ``schedule.PENDING``
+        before: a FETCH range still arriving, cut through)."""
+        if self.flow.closed or sid in self.dead_streams:
+            return
+        self.sender.schedule.wake(sid)
+        self.sender.kick()
+
     def reset(self, sid: int, code: int) -> None:
         """Abandon one stream now (RESET_STREAM): drop what waits for it."""
         if sid in self.dead_streams:

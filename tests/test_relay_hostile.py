@@ -314,7 +314,7 @@ async def test_subscribe_namespace_answer_is_paged(net: Net) -> None:
 
 # ------------------------------------------------------------------------------------------
 async def test_in_flight_bytes_never_exceed_the_cache_budget(net: Net) -> None:
-    """A FETCH whose objects do not fit the cache budget is refused EXCESSIVE_LOAD as soon
+    """A FETCH whose objects do not fit the cache budget is reset EXCESSIVE_LOAD as soon
     as the next object would not fit (its bytes are reserved before they are buffered), and
     a live object larger than the budget is forwarded but not kept: cached plus in flight
     never exceeds the budget."""
@@ -340,10 +340,13 @@ async def test_in_flight_bytes_never_exceed_the_cache_budget(net: Net) -> None:
     big = await within(sub.__anext__())
     assert len(big.payload) == 3 << 19
     assert relay.cache.get((NSB, b"big"), 1, 0) is None
-    # A FETCH of all six (1.5 MiB) cannot be held: EXCESSIVE_LOAD, nothing left reserved.
+    # A FETCH of all six (1.5 MiB) cannot be held: it is cut through (FETCH_OK, the first
+    # objects) until the next object would not fit, then its fetch stream is reset
+    # EXCESSIVE_LOAD; nothing left reserved.
+    fetched = await within(sub_s.fetch(NS, "big", start=(0, 0), end=(0, 5)))
     with pytest.raises(MoqtError) as exc:
-        await within(sub_s.fetch(NS, "big", start=(0, 0), end=(0, 5)))
-    assert exc.value.code == RequestErrorCode.EXCESSIVE_LOAD
+        await within(fetched.collect())
+    assert exc.value.code == StreamResetCode.EXCESSIVE_LOAD
     assert relay.cache.reserved == 0
     assert max(peaks) <= budget and relay.cache.bytes <= budget
 
