@@ -158,7 +158,10 @@ class H3Endpoint(BaseConnectionHandler):
         session = self._wt.get(stream_id)
         if session is not None:
             self._recv_side_done(stream_id)
-            session.deliver("stream_reset", stream_id, _app_code(error_code))
+            if error_code != H3ErrorCode.WT_SESSION_GONE:
+                # WT_SESSION_GONE: the peer closed the session; its CLOSE capsule (or the
+                # CONNECT stream's end) says how, and may arrive after this reset (§6)
+                session.deliver("stream_reset", stream_id, _app_code(error_code))
             return
         st = self._streams.get(stream_id)
         if st is None:
@@ -177,7 +180,8 @@ class H3Endpoint(BaseConnectionHandler):
         session = self._wt.get(stream_id)
         if session is not None:
             self.send_side_done(stream_id)
-            session.deliver("stop_sending", stream_id, _app_code(error_code))
+            if error_code != H3ErrorCode.WT_SESSION_GONE:
+                session.deliver("stop_sending", stream_id, _app_code(error_code))
 
     def datagram_received(self, data: bytes | memoryview) -> None:
         try:
