@@ -4,8 +4,9 @@
 :class:`BlockLoad` FETCHes a layer range (an object range of group 0) from the ``moqt://``
 holder (an origin or a relay) of each :class:`Source` in turn. Every layer is verified by the
 sink against the record's layer digests; a layer that fails (digest mismatch, DOES_NOT_EXIST
-or another MoqtError, a dead or vanished source, a timeout) is retried from the next source,
-and only the layers still missing are asked for. When every source failed,
+or another MoqtError, a dead or vanished source, a timeout: the whole request's, or the idle
+timeout, ``idle_timeout`` seconds without an octet from a source that stalled or died without
+closing) is retried from the next source, and only the layers still missing are asked for. When every source failed,
 :attr:`LoadResult.recompute` lists what the engine recomputes (``sink.missing_layers()``): the
 index is advisory (§6.1), a miss is not an error. :func:`fetch_into` is one FETCH of a layer
 range into a sink; :func:`check_track` checks the Track Properties against the sink.
@@ -17,14 +18,16 @@ in :mod:`.instance`; the parallel loads (:mod:`.parallel`) run one BlockLoad per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..kvsp.layout import Geometry
 from ..kvsp.naming import BlockName
 from ..kvsp.records import ReplicaRecord
+from ..moqt.messages import Message
 from ..pubsub import MoqtError, MoqtSession
 from ..sinks import LayerFailed, LayerSink, LayerState, make_sink
 from ..transport import TransportConfig
@@ -40,6 +43,7 @@ __all__ = [
     "Source",
     "check_track",
     "fetch_into",
+    "fetch_layers",
     "layer_runs",
     "sink_for_record",
     "sources_of",
@@ -131,7 +135,7 @@ class BlockLoad:
     def __init__(self, sink: Sink, sources: Sequence[Source], *,
                  layers: tuple[int, int] | None = None, pool: MoqtPool | None = None,
                  config: TransportConfig | None = None, timeout: float = 30.0,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, idle_timeout: float | None = None) -> None:
         self.sink = sink
         self.sources = list(sources)
         first, last = layers or (sink.first_layer, sink.last_layer)
@@ -141,6 +145,9 @@ class BlockLoad:
         self._own_pool = pool is None
         self.pool = pool or MoqtPool(config, connect_timeout=connect_timeout)
         self.timeout = timeout
+        #: Seconds a FETCH may go without an octet before this source is abandoned (None:
+        #: only ``timeout`` bounds it): a stalled or silently dead source (docs/reliability.md).
+        self.idle_timeout = idle_timeout
         self.attempts: list[Attempt] = []
         self._round = asyncio.Event()
         self._done = False
@@ -215,8 +222,9 @@ class BlockLoad:
             return
         retried = False
         for a, b in layer_runs(wanted):
-            verified, error, refused = await _fetch_layers(
-                session, source.name, source.codec, self.sink, a, b, timeout=self.timeout)
+            verified, error, refused = await fetch_layers(
+                session, source.name, source.codec, self.sink, a, b, timeout=self.timeout,
+                idle_timeout=self.idle_timeout)
             if refused and not retried:
                 # Refused because of a GOAWAY: once more on the pool's new session (the New
                 # Session URI if the GOAWAY named one; bridge/pool.py).
@@ -227,9 +235,9 @@ class BlockLoad:
                 except (OSError, TimeoutError, MoqtError, ConnectionError) as exc:
                     error = f"reconnect after GOAWAY: {exc!r}"
                 else:
-                    verified, error, _ = await _fetch_layers(
+                    verified, error, _ = await fetch_layers(
                         session, source.name, source.codec, self.sink, a, b,
-                        timeout=self.timeout)
+                        timeout=self.timeout, idle_timeout=self.idle_timeout)
             self.attempts.append(Attempt(source.url, (a, b), verified, error))
             if error is not None:
                 # The rest of this source's layers stay missing: the next source gets them.
@@ -244,35 +252,52 @@ class BlockLoad:
 
 async def fetch_into(session: MoqtSession, name: BlockName, codec: str, sink: Sink, first: int,
                      last: int, *, timeout: float = 30.0,
-                     accept_announced_digests: bool = False) -> tuple[tuple[int, ...], str | None]:
+                     accept_announced_digests: bool = False,
+                     on_response: Callable[[Message], None] | None = None,
+                     check: Callable[[object], str | None] | None = None,
+                     ) -> tuple[tuple[int, ...], str | None]:
     """FETCH layers ``first..last`` (objects ``{0, first}..{0, last}``) into ``sink``.
-    Returns the layers verified and the first error (None when the source delivered all)."""
-    verified, error, _ = await _fetch_layers(session, name, codec, sink, first, last,
-                                             timeout=timeout,
-                                             accept_announced_digests=accept_announced_digests)
+    Returns the layers verified and the first error (None when the source delivered all).
+    ``on_response(FETCH_OK)`` runs before any object is received; ``check(response)`` replaces
+    :func:`check_track` (a :class:`~.landing.StoreLanding` judges the Track Properties itself).
+    :func:`fetch_layers` also says whether the FETCH was refused because of a GOAWAY."""
+    verified, error, _ = await fetch_layers(session, name, codec, sink, first, last,
+                                            timeout=timeout,
+                                            accept_announced_digests=accept_announced_digests,
+                                            on_response=on_response, check=check)
     return verified, error
 
 
-async def _fetch_layers(session: MoqtSession, name: BlockName, codec: str, sink: Sink,
+async def fetch_layers(session: MoqtSession, name: BlockName, codec: str, sink: Sink,
                         first: int, last: int, *, timeout: float = 30.0,
-                        accept_announced_digests: bool = False
+                        accept_announced_digests: bool = False, idle_timeout: float | None = None,
+                        on_response: Callable[[Message], None] | None = None,
+                        check: Callable[[object], str | None] | None = None,
                         ) -> tuple[tuple[int, ...], str | None, bool]:
-    """:func:`fetch_into`, and whether the FETCH was refused because of a GOAWAY."""
+    """:func:`fetch_into`, and whether the FETCH was refused because of a GOAWAY.
+    ``on_response`` sees FETCH_OK before any object (``MoqtSession.fetch``); ``check`` judges
+    it once the request is answered (default: :func:`check_track` against the sink).
+    ``idle_timeout``: seconds without an octet of the answer (FETCH_OK or object payload)
+    after which the FETCH is abandoned, like one that took longer than ``timeout``."""
     refused = False
     recv = LayerReceiver(sink, first, last, accept_announced_digests=accept_announced_digests)
+    idle = _IdleTimer(idle_timeout)
     verified: list[int] = []
     error: str | None = None
     stream = None
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout), idle:
             stream = await session.fetch(
                 name.namespace_fields(), codec, start=(BLOCK_GROUP, first),
-                end=(BLOCK_GROUP, last), on_object_begin=recv.on_object_begin,
-                on_object_progress=recv.on_object_progress)
-            error = check_track(stream.response, sink, first, last, accept_announced_digests)
+                end=(BLOCK_GROUP, last), on_object_begin=idle.wrap(recv.on_object_begin),
+                on_object_progress=idle.wrap(recv.on_object_progress), on_response=on_response)
+            idle.touch()
+            error = (check(stream.response) if check is not None else
+                     check_track(stream.response, sink, first, last, accept_announced_digests))
             if error is None:
                 async for obj in stream:
-                    ok = await recv.object_done(obj.object_id)
+                    with idle.paused():  # verifying is our work, not the source's silence
+                        ok = await recv.object_done(obj.object_id)
                     if ok:
                         verified.append(obj.object_id)
                     elif ok is False:
@@ -285,7 +310,8 @@ async def _fetch_layers(session: MoqtSession, name: BlockName, codec: str, sink:
         error = f"{type(exc).__name__} {exc.code:#x}: {exc}"
         refused = stream is None and refused_by_goaway(exc)
     except TimeoutError:
-        error = f"no complete answer within {timeout} s"
+        error = (f"no octet for {idle_timeout} s (idle timeout)" if idle.expired()
+                 else f"no complete answer within {timeout} s")
     finally:
         if stream is not None and not stream.done:
             await stream.cancel()
@@ -296,6 +322,51 @@ async def _fetch_layers(session: MoqtSession, name: BlockName, codec: str, sink:
         if missing:
             error = f"the source ended without layers {missing[0]}..{missing[-1]}"
     return tuple(verified), error, refused
+
+
+class _IdleTimer:
+    """An ``asyncio.timeout`` pushed back each time the source delivers something: expires
+    once ``seconds`` pass without an octet (never, with ``seconds`` None)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self._cm: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> _IdleTimer:
+        if self.seconds is not None:
+            self._cm = asyncio.timeout(self.seconds)
+            await self._cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._cm is not None:
+            await self._cm.__aexit__(*exc)  # turns its own expiry into TimeoutError
+
+    def touch(self) -> None:
+        if self._cm is not None and self.seconds is not None:
+            self._cm.reschedule(asyncio.get_running_loop().time() + self.seconds)
+
+    def expired(self) -> bool:
+        return self._cm is not None and self._cm.expired()
+
+    def wrap(self, callback: Any) -> Any:
+        """``callback`` that first pushes the deadline back (a pubsub receive callback)."""
+        if self._cm is None:
+            return callback
+
+        def touched(*args: Any) -> Any:
+            self.touch()
+            return callback(*args)
+        return touched
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        if self._cm is not None:
+            self._cm.reschedule(None)
+        try:
+            yield
+        finally:
+            self.touch()
 
 
 def check_track(response: object, sink: Sink, first: int, last: int,

@@ -612,12 +612,15 @@ class MoqtSession(SessionDriver):
                     subscriber_priority: int | None = None,
                     parameters: MessageParameters = MessageParameters(),
                     on_object_begin: ObjectBeginCallback | None = None,
-                    on_object_progress: ObjectProgressCallback | None = None) -> FetchStream:
+                    on_object_progress: ObjectProgressCallback | None = None,
+                    on_response: Callable[[Message], None] | None = None) -> FetchStream:
         """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object), groups
         in ``group_order`` (None: the publisher's, ascending here), at
         ``subscriber_priority`` (§"SUBSCRIBER PRIORITY": relative to the session's other
         subscriptions and fetch responses; None: default 128). ``parameters``: any other
-        request parameter (e.g. ``authorization_tokens``); the keywords override it."""
+        request parameter (e.g. ``authorization_tokens``); the keywords override it.
+        ``on_response(answer)`` runs synchronously when FETCH_OK (or REQUEST_ERROR) is
+        dispatched, before the objects read behind it reach ``on_object_begin``."""
         ns = normalize_namespace(namespace)
         params = parameters
         if group_order:
@@ -632,7 +635,8 @@ class MoqtSession(SessionDriver):
             return s
 
         _, _, f = await self._request(
-            lambda m: m.fetch(ns, track_name(name), start, end, parameters=params), make)
+            lambda m: m.fetch(ns, track_name(name), start, end, parameters=params), make,
+            on_answer=None if on_response is None else lambda _rid, msg: on_response(msg))
         assert isinstance(f, FetchStream)
         return f
 

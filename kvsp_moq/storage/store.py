@@ -96,6 +96,13 @@ class _StoreWrites(ReplicaWrites):
     def write_layer(self, replica: StoredReplica, layer: int, k: object, v: object) -> bytes:
         return self._store._write_layer(replica, layer, k, v)
 
+    def landing_view(self, replica: StoredReplica, layer: int) -> memoryview | None:
+        return self._store._landing_view(replica, layer)
+
+    def commit_layer(self, replica: StoredReplica, layer: int, digest: bytes,
+                     staged: memoryview | None) -> bytes:
+        return self._store._commit_layer(replica, layer, digest, staged)
+
     def finish(self, replica: StoredReplica) -> ReplicaInfo:
         return self._store._finish(replica)
 
@@ -373,6 +380,43 @@ class BlockStore:
         if digest is None:
             digest = layer_digest(host_view(k_sec), host_view(v_sec))
         self._mover.write(replica, layer, k_sec, v_sec)
+        replica.digests[i] = digest
+        return digest
+
+    def _unwritten_slot(self, replica: StoredReplica, layer: int) -> int:
+        """The index of ``layer`` in a replica being written, checked: open, in range, not yet written."""
+        if replica.dead or not replica.writing:
+            raise StorageError(f"{replica.key}: the writer is closed")
+        if not isinstance(layer, int) or layer not in replica.layers:
+            raise ContainerError("layers", f"layer {layer!r} is not in {replica.layers}")
+        i = layer - replica.first_layer
+        if replica.digests[i] is not None:
+            raise ValueError(f"layer {layer} was already written")
+        return i
+
+    def _landing_view(self, replica: StoredReplica, layer: int) -> memoryview | None:
+        """A writable view of the location reserved for an unwritten layer when it is host
+        memory (a host tier's buffer), else None. Not readable until committed (no digest)."""
+        self._unwritten_slot(replica, layer)
+        slot = replica.slot(layer)
+        assert slot is not None
+        location = slot.location
+        buf: Any = location.buf if isinstance(location, Extent) else None
+        if not isinstance(buf, np.ndarray):
+            return None
+        return memoryview(buf.data)  # the host tier's uint8 buffer, writable
+
+    def _commit_layer(self, replica: StoredReplica, layer: int, digest: bytes,
+                      staged: memoryview | None) -> bytes:
+        """Mark ``layer`` written with ``digest``, which the caller computed over its octets as
+        they landed: in the view of :meth:`_landing_view` (``staged`` None), or in ``staged``
+        (K || V), copied once into the reserved location now. Not hashed again."""
+        i = self._unwritten_slot(replica, layer)
+        if staged is not None:
+            k_len = replica.lengths[i][0]
+            return self._write_layer(replica, layer, staged[:k_len], staged[k_len:], digest)
+        if self._landing_view(replica, layer) is None:
+            raise StorageError(f"{replica.key}: layer {layer} has no landing view to commit")
         replica.digests[i] = digest
         return digest
 

@@ -6,6 +6,10 @@ space) and returns a :class:`BlockWriter`. Each :meth:`~BlockWriter.write_layer`
 layer once into its tier, computes its layer digest (§4.3) and emits a :class:`LayerWritten`
 to the listeners at once, so a publisher can send layer ``l`` (binding v1: object ``l``)
 while layer ``l + 1`` is still being computed. Written layers can already be read.
+A receiver (a prefetch over MOQT) can instead land a layer in place: it receives the payload
+into :meth:`~BlockWriter.landing_view` (the tier's own memory), hashing as the octets arrive,
+and :meth:`~BlockWriter.commit_layer` records the digest it verified (one copy, one hash per
+octet; a tier without a writable view takes a staged buffer, copied once).
 :meth:`~BlockWriter.finish` seals the replica (disk files are fsynced and renamed into place);
 :meth:`~BlockWriter.abort` drops it.
 """
@@ -56,6 +60,17 @@ class ReplicaWrites(Protocol):
 
     def write_layer(self, replica: StoredReplica, layer: int, k: object, v: object) -> bytes:
         """Store one layer of ``replica`` and return its layer digest (§4.3)."""
+        ...
+
+    def landing_view(self, replica: StoredReplica, layer: int) -> memoryview | None:
+        """A writable view of the location reserved for an unwritten layer, or None when its
+        tier cannot give one (disk, accelerator memory)."""
+        ...
+
+    def commit_layer(self, replica: StoredReplica, layer: int, digest: bytes,
+                     staged: memoryview | None) -> bytes:
+        """Mark a layer written with the digest the caller computed over its octets (in the
+        landing view, or in ``staged``, which is copied in once); not hashed again."""
         ...
 
     def finish(self, replica: StoredReplica) -> ReplicaInfo:
@@ -119,6 +134,28 @@ class BlockWriter:
         if isinstance(k, np.ndarray) and isinstance(v, np.ndarray) and self._geometry is not None:
             k, v = encode_raw_layer(k, v, self._geometry)
         digest = self._store.write_layer(self._replica, layer, k, v)
+        self._written(layer, digest)
+        return digest
+
+    # -- landing: a receiver writes a layer into place itself (one copy, one hash) ------------
+
+    def landing_view(self, layer: int) -> memoryview | None:
+        """Where layer ``layer``'s K || V can be received in place: a writable view of the
+        memory reserved for it (a host tier), or None (disk, accelerator memory: receive into
+        a buffer of your own and pass it to :meth:`commit_layer` as ``staged``). The layer is
+        not readable until :meth:`commit_layer`; a failed delivery may simply be received
+        into the view again."""
+        return self._store.landing_view(self._replica, layer)
+
+    def commit_layer(self, layer: int, digest: bytes, staged: memoryview | None = None) -> None:
+        """Layer ``layer`` has landed (in :meth:`landing_view`, or in ``staged``: K || V, copied
+        once into place now) and ``digest`` is the SHA-256 the receiver computed over exactly
+        those octets as they arrived and verified against the Replica Record (§4.3): it is
+        recorded, not computed again. Listeners get the :class:`LayerWritten` as after
+        :meth:`write_layer`."""
+        self._written(layer, self._store.commit_layer(self._replica, layer, digest, staged))
+
+    def _written(self, layer: int, digest: bytes) -> None:
         self._remaining -= 1
         k_len, v_len = self._replica.lengths[layer - self._replica.first_layer]
         event = LayerWritten(self.key, self.replica_id, layer, digest, k_len, v_len, self._remaining)
@@ -127,7 +164,6 @@ class BlockWriter:
                 listener(event)
             except Exception:  # a listener must not break storage
                 log.exception("layer listener %r failed", listener)
-        return digest
 
     def finish(self) -> ReplicaInfo:
         """Seal the replica: IncompleteReplica if a layer is missing (the writer stays open)."""

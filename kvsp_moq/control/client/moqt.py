@@ -36,11 +36,13 @@ digest failed) or ``error`` (unreachable, timeout, another MOQT error).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from ...bridge import BindingError, MoqtPool, TrackInfo, block_info, load_block
+from ...bridge import BindingError, MoqtPool, TrackInfo
+from ...bridge.landing import OCTET_GEOMETRY, StoreLanding, track_problem
+from ...bridge.load import fetch_layers
 from ...kvsp.container import (
     FIXED_HEADER_SIZE,
     LENGTH_ENTRY_SIZE,
@@ -49,20 +51,18 @@ from ...kvsp.container import (
     encode_container,
     replica_digest,
 )
-from ...kvsp.layout import Geometry
 from ...kvsp.records import ReplicaRecord
-from ...kvsp.registries import CODEC_RAW, ELEMENT_TYPES
+from ...kvsp.registries import CODEC_RAW
 from ...moqt.errors import RequestErrorCode
+from ...moqt.messages import Message
 from ...moqt.session import SessionConfig
-from ...pubsub import DEFAULT_RECEIVE_LIMITS, ErrorKind, MoqtError, MoqtSession, ReceiveLimits
-from ...sinks import LayerState, NumpySink
+from ...pubsub import DEFAULT_RECEIVE_LIMITS, MoqtError, ReceiveLimits
+from ...sinks import LayerSink, NumpySink
+from ...storage import BlockStore, RecordKey, StorageError
 from ...transport import TransportConfig
-from .retrieval import Attempt, RetrievalFailed, Retrieved
+from .retrieval import Attempt, Landed, RetrievalFailed, Retrieved
 
 __all__ = ["MoqtBlockRetriever", "retrieve_block"]
-
-#: Any registered one-octet element type: the payload is handled as octets (binding §2).
-_OCTET = ELEMENT_TYPES["fp8-e4m3"]
 
 
 class _Reject(Exception):
@@ -76,23 +76,28 @@ class _Reject(Exception):
 class MoqtBlockRetriever:
     """``await retriever(replicas) -> Retrieved``: the prefetch hook (:data:`.prefetch.MoqtRetriever`)
     over one :class:`~kvsp_moq.bridge.MoqtPool`, so sessions to a holder or relay are reused
-    across blocks. ``config`` is the QUIC/TLS client configuration (the bridge's default when
-    None: the server certificate verified against the system trust store; integrity rests on
-    the record's digests, §6.7, confidentiality on TLS);
+    across blocks (the blocks a prefetch keeps in flight share one session per URL: each is a
+    FETCH of its own on it). :meth:`land` stores the block in a :class:`~kvsp_moq.storage.BlockStore`
+    as it arrives instead (no container). ``config`` is the QUIC/TLS client configuration (the
+    bridge's default when None: the server certificate verified against the system trust store;
+    integrity rests on the record's digests, §6.7, confidentiality on TLS);
     ``session_config`` a factory of SessionConfigs per connection; ``pool`` instead of both:
     a pool of the caller's (e.g. one carrying the instance's AUTHORIZATION_TOKEN, binding §9),
-    which :meth:`close` leaves open. ``timeout``: seconds per request (TRACK_STATUS, each FETCH).
+    which :meth:`close` leaves open. ``timeout``: seconds per FETCH; ``idle_timeout``: seconds
+    a FETCH may go without an octet before the source is abandoned (None: only ``timeout``).
     ``receive_limits``: what a source may make each session of its own pool hold."""
 
     def __init__(self, config: TransportConfig | None = None, *, timeout: float = 30.0,
                  connect_timeout: float = 5.0,
                  session_config: Callable[[], SessionConfig] | None = None,
                  pool: MoqtPool | None = None,
-                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> None:
+                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS,
+                 idle_timeout: float | None = None) -> None:
         self._own_pool = pool is None
         self.pool = pool or MoqtPool(config, connect_timeout=connect_timeout, session_config=session_config,
                                      receive_limits=receive_limits)
         self.timeout = timeout
+        self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
 
     async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
@@ -102,8 +107,34 @@ class MoqtBlockRetriever:
                 return await self._one(record, tuple(attempts))
             except _Reject as exc:
                 attempts.append(Attempt(record.holder, exc.outcome, str(exc)))
-        block_key = replicas[0].block_key if replicas else b""
-        raise RetrievalFailed(block_key, _all_layers(replicas), attempts)
+        raise RetrievalFailed(_block_key(replicas), _all_layers(replicas), attempts)
+
+    async def land(self, replicas: Sequence[ReplicaRecord], store: BlockStore, key: RecordKey) -> Landed:
+        """Fetch the block from the first replica that passes verification straight into
+        ``store`` under ``key`` (:class:`~kvsp_moq.bridge.StoreLanding`: each layer received
+        into the tier, hashed once as it lands, verified against the record, committed); the
+        same checks and outcomes as :meth:`__call__`. :class:`RetrievalFailed` when no replica
+        delivered (nothing is left in the store)."""
+        attempts: list[Attempt] = []
+        for record in replicas:
+            try:
+                digests, section = _verifiable(record)
+                landing = StoreLanding(store, key, digests, section)
+                try:
+                    await self._fetch(record, landing, landing.on_response, landing.check)
+                    if landing.exists:
+                        return Landed(record, None, tuple(attempts))
+                    try:
+                        info = landing.finish()
+                    except StorageError as exc:
+                        raise _Reject("rejected" if landing.writer is None else "error", str(exc)) from None
+                except BaseException:
+                    landing.discard("the retrieval failed")
+                    raise
+                return Landed(record, info, tuple(attempts))
+            except _Reject as exc:
+                attempts.append(Attempt(record.holder, exc.outcome, str(exc)))
+        raise RetrievalFailed(_block_key(replicas), _all_layers(replicas), attempts)
 
     async def close(self) -> None:
         if self._own_pool:
@@ -114,46 +145,60 @@ class MoqtBlockRetriever:
     async def _one(self, record: ReplicaRecord, attempts: tuple[Attempt, ...]) -> Retrieved:
         digests, section = _verifiable(record)
         count = len(digests)
-        info = await self._track_info(record)
-        tokens = _check_track(info, digests, section)
-        # One octet per element, one head: section = tokens x head_dim octets (kvsp-layout-1).
-        head_dim = section // tokens if tokens else 1
-        sink = NumpySink(Geometry(1, head_dim, _OCTET), tokens, (0, count - 1), digests)
-        result = await load_block(record, sink, pool=self.pool, timeout=self.timeout,
-                                  connect_timeout=self.connect_timeout)
-        if not result.complete:
-            reasons = [a.error for a in result.attempts if a.error]
-            failed = [sink.failure_reason(layer) or "" for layer in result.recompute
-                      if sink.state(layer) is LayerState.FAILED]
-            outcome = "rejected" if any("digest" in r for r in failed) else "error"
-            raise _Reject(outcome, f"layers {list(result.recompute)} not delivered: {'; '.join(reasons)}"[:2000])
-        return _assemble(record, digests, tokens, [sink.layer(layer) for layer in range(count)], attempts)
+        # One octet per element: a layer is 2 x S octets (the record's geometry, §4.3); the
+        # Token Count comes with FETCH_OK (binding §3.2), checked against the record.
+        sink = NumpySink(OCTET_GEOMETRY, section, (0, count - 1), digests)
+        tokens: list[int] = []
 
-    async def _track_info(self, record: ReplicaRecord) -> TrackInfo:
+        def check(response: object) -> str | None:
+            try:
+                info = TrackInfo.parse(getattr(response, "track_properties", ()))
+            except BindingError as exc:
+                return f"track properties: {exc}"
+            problem = track_problem(info, digests, section)
+            if problem is None:
+                tokens.append(info.token_count)
+            return problem
+
+        await self._fetch(record, sink, None, check)
+        return _assemble(record, digests, tokens[0], [sink.layer(layer) for layer in range(count)], attempts)
+
+    async def _fetch(self, record: ReplicaRecord, sink: LayerSink[Any],
+                     on_response: Callable[[Message], None] | None,
+                     check: Callable[[object], str | None]) -> None:
+        """FETCH layers 0..L-1 of the record's replica into ``sink`` (binding §5): no
+        TRACK_STATUS first, ``check`` judges the Track Properties of FETCH_OK. Once more on
+        the pool's new session when the FETCH was refused because of a GOAWAY. ``_Reject``
+        unless every layer was verified."""
         name = record.block_name()
         assert name is not None  # a moqt:// record carries moqt_namespace (checked on construction)
-        try:
-            await self.pool.get(record.holder)
-        except (OSError, TimeoutError, ConnectionError, MoqtError) as exc:
-            raise _Reject("error", f"cannot connect: {exc!r}") from None
+        last = len(record.layer_digests or ()) - 1
+        problems: list[str] = []
 
-        async def info(session: MoqtSession) -> TrackInfo:
-            async with asyncio.timeout(self.timeout):
-                return await block_info(session, name, CODEC_RAW.name)
+        def judged(response: object) -> str | None:
+            problem = check(response)
+            if problem is not None:
+                problems.append(problem)
+            return problem
 
-        try:
-            # A request refused because the peer sent GOAWAY is retried once on the pool's new
-            # session (the New Session URI if given).
-            return await self.pool.call(record.holder, info)
-        except MoqtError as exc:
-            # binding §5: DOES_NOT_EXIST is a cache miss, like HTTP 404 (§6.1)
-            missing = exc.kind is ErrorKind.REQUEST and exc.code == RequestErrorCode.DOES_NOT_EXIST
-            outcome = "miss" if missing else "error"
-            raise _Reject(outcome, f"TRACK_STATUS: {exc}") from None
-        except BindingError as exc:
-            raise _Reject("rejected", f"track properties: {exc}") from None
-        except TimeoutError:
-            raise _Reject("error", f"TRACK_STATUS: no answer within {self.timeout} s") from None
+        error: str | None = None
+        for _ in range(2):
+            try:
+                session = await self.pool.get(record.holder)
+            except (OSError, TimeoutError, ConnectionError, MoqtError) as exc:
+                raise _Reject("error", f"cannot connect: {exc!r}") from None
+            _, error, refused = await fetch_layers(session, name, CODEC_RAW.name, sink, 0, last,
+                                                   timeout=self.timeout, idle_timeout=self.idle_timeout,
+                                                   on_response=on_response, check=judged)
+            if not refused:
+                break
+        if error is None:
+            return
+        if f"{RequestErrorCode.DOES_NOT_EXIST:#x}" in error.split(":", 1)[0]:
+            raise _Reject("miss", f"FETCH: {error}")  # binding §5: a cache miss, like HTTP 404
+        failed = [sink.failure_reason(layer) or "" for layer in sink.failed_layers]
+        outcome = "rejected" if problems or any("digest" in r for r in failed) else "error"
+        raise _Reject(outcome, f"layers 0-{last} not delivered: {error}"[:2000])
 
 
 def _verifiable(record: ReplicaRecord) -> tuple[tuple[bytes, ...], int]:
@@ -176,19 +221,6 @@ def _verifiable(record: ReplicaRecord) -> tuple[tuple[bytes, ...], int]:
     return digests, data // (2 * count)
 
 
-def _check_track(info: TrackInfo, digests: tuple[bytes, ...], section: int) -> int:
-    """The Token Count, once the Track Properties agree with the record (binding §3.2, §10)."""
-    if (info.first_layer, info.layer_count) != (0, len(digests)):
-        raise _Reject("rejected", f"the track holds layers {info.first_layer}+{info.layer_count}, "
-                                  f"the record lists 0-{len(digests) - 1}")
-    if info.layer_digests is not None and any(info.layer_digests.get(i) != d for i, d in enumerate(digests)):
-        raise _Reject("rejected", "the track's LAYER_DIGESTS differ from the record's (another replica)")
-    tokens = info.token_count
-    if (tokens == 0 and section != 0) or (tokens > 0 and (section == 0 or section % tokens)):
-        raise _Reject("rejected", f"{section}-octet sections cannot hold {tokens} tokens (kvsp-layout-1)")
-    return tokens
-
-
 def _assemble(record: ReplicaRecord, digests: tuple[bytes, ...], tokens: int,
               layers: list[tuple[object, object]], attempts: tuple[Attempt, ...]) -> Retrieved:
     """The verified layers as the KVB1 container an HTTP GET would have returned (§4.3)."""
@@ -199,6 +231,10 @@ def _assemble(record: ReplicaRecord, digests: tuple[bytes, ...], tokens: int,
     # The digests were verified by the sink on these very octets (binding §4.1).
     out = tuple(DecodedLayer(lv.index, lv.k, lv.v, digests[lv.index]) for lv in decoded.layers())
     return Retrieved(record, decoded.header, out, hashlib.sha256(container).digest(), attempts)
+
+
+def _block_key(replicas: Sequence[ReplicaRecord]) -> bytes:
+    return replicas[0].block_key if replicas else b""
 
 
 def _all_layers(replicas: Sequence[ReplicaRecord]) -> tuple[int, int] | None:

@@ -57,6 +57,7 @@ from ...kvsp.container import (
 )
 from ...kvsp.errors import ContainerError
 from ...kvsp.records import ReplicaRecord
+from ...storage import ReplicaInfo
 from ..common.media import BLOCK_MEDIA_TYPE
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "BRIDGE_MODULE",
     "BlockFetcher",
     "BlockResponse",
+    "Landed",
     "LayerSink",
     "MoqtRetriever",
     "RetrievalFailed",
@@ -190,6 +192,18 @@ class Retrieved:
     @property
     def last_layer(self) -> int:
         return self.header.last_layer
+
+
+@dataclass(frozen=True)
+class Landed:
+    """A block a MOQT retriever stored in the caller's store itself, layer by layer as it
+    arrived (``MoqtBlockRetriever.land``): the record it was verified against, the stored
+    replica (None: the store already held the block when the answer came, stored meanwhile
+    by another load) and the failed attempts before."""
+
+    record: ReplicaRecord
+    info: ReplicaInfo | None
+    attempts: tuple[Attempt, ...] = ()
 
 
 class RetrievalFailed(Exception):

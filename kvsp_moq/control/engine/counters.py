@@ -13,15 +13,16 @@ retriever and HTTP fetcher to count what directives load.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...kvsp.container import FIXED_HEADER_SIZE, LENGTH_ENTRY_SIZE
 from ...kvsp.records import ReplicaRecord
 from ...pubsub.limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
+from ...storage import BlockStore, RecordKey
 from ...transport import TransportConfig
-from ..client.retrieval import BlockFetcher, MoqtRetriever, Retrieved, retrieve_via_moqt
+from ..client.retrieval import BlockFetcher, Landed, MoqtRetriever, Retrieved, retrieve_via_moqt
 
 __all__ = ["CountingFetcher", "CountingRetriever", "EngineCounters", "Transfer", "kv_octets"]
 
@@ -75,6 +76,8 @@ class EngineCounters:
     prefetch_http: Transfer = field(default_factory=Transfer)
     #: MOQT loads that failed for some layer and fell back (HTTP, then recomputation).
     moqt_fallbacks: int = 0
+    #: IS lookups that failed or timed out (``index_timeout_s``): their prompts were recomputed.
+    lookup_failures: int = 0
     #: New complete blocks published: own store + IS, HTTP holder, MOQT via the relay.
     published_store: int = 0
     published_holder: int = 0
@@ -119,6 +122,7 @@ class EngineCounters:
                                "recomputed": {"blocks": self.recomputed_blocks}},
             "prefetch_blocks": {"moqt": self.prefetch_moqt.to_json(), "http": self.prefetch_http.to_json()},
             "moqt_fallbacks": self.moqt_fallbacks,
+            "lookup_failures": self.lookup_failures,
             "prefill_tokens": self.prefill_tokens,
             "published": {"store": self.published_store, "holder": self.published_holder, "moqt": self.published_moqt,
                           "errors": self.publish_errors},
@@ -140,8 +144,13 @@ class CountingRetriever:
 
     def __init__(self, counters: EngineCounters, inner: MoqtRetriever | None = None, *,
                  transport: TransportConfig | None = None,
-                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> None:
+                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS,
+                 timeout: float = 30.0, idle_timeout: float | None = None) -> None:
         self.counters = counters
+        #: Its own retriever's bounds per request: whole, and without an octet
+        #: (``[instance.engine] moqt_timeout_s``, ``moqt_idle_timeout_s``).
+        self.timeout = timeout
+        self.idle_timeout = idle_timeout
         self.inner = inner
         #: The QUIC/TLS client configuration of its own retriever (None: the bridge's default,
         #: which verifies against the system store; docs/security.md).
@@ -152,13 +161,32 @@ class CountingRetriever:
         self._own: Any = None
 
     async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
-        if self.inner is None and self._own is None:
-            from ..client.moqt import MoqtBlockRetriever
-
-            self._own = MoqtBlockRetriever(self.transport, receive_limits=self.receive_limits)
-        retrieved = await retrieve_via_moqt(replicas, self.inner if self.inner is not None else self._own)
+        retrieved = await retrieve_via_moqt(replicas, self.inner if self.inner is not None else self._retriever())
         self.counters.prefetch_moqt.add(kv_octets(retrieved))
         return retrieved
+
+    @property
+    def land(self) -> Callable[[Sequence[ReplicaRecord], BlockStore, RecordKey], Awaitable[Landed]] | None:
+        """The retriever's ``land`` (a block straight into the store, ``client.moqt``), counted;
+        None when ``inner`` has none (the executor then places what ``__call__`` returns)."""
+        inner = getattr(self.inner, "land", None) if self.inner is not None else self._retriever().land
+        if inner is None:
+            return None
+
+        async def land(replicas: Sequence[ReplicaRecord], store: BlockStore, key: RecordKey) -> Landed:
+            landed: Landed = await inner(replicas, store, key)
+            if landed.info is not None:
+                self.counters.prefetch_moqt.add(sum(k + v for k, v in landed.info.lengths))
+            return landed
+        return land
+
+    def _retriever(self) -> Any:
+        if self._own is None:
+            from ..client.moqt import MoqtBlockRetriever
+
+            self._own = MoqtBlockRetriever(self.transport, receive_limits=self.receive_limits,
+                                           timeout=self.timeout, idle_timeout=self.idle_timeout)
+        return self._own
 
     async def close(self) -> None:
         if self._own is not None:

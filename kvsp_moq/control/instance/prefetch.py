@@ -36,7 +36,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from ...storage import BlockStore, RecordKey, ReplicaExists, StorageError
 from ..client.publisher import ReplicaPublisher
 from ..client.retrieval import (
     BlockFetcher,
+    Landed,
     MoqtRetriever,
     RetrievalFailed,
     Retrieved,
@@ -128,6 +129,8 @@ class PrefetchExecutor:
         #: more before its first byte, so a few in flight keep the path busy.
         self.blocks_in_flight = blocks_in_flight
         self._runs: OrderedDict[uuid.UUID, DirectiveRun] = OrderedDict()
+        #: Blocks being loaded now, with the outcome other directives naming them await.
+        self._loading: dict[RecordKey, asyncio.Future[str | None]] = {}
         #: Told each directive's end state and its duration in seconds (``instance/metrics.py``),
         #: before its ``done`` is set.
         self.on_finished: Callable[[str, float], None] | None = None
@@ -210,9 +213,13 @@ class PrefetchExecutor:
 
         async def one(block_key: bytes, sources: Sequence[str]) -> str | None:
             key = RecordKey(d.compat_id, d.scope_id, block_key)
-            if self.store.get(key) is None:
-                async with gate:
-                    error = await self._load_block(d, key, sources)
+            loading = self._loading.get(key)
+            if loading is not None:  # another directive is loading it: its outcome is ours
+                error = await asyncio.shield(loading)
+                if error is not None:
+                    return error
+            elif self.store.get(key) is None:
+                error = await self._load_once(key, gate, lambda: self._load_block(d, key, sources))
                 if error is not None:
                     return error
             run.loaded.append(block_key)  # progress, visible in the directive's status
@@ -222,6 +229,21 @@ class PrefetchExecutor:
         order = {b.block_key: i for i, b in enumerate(d.blocks)}
         run.loaded.sort(key=order.__getitem__)
         return [f"{b.block_key.hex()}: {e}" for b, e in zip(d.blocks, errors) if e is not None]
+
+    async def _load_once(self, key: RecordKey, gate: asyncio.Semaphore,
+                         load: Callable[[], Awaitable[str | None]]) -> str | None:
+        """``load()`` under ``gate``, known to other directives while it runs (a block landing
+        over MOQT is in the store before it is complete: they wait for this outcome instead)."""
+        outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._loading[key] = outcome
+        error: str | None = "the load was cancelled"
+        try:
+            async with gate:
+                error = await load()
+            return error
+        finally:
+            del self._loading[key]
+            outcome.set_result(error)
 
     async def _load_block(self, d: PrefetchDirective, key: RecordKey, sources: Sequence[str]) -> str | None:
         """Load one block from the first source that works; ``None`` or why it failed."""
@@ -234,12 +256,15 @@ class PrefetchExecutor:
                 continue
             if source.startswith("moqt:"):
                 # MOQT sources have no HTTP lease endpoint; the bridge retrieves and verifies.
+                land = getattr(self.moqt_retriever, "land", None)
                 try:
-                    retrieved = await retrieve_via_moqt([record], self.moqt_retriever)
+                    if land is not None:  # straight into the store, layer by layer
+                        error = await self._landed(key, await land([record], self.store, key))
+                    else:
+                        error = await self._place(key, await retrieve_via_moqt([record], self.moqt_retriever))
                 except RetrievalFailed as exc:
                     reasons.append(f"{source}: {exc}")
                     continue
-                error = await self._place(key, retrieved)
                 if error is None:
                     return None
                 reasons.append(f"{source}: {error}")
@@ -263,6 +288,13 @@ class PrefetchExecutor:
             finally:
                 await self._release(source, grant.lease)
         return "; ".join(reasons) or "no sources"
+
+    async def _landed(self, key: RecordKey, landed: Landed) -> str | None:
+        """A block the MOQT retriever stored itself (``land``): publish its new replica (§6.1);
+        None when the store already held the block (loaded meanwhile)."""
+        if landed.info is not None and self.publisher is not None:
+            await self.publisher.publish(key)
+        return None
 
     async def _place(self, key: RecordKey, retrieved: Retrieved) -> str | None:
         """Store the verified layers in the instance's tiers and publish the replica (§6.1)."""
