@@ -17,7 +17,7 @@ from ..control.holder import cli as cli_holder
 from ..control.index import cli as cli_index
 from ..control.instance import cli as cli_instance
 from ..control.pc import cli as cli_pc
-from . import bench, core, dashboard, demo, errors, moq, relay_cmd
+from . import bench, core, dashboard, demo, errors, moq, relay_cmd, soak
 
 
 def _version() -> str:
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     core.register(sub)
     bench.register(sub)
     demo.register(sub)
+    soak.register(sub)
     dashboard.register(sub)
     moq.register(sub)
     cli_index.register_cli(sub)
