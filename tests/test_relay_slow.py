@@ -27,9 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class SlowSubscriber(threading.Thread):
-    def __init__(self, url: str, main_loop: asyncio.AbstractEventLoop) -> None:
+    """A subscriber of ``track`` on its own loop in a thread; its first ``on_object_begin``
+    blocks that loop until :attr:`release` (no reads, no ACKs). ``result``: (PUBLISH_DONE
+    status, Stream Count, objects received)."""
+
+    def __init__(self, url: str, main_loop: asyncio.AbstractEventLoop,
+                 track: str = "big") -> None:
         super().__init__(daemon=True)
         self.url = url
+        self.track = track
         self.main = main_loop
         self.release = threading.Event()
         self.subscribed: asyncio.Future[None] = main_loop.create_future()
@@ -53,7 +59,7 @@ class SlowSubscriber(threading.Thread):
                 self.release.wait(60)  # the whole loop stops: no reads, no ACKs
             return None
 
-        sub = await s.subscribe(NS, "big", on_object_begin=on_begin)
+        sub = await s.subscribe(NS, self.track, on_object_begin=on_begin)
         self._tell(self.subscribed, None)
         n = 0
         try:

@@ -13,6 +13,14 @@ A subscriber that stops one subgroup stream (STOP_SENDING, e.g. a receive limit 
 ``on_object_begin`` :class:`~.receive.Refuse`) loses only the rest of that stream's
 subgroup: the next group goes to it on a new stream. Only the subscription ending
 (PUBLISH_DONE, cancellation, the session closing or failing) removes the subscriber.
+
+Subscribers never wait on each other (issue 19): each has a :class:`~.backlog.Backlog`
+(bytes go straight to QUIC while its stream's send buffer has room, else wait there, in
+order). The writer is paced by the *fastest* subscriber: a write returns once at least one
+subscriber of the object has nothing waiting. A subscriber with more than
+``subscriber_queue_bytes`` waiting (default 8 MiB) is dropped: its streams are reset with
+TOO_FAR_BEHIND (0x5) and it gets PUBLISH_DONE TOO_FAR_BEHIND with its Stream Count
+(draft-22 §"Delivery Timeouts", §"Stream Reset Error Codes").
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from ..moqt.objects import ObjectDatagram, SubgroupHeader, SubgroupIdMode
 from ..transport import StreamClosedError, TransportError
 from ..wire.buffer import Buffer
 from ..wire.kvp import encode_kvps
+from .backlog import DEFAULT_SUBSCRIBER_QUEUE_BYTES, Backlog, Chunk
 from .errors import DatagramTooLargeError
 from .ports import DataPlane
 from .window import Window
@@ -67,6 +76,8 @@ class Outgoing:
     forward: bool = True
     #: SUBSCRIBER_PRIORITY of the request (kept; objects go out as they are written).
     subscriber_priority: int = 128
+    #: What waits to be handed to QUIC for this subscriber (set by the track).
+    backlog: Backlog | None = None
 
 
 @dataclass
@@ -102,11 +113,19 @@ class TrackPublisher:
     subscribe_after_finish: bool = False
 
     def __init__(self, namespace: Sequence[str | bytes] | str | bytes, name: str | bytes, *,
-                 keep: bool = True, priority: int = 128) -> None:
+                 keep: bool = True, priority: int = 128,
+                 subscriber_queue_bytes: int = DEFAULT_SUBSCRIBER_QUEUE_BYTES) -> None:
+        if subscriber_queue_bytes <= 0:
+            raise ValueError("subscriber_queue_bytes must be > 0")
         self.namespace = normalize_namespace(namespace)
         self.name = track_name(name)
         self.keep = keep
         self.priority = priority
+        #: Bytes one subscriber may have waiting here (beyond its stream's QUIC send
+        #: buffer) before it is dropped with TOO_FAR_BEHIND (see the module docstring).
+        self.subscriber_queue_bytes = subscriber_queue_bytes
+        #: Subscribers dropped for being too far behind.
+        self.too_far_behind = 0
         self.store: dict[tuple[int, int], _Stored] = {}
         self.largest: tuple[int, int] | None = None
         self._subs: list[Outgoing] = []
@@ -137,6 +156,12 @@ class TrackPublisher:
 
     # -- subscribers (called by the session's catalog server) ---------------------------------------------------
     def add_subscriber(self, out: Outgoing) -> None:
+        session = out.session
+        b = out.backlog = Backlog(lambda: session.connection, session.spawn,
+                                  self.subscriber_queue_bytes, session)
+        b.on_overflow = lambda: self._too_far_behind(out)
+        b.on_stopped = lambda sid: self._stream_stopped(out) if out.stream_id == sid else None
+        b.on_gone = lambda: self._gone(out)
         self._subs.append(out)
         self.subscribed.set()
         self.forward_changed()
@@ -160,6 +185,8 @@ class TrackPublisher:
         for s in self._subs:
             if s.session is session and s.request_id == request_id:
                 s.dead = True
+                if s.backlog is not None:
+                    s.backlog.close()
                 self.unsubscribed.set()
         self._subs = [s for s in self._subs if not s.dead]
         self.forward_changed()
@@ -179,7 +206,45 @@ class TrackPublisher:
         if sid is None:
             return
         sub.stream_id, sub.encoder = None, None  # sub.group kept: skip the rest of it
+        if sub.backlog is not None:
+            sub.backlog.drop_stream(sid)
         sub.session.data_stream_done(sid)
+
+    def _gone(self, sub: Outgoing) -> None:
+        """The subscriber's connection is gone (its session removes it too)."""
+        sub.dead = True
+        self._subs = [s for s in self._subs if s is not sub]
+        self.forward_changed()
+
+    def _too_far_behind(self, sub: Outgoing) -> None:
+        """More than ``subscriber_queue_bytes`` wait for ``sub``: reset its streams with
+        TOO_FAR_BEHIND and end the subscription with PUBLISH_DONE TOO_FAR_BEHIND and its
+        Stream Count (draft-22 §"Delivery Timeouts"); the others are not affected."""
+        if sub.dead:
+            return
+        backlog = sub.backlog
+        sids = backlog.streams() if backlog is not None else set()
+        queued = backlog.queued if backlog is not None else 0
+        if sub.stream_id is not None:
+            sids.add(sub.stream_id)
+        if backlog is not None:
+            backlog.close()
+        sub.dead = True
+        sub.stream_id, sub.encoder, sub.group = None, None, None
+        for sid in sorted(sids):
+            try:
+                sub.session.connection.reset_stream(sid, StreamResetCode.TOO_FAR_BEHIND)
+            except TransportError:
+                pass
+            sub.session.data_stream_done(sid)
+        sub.session.publish_done(sub.request_id, PublishDoneCode.TOO_FAR_BEHIND,
+                                 sub.streams_opened,
+                                 f"subscriber queue exceeded {self.subscriber_queue_bytes} bytes "
+                                 f"({queued} queued)")
+        self.too_far_behind += 1
+        self._subs = [s for s in self._subs if s is not sub]
+        self.unsubscribed.set()
+        self.forward_changed()
 
     # -- writing ---------------------------------------------------------------------------
     async def write_object(self, group: int, object_id: int, payload: Buffer, *,
@@ -216,8 +281,9 @@ class TrackPublisher:
                 if sub.group == group and sub.stream_id is None:
                     continue  # the subscriber stopped this group's stream
                 try:
-                    await self._object_header(sub, group, object_id, length, props, prio)
-                    targets.append(sub)
+                    self._object_header(sub, group, object_id, length, props, prio)
+                    if not sub.dead:
+                        targets.append(sub)
                 except StreamClosedError:  # stopped by the subscriber: this stream only
                     self._stream_stopped(sub)
                 except (TransportError, KeyError):  # the session (or request) is gone
@@ -227,8 +293,8 @@ class TrackPublisher:
             self._lock.release()
             raise
 
-    async def _object_header(self, sub: Outgoing, group: int, object_id: int, length: int,
-                             props: tuple[tuple[int, int | bytes], ...], prio: int) -> None:
+    def _object_header(self, sub: Outgoing, group: int, object_id: int, length: int,
+                       props: tuple[tuple[int, int | bytes], ...], prio: int) -> None:
         if sub.group != group:
             self._end_stream(sub)
             header = SubgroupHeader(sub.track_alias, group, 0, prio, SubgroupIdMode.ZERO,
@@ -239,17 +305,37 @@ class TrackPublisher:
             sub.streams_opened += 1
         assert sub.encoder is not None and sub.stream_id is not None
         data = sub.encoder.object_header(object_id, length, properties=props)
-        await sub.session.connection.write(sub.stream_id, data)
+        assert sub.backlog is not None
+        sub.backlog.send(sub.stream_id, data)
 
     def _end_stream(self, sub: Outgoing) -> None:
+        """FIN the subscriber's stream (after what waits for it), then tell the session."""
         if sub.stream_id is None:
             return
         sid, sub.stream_id, sub.encoder, sub.group = sub.stream_id, None, None, None
+        backlog = sub.backlog
         try:
-            sub.session.connection.send(sid, b"", end_stream=True)
+            if backlog is None:
+                sub.session.connection.send(sid, b"", end_stream=True)
+            else:
+                backlog.send(sid, b"", fin=True)
         except TransportError:
             pass
-        sub.session.data_stream_done(sid)
+        if backlog is None:
+            sub.session.data_stream_done(sid)
+        else:
+            backlog.after(sid, lambda: sub.session.data_stream_done(sid))
+
+    @staticmethod
+    def _publish_done(sub: Outgoing, status: int, reason: str) -> None:
+        """PUBLISH_DONE once the subscriber's data streams are closed (its FINs handed to
+        QUIC: §"PUBLISH_DONE")."""
+        def done() -> None:
+            sub.session.publish_done(sub.request_id, status, sub.streams_opened, reason)
+        if sub.backlog is None:
+            done()
+        else:
+            sub.backlog.after(-1, done)
 
     async def write_datagram(self, group: int, object_id: int, payload: Buffer, *,
                              properties: PropertyList = (), priority: int | None = None,
@@ -311,7 +397,7 @@ class TrackPublisher:
         """End one subscription (by default: its range is complete): FIN its stream, then
         PUBLISH_DONE with its Stream Count. Called with the track's lock held."""
         self._end_stream(sub)
-        sub.session.publish_done(sub.request_id, status, sub.streams_opened, reason)
+        self._publish_done(sub, status, reason)
         sub.dead = True
         self._subs = [s for s in self._subs if s is not sub]
         self.forward_changed()
@@ -337,7 +423,7 @@ class TrackPublisher:
             self.finished = True
             for sub in self._subs:
                 self._end_stream(sub)
-                sub.session.publish_done(sub.request_id, status, sub.streams_opened, reason)
+                self._publish_done(sub, status, reason)
             self._subs.clear()
             self.forward_changed()
 
@@ -385,15 +471,33 @@ class ObjectWriter:
         self.written += n
         if self._keep is not None:
             self._keep += chunk
+        shared = Chunk(chunk)
         for sub in self._targets:
             if sub.dead or sub.stream_id is None:
                 continue
+            assert sub.backlog is not None
             try:
-                await sub.session.connection.write(sub.stream_id, chunk)
+                sub.backlog.send(sub.stream_id, shared)
             except StreamClosedError:  # stopped by the subscriber: this stream only
                 self.track._stream_stopped(sub)
             except TransportError:  # the session is gone
                 sub.dead = True
+        await self._pace()
+
+    async def _pace(self) -> None:
+        """Wait while every subscriber still receiving this object has bytes waiting: the
+        writer goes at the pace of the fastest one; the others queue (up to their bound)."""
+        while True:
+            live = [s.backlog for s in self._targets
+                    if not s.dead and s.stream_id is not None and s.backlog is not None]
+            if not live or not all(b.blocked for b in live):
+                return
+            waits = [asyncio.ensure_future(b.empty.wait()) for b in live]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     async def close(self) -> None:
         if self._closed:
@@ -403,6 +507,8 @@ class ObjectWriter:
             if self.written != self.length:
                 for sub in self._targets:  # a truncated object cannot be sent: reset
                     if sub.stream_id is not None and not sub.dead:
+                        if sub.backlog is not None:
+                            sub.backlog.drop_stream(sub.stream_id)
                         sub.session.connection.reset_stream(sub.stream_id,
                                                             StreamResetCode.INTERNAL_ERROR)
                         sub.session.data_stream_done(sub.stream_id)

@@ -41,6 +41,7 @@ from ..moqt.session import Role, SessionConfig
 from ..moqt.session import SessionMachine
 from ..moqt.version import Version
 from ..transport import Connection, TransportError
+from .backlog import flushed
 from .catalog_server import CatalogServer
 from .driver import ConnectionStreamIds, EventTable, SessionDriver, Tasks
 from .errors import ErrorKind, MoqtError, SessionClosedError
@@ -730,6 +731,7 @@ class MoqtSession(SessionDriver):
         """Wait until the peer acknowledged everything sent on this session's streams (call
         before :meth:`close` after publishing: a close discards unsent data)."""
         if self.moqt is not None and not self.moqt.closed:
+            await flushed(self)  # bytes still waiting for a slow subscriber (pubsub.backlog)
             await self.connection.drain()
 
     async def close(self, error_code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
