@@ -272,9 +272,10 @@ async def test_upstream_reset_mid_object_resets_the_downstream_fetches(
         with pytest.raises(MoqtError) as exc:
             await within(s.collect())
         assert exc.value.code == expect
-    assert net.relay is not None
-    await until(lambda: not net.relay.fetches.inflight, "the upstream FETCH forgotten")
-    assert net.relay.cache.reserved == 0 and net.relay.cache.lookup_range(TRACK, (0, 0), (0, 1)) is None
+    relay = net.relay
+    assert relay is not None
+    await until(lambda: not relay.fetches.inflight, "the upstream FETCH forgotten")
+    assert relay.cache.reserved == 0 and relay.cache.lookup_range(TRACK, (0, 0), (0, 1)) is None
     retry = asyncio.ensure_future(clients[0].fetch(NS, "t", start=(0, 0), end=(0, 1)))
     ans = await net.answer((0, 1))
     ans.obj(0, 0, b"a")
