@@ -46,7 +46,8 @@ def test_delay_line_holds_each_packet_for_the_delay_in_order() -> None:
     assert line.counters.as_dict() == {"packets_in": 2, "bytes_in": 2, "forwarded": 2,
                                        "bytes_forwarded": 2, "dropped_loss": 0,
                                        "dropped_limit": 0, "late_ms_mean": 2.5,
-                                       "late_ms_max": 5.0}  # b left 5 ms after its due time
+                                       "late_ms_max": 5.0,  # b left 5 ms after its due time
+                                       "queue_ms_max": 0.0}  # no rate: no queueing
 
 
 def test_delay_line_tail_drops_beyond_its_limit() -> None:
@@ -80,6 +81,22 @@ def test_delay_line_refuses_impossible_settings() -> None:
     for args in ((-1.0, 0.0, 10), (0.0, 101.0, 10), (0.0, 0.0, 0)):
         with pytest.raises(ValueError):
             DelayLine(*args, seed=1)
+    with pytest.raises(ValueError):
+        DelayLine(0.0, 0.0, 10, seed=1, rate=-1.0)
+
+
+def test_delay_line_rate_serializes_packets_behind_each_other() -> None:
+    """netem's ``rate``: at 1000 octets/s a 100-octet packet takes 0.1 s on the link, the
+    next one waits for it, then both take the delay; the queueing is counted."""
+    line = DelayLine(0.010, 0, limit=10, seed=1, rate=1000.0)
+    line.offer(b"a" * 100, 1.0)
+    line.offer(b"b" * 100, 1.0)
+    assert line.next_due() == pytest.approx(1.110)
+    assert line.pop_due(1.1099) == [] and line.pop_due(1.110) == [b"a" * 100]
+    assert line.next_due() == pytest.approx(1.210)  # behind a on the link
+    assert line.counters.queue_s_max == pytest.approx(0.2)
+    line.offer(b"c" * 100, 5.0)  # an idle link: no wait behind anything
+    assert line.pop_due(1.2101) == [b"b" * 100] and line.next_due() == pytest.approx(5.110)
 
 
 # -- the shaper process between two namespaces ------------------------------------------------

@@ -11,6 +11,10 @@ is checked in one place):
   whose ConnectionTerminated event only comes after the closing period (3 PTO); reading it
   lets the upper layer learn of a peer's CONNECTION_CLOSE at once.
 * ``aioquic.quic.congestion.base._factories`` — the congestion-control names it knows.
+* ``QuicConnection._loss`` (its ``QuicPacketRecovery``), ``._loss._cc`` and ``._loss._pacer``
+  — the controller of a connection, and the pacer that :class:`BbrPacer` replaces for
+  ``"bbr"`` (:meth:`AioquicLibrary.prepare_connection`): aioquic's pacer derives its rate
+  from cwnd / smoothed RTT, BBR paces at its own estimate (``transport.bbr``).
 
 aioquic resets the send side itself when STOP_SENDING arrives (RFC 9000 §3.5).
 
@@ -29,20 +33,52 @@ from aioquic.asyncio.server import QuicServer
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.congestion import base as _congestion
+from aioquic.quic.congestion.base import QuicCongestionControl
 from aioquic.quic.connection import QuicConnection, QuicConnectionState
 from aioquic.quic.logger import QLOG_VERSION, QuicLoggerTrace
 from aioquic.quic.packet_builder import PACKET_NUMBER_SEND_SIZE
+from aioquic.quic.recovery import QuicPacketPacer
 from aioquic.tls import load_pem_private_key, load_pem_x509_certificates
 
+from .bbr import BbrCongestionControl
 from .config import TransportConfig
 from .endpoints import EngineBackend
 from .library import QuicLibrary
 
-__all__ = ["BACKEND", "LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicLibrary", "connect", "serve"]
+__all__ = ["BACKEND", "LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicBbr", "AioquicLibrary", "BbrPacer",
+           "connect", "serve"]
 
 #: The largest ``max_datagram_size`` aioquic sends correctly: a short-header packet of 16384
 #: octets leaves under 16384 - 1 - 8 - 16 octets for a frame's data, within two-octet Length.
 MAX_DATAGRAM_SIZE = 16384
+
+
+class AioquicBbr(BbrCongestionControl, QuicCongestionControl):
+    """:class:`~.bbr.BbrCongestionControl` as an aioquic controller (registered as ``"bbr"``)."""
+
+
+_congestion.register_congestion_control("bbr", AioquicBbr)
+
+
+class BbrPacer(QuicPacketPacer):
+    """aioquic's token-bucket pacer (a burst of at most 16 packets) at BBR's pacing rate
+    instead of cwnd / smoothed RTT; aioquic's own rate until BBR has one (first RTT sample)."""
+
+    def __init__(self, cc: BbrCongestionControl, max_datagram_size: int) -> None:
+        super().__init__(max_datagram_size=max_datagram_size)
+        self._cc = cc
+        self._mds = max_datagram_size
+
+    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
+        rate = self._cc.pacing_rate
+        if rate <= 0:
+            super().update_rate(congestion_window, smoothed_rtt)
+            return
+        mds = self._mds
+        self.packet_time = max(1e-6, min(mds / rate, 1.0))
+        self.bucket_max = max(2 * mds, min(congestion_window // 4, 16 * mds)) / rate
+        if self.bucket_time > self.bucket_max:
+            self.bucket_time = self.bucket_max
 
 
 class AioquicLibrary(QuicLibrary):
@@ -68,6 +104,18 @@ class AioquicLibrary(QuicLibrary):
             raise ValueError(f"unknown congestion control algorithm {algorithm!r}; aioquic has"
                              f" {sorted(_congestion._factories)}")
         qc.congestion_control_algorithm = algorithm
+
+    def prepare_connection(self, quic: Any) -> None:
+        loss = quic._loss
+        if isinstance(loss._cc, BbrCongestionControl):
+            loss._pacer = BbrPacer(loss._cc, quic.configuration.max_datagram_size)
+
+    def congestion_state(self, quic: Any) -> dict[str, Any] | None:
+        cc = quic._loss._cc
+        if isinstance(cc, BbrCongestionControl):
+            return cc.snapshot()
+        return {"algorithm": type(cc).__name__, "congestion_window": cc.congestion_window,
+                "bytes_in_flight": cc.bytes_in_flight, "ssthresh": cc.ssthresh}
 
     def open_stream(self, quic: Any, unidirectional: bool) -> int:
         stream_id = quic.get_next_available_stream_id(is_unidirectional=unidirectional)

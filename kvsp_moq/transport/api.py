@@ -265,6 +265,19 @@ class Connection(abc.ABC):
         """True once the connection is closing or closed."""
         return self.close_info is not None
 
+    @property
+    def is_webtransport(self) -> bool:
+        """True for a WebTransport session (``transport.webtransport``), False for a raw
+        QUIC connection. MOQT sends no AUTHORITY / PATH over WebTransport."""
+        return False
+
+    def congestion_state(self) -> dict[str, Any] | None:
+        """The congestion controller's state: ``algorithm``, ``congestion_window``,
+        ``bytes_in_flight`` and, for BBR, its model (``max_bw``, ``min_rtt``, ``state`` ...:
+        ``transport.bbr.BbrCongestionControl.snapshot``); None where the backend does not
+        expose it (qh3, aiopquic). For logs and tests; read-only."""
+        return None
+
     # -- streams ----------------------------------------------------------------------------
     @abc.abstractmethod
     def open_bidi(self) -> int:

@@ -100,6 +100,7 @@ class EngineProtocol(asyncio.DatagramProtocol):
         self._connection_id_issued_handler: Callable[[bytes], None] = lambda cid: None
         self._connection_id_retired_handler: Callable[[bytes], None] = lambda cid: None
         self._connection_terminated_handler: Callable[[], None] = lambda: None
+        self._library.prepare_connection(quic)
         conn.attach(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -250,6 +251,9 @@ class EngineConnection(ConnectionCore):
     def attach(self, protocol: EngineProtocol) -> None:
         """Transport-internal: ``protocol`` drives this connection's ``QuicConnection``."""
         self._protocol = protocol
+
+    def congestion_state(self) -> dict[str, Any] | None:
+        return self._library.congestion_state(self._quic)
 
     def _address_of(self, peer: Any) -> Address:
         return plain_address(peer)

@@ -96,6 +96,16 @@ class QuicLibrary(abc.ABC):
         """Library-only settings (congestion control, path-MTU probing); ``ValueError`` for
         what the library cannot honour."""
 
+    def prepare_connection(self, quic: Any) -> None:
+        """Called once per connection before it sends (client and server side): where a
+        library's connection needs wiring the configuration cannot express (aioquic: the BBR
+        pacer). Default: nothing."""
+
+    def congestion_state(self, quic: Any) -> dict[str, Any] | None:
+        """The congestion controller's state (algorithm, window, BBR's model), or None where
+        the library does not expose it."""
+        return None
+
     # -- internals the interface needs --------------------------------------------------------
     def peer_max_datagram_frame_size(self, quic: Any) -> int | None:
         """The peer's max_datagram_frame_size transport parameter (RFC 9221 §3), or None.

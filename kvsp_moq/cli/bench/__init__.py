@@ -74,12 +74,12 @@ def _wan(args: argparse.Namespace) -> int:
                          datagram_size=args.datagram_size, backend=args.backend,
                          delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat,
                          shaper=args.shaper, seed=args.seed, tcp_cc=args.tcp_cc,
-                         sink=args.sink)
+                         sink=args.sink, congestion_controls=args.congestion_control)
     report.emit(figures)
     return 0
 
 
-def _csv(kind: type[int] | type[str]) -> "Callable[[str], tuple[Any, ...]]":
+def _csv(kind: type[int] | type[float] | type[str]) -> "Callable[[str], tuple[Any, ...]]":
     def parse(text: str) -> tuple[Any, ...]:
         items = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
         if not items:
@@ -175,7 +175,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--datagram-size", type=int, default=1452)
     q.add_argument("--backend", default=_default_backend())
     q.add_argument("--delay-ms", type=float, default=20.0, help="netem delay on each direction")
-    q.add_argument("--loss", type=float, default=0.5, help="netem loss, percent, each direction")
+    q.add_argument("--loss", type=_csv(float), default=(0.5,), metavar="PCT[,PCT...]",
+                   help="netem loss, percent, each direction; several: one path each, in turn "
+                        "(default 0.5)")
+    q.add_argument("--congestion-control", type=_csv(str), default=(None,), metavar="CC[,CC...]",
+                   help="the MOQT endpoints' QUIC congestion control, one load each on every "
+                        "path (aioquic: reno, cubic, bbr; default: the backend's)")
     q.add_argument("--shaper", default="auto", choices=("auto", "netem", "tun"),
                    help="tc netem on a veth pair, the userspace TUN shaper (same delay, loss "
                         "and limit per direction), or auto: netem where the kernel has it")

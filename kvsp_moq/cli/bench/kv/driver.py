@@ -78,14 +78,17 @@ def check_device(device: str) -> str:
 
 
 def start_holder(layers: int, layer_bytes: int, datagram_size: int, backend: str,
-                 host: str = "127.0.0.1", prefix: tuple[str, ...] = ()
+                 host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
+                 congestion_control: str | None = None
                  ) -> tuple[subprocess.Popen[str], HolderInfo]:
-    """Start ``kv.holder`` (behind ``prefix``, e.g. ``ip netns exec NS``); return the
-    process (it serves until its stdin is closed) and its :class:`HolderInfo`."""
+    """Start ``kv.holder`` (behind ``prefix``, e.g. ``ip netns exec NS``; its MOQT sender
+    with ``congestion_control`` where given); return the process (it serves until its stdin
+    is closed) and its :class:`HolderInfo`."""
+    cc = ("--congestion-control", congestion_control) if congestion_control else ()
     proc = subprocess.Popen(
         [*prefix, sys.executable, "-m", "kvsp_moq.cli.bench.kv.holder", "--host", host,
          "--layers", str(layers), "--layer-mib", str(layer_bytes >> 20), "--datagram-size",
-         str(datagram_size), "--backend", backend],
+         str(datagram_size), "--backend", backend, *cc],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     try:

@@ -100,11 +100,14 @@ async def http_holder(store: BlockStore, host: str) -> Any:
 
 
 async def serve_block(host: str, layers: int, layer_bytes: int, datagram_size: int,
-                      backend: str, stop: asyncio.Future[None]) -> None:
-    """Serve the block over MOQT and HTTP on ``host`` until ``stop``; print the info line."""
+                      backend: str, stop: asyncio.Future[None],
+                      congestion_control: str | None = None) -> None:
+    """Serve the block over MOQT and HTTP on ``host`` until ``stop``; print the info line.
+    ``congestion_control``: ``TransportConfig.congestion_control_algorithm`` (the sender's)."""
     cert = make_self_signed()
     config = TransportConfig(backend=backend, certificate_pem=cert.cert_pem,
-                             private_key_pem=cert.key_pem, max_datagram_size=datagram_size)
+                             private_key_pem=cert.key_pem, max_datagram_size=datagram_size,
+                             congestion_control_algorithm=congestion_control)
     store, tokens = store_block(layers, layer_bytes)
     holder = MoqtHolder(store)
     http = await http_holder(store, host)
@@ -129,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer-mib", type=int, default=1)
     p.add_argument("--datagram-size", type=int, default=16384)
     p.add_argument("--backend", default="aioquic")
+    p.add_argument("--congestion-control", default=None,
+                   help="TransportConfig.congestion_control_algorithm (aioquic: reno, cubic, "
+                        "bbr; default: the backend's)")
     args = p.parse_args(argv)
     loop = new_event_loop(use_uvloop=True)
     stop: asyncio.Future[None] = loop.create_future()
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     loop.add_reader(fd, stdin_readable)
     try:
         loop.run_until_complete(serve_block(args.host, args.layers, args.layer_mib << 20,
-                                            args.datagram_size, args.backend, stop))
+                                            args.datagram_size, args.backend, stop,
+                                            args.congestion_control))
     finally:
         loop.close()
     return 0

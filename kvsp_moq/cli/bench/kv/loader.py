@@ -138,11 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datagram-size", type=int, default=16384)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-http", action="store_true")
+    p.add_argument("--congestion-control", default=None,
+                   help="TransportConfig.congestion_control_algorithm (default: the backend's)")
     p.add_argument("--sink", default="torch", choices=("torch", "numpy"),
                    help="the layer sink (numpy: where torch is not installed)")
     args = p.parse_args(argv)
     config = TransportConfig(backend=args.backend, insecure=True,
-                             max_datagram_size=args.datagram_size)
+                             max_datagram_size=args.datagram_size,
+                             congestion_control_algorithm=args.congestion_control)
     if args.sink == "torch":
         from ....sinks import import_torch
 

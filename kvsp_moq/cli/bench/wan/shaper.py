@@ -1,11 +1,11 @@
 """The userspace WAN shaper of ``kvsp bench wan`` (``--shaper tun``), in its own process.
 
 ``python -m kvsp_moq.cli.bench.wan.shaper --ns-a NS --addr-a IP --ns-b NS --addr-b IP
-[--delay-ms D --loss L --limit N --seed S --mtu M]`` (root) creates two TUN devices
+[--delay-ms D --loss L --limit N --seed S --mtu M --rate-mbit R]`` (root) creates two TUN devices
 (``.tun``), moves one into each network namespace with a point-to-point address
 towards the other, and forwards the IP packets between the two descriptors, each direction
 through its own :class:`~.netem.DelayLine`: what ``tc qdisc add dev X root netem
-delay Dms loss L% limit N`` on both ends of a veth pair would do, for kernels without
+delay Dms loss L% limit N [rate Rmbit]`` on both ends of a veth pair would do, for kernels without
 ``sch_netem``. IP-level, so TCP (the HTTP baseline) and QUIC cross the same shaped path.
 
 It prints one JSON line (``{"ready": ...}``) once the path is up, forwards until its stdin
@@ -109,12 +109,14 @@ class Direction:
 
 
 async def shape(fd_a: int, fd_b: int, delay_s: float, loss_pct: float, limit: int, seed: int,
-                read_size: int) -> tuple[Direction, Direction]:
+                read_size: int, rate: float = 0.0) -> tuple[Direction, Direction]:
     """Forward between ``fd_a`` and ``fd_b`` until stdin closes or SIGTERM / SIGINT; return
-    both directions (a to b, b to a) once drained."""
+    both directions (a to b, b to a) once drained. ``rate``: bytes per second, each way."""
     loop = asyncio.get_running_loop()
-    a_to_b = Direction(loop, fd_a, fd_b, DelayLine(delay_s, loss_pct, limit, 2 * seed), read_size)
-    b_to_a = Direction(loop, fd_b, fd_a, DelayLine(delay_s, loss_pct, limit, 2 * seed + 1), read_size)
+    a_to_b = Direction(loop, fd_a, fd_b, DelayLine(delay_s, loss_pct, limit, 2 * seed, rate),
+                       read_size)
+    b_to_a = Direction(loop, fd_b, fd_a, DelayLine(delay_s, loss_pct, limit, 2 * seed + 1, rate),
+                       read_size)
     stop = loop.create_future()
 
     def stopping() -> None:
@@ -167,9 +169,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="netem limit: packets queued per direction, tail drop beyond")
     p.add_argument("--seed", type=int, default=1, help="seed of the loss draws")
     p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--rate-mbit", type=float, default=0.0,
+                   help="netem rate: the link's rate each direction, Mbit/s (IP packets; "
+                        "default 0: unlimited)")
     args = p.parse_args(argv)
+    rate = args.rate_mbit * 1e6 / 8
     try:  # the devices and the delay lines check their arguments before anything runs
-        DelayLine(args.delay_ms / 1e3, args.loss, args.limit, 0)
+        DelayLine(args.delay_ms / 1e3, args.loss, args.limit, 0, rate)
     except ValueError as exc:
         p.error(str(exc))
     tag = os.getpid() % 100_000
@@ -187,12 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         gc.freeze()  # the setup's objects: out of the collector's way while packets flow
         print(json.dumps({"ready": True, "devices": {"a": devs[0], "b": devs[1]},
                           "delay_ms": args.delay_ms, "loss_pct": args.loss,
-                          "limit": args.limit, "seed": args.seed}), flush=True)
+                          "limit": args.limit, "seed": args.seed,
+                          "rate_mbit": args.rate_mbit}), flush=True)
         loop = _loop()
         try:
             a_to_b, b_to_a = loop.run_until_complete(
                 shape(fds[0], fds[1], args.delay_ms / 1e3, args.loss, args.limit, args.seed,
-                      args.mtu + 64))
+                      args.mtu + 64, rate))
         finally:
             loop.close()
         # Read while the devices exist: closing the descriptors below removes them.
