@@ -52,9 +52,11 @@ async def load_block(records: ReplicaRecord | Source | Sequence[ReplicaRecord | 
                      sink: Sink, *, layers: tuple[int, int] | None = None,
                      pool: MoqtPool | None = None, config: TransportConfig | None = None,
                      timeout: float = 30.0, connect_timeout: float = 5.0,
-                     parallel: int = 1, workers: Any = None) -> LoadResult:
+                     parallel: int = 1, workers: Any = None,
+                     idle_timeout: float | None = None) -> LoadResult:
     """Load ``layers`` (default: the sink's range) from the replicas in ``records`` (tried
-    in order; records not served over MOQT are skipped) into ``sink``. See :class:`~.load.BlockLoad`.
+    in order; records not served over MOQT are skipped) into ``sink``. See :class:`~.load.BlockLoad`
+    (``idle_timeout``: a source silent that long is abandoned; sequential loads only).
 
     ``parallel`` > 1 or ``workers`` (``"connections"``, ``"processes"`` or a started set of
     workers): the layers are split into ``parallel`` contiguous ranges loaded at once, each
@@ -66,7 +68,7 @@ async def load_block(records: ReplicaRecord | Source | Sequence[ReplicaRecord | 
             timeout=timeout, connect_timeout=connect_timeout)
     sources, skipped = sources_of(records, sink)
     load = BlockLoad(sink, sources, layers=layers, pool=pool, config=config, timeout=timeout,
-                     connect_timeout=connect_timeout)
+                     connect_timeout=connect_timeout, idle_timeout=idle_timeout)
     result = await load.run()
     result.attempts[:0] = skipped
     return result

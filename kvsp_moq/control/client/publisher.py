@@ -12,7 +12,8 @@ record with DELETE before or immediately after evicting the replica" (§6.1).
   for ``Cache-Control: max-age`` (§6.7).
 - :meth:`~ReplicaPublisher.refresh` republishes records a third of their TTL before they expire
   (the period is configurable), publishes replicas that reached the store by other means (an
-  instance's :class:`~kvsp_moq.storage.BlockWriter`), and retries failed publications; the
+  instance's :class:`~kvsp_moq.storage.BlockWriter`; only those ``include`` selects, when
+  given), and retries failed publications; the
   holder's background loop calls it, tests call it with a manual clock. It sends the due
   records in batches (``POST {is}replicas:batch``, ours) when the client can, single PUTs
   to an IS without that route.
@@ -104,8 +105,13 @@ class ReplicaPublisher:
         retry_ms: int = 200,
         retry_max_ms: int = 10_000,
         batch_size: int = DEFAULT_BATCH,
+        include: Callable[[RecordKey], bool] | None = None,
     ) -> None:
         self.store = store
+        #: Which of the store's replicas this publisher refreshes on its own (None: all). A
+        #: publisher of ``moqt://`` records through a relay includes only the replicas its
+        #: MoqtHolder publishes (``engine.publish``); an explicit :meth:`publish` is always sent.
+        self.include = include
         self.client = client
         self._holder_url = holder_url
         self.clock = clock
@@ -251,6 +257,8 @@ class ReplicaPublisher:
         due: list[RecordKey] = []
         for info in self.store.replicas():
             if not info.complete:
+                continue
+            if self.include is not None and not self.include(info.key):
                 continue
             entry = self._entries.get(info.key)
             if (

@@ -15,6 +15,9 @@ relay_url = "moqt://relay.rack7.example:4443/moq"  # publish computed blocks her
 ca_file = "relay-ca.pem"                           # its trust anchors (default: [tls] ca_file)
 holder_url = "https://h1.example/kvsp/"            # and PUT them here over HTTP
 scope_key_files = ["shared-prompts.key"]           # hex of >= 32 octets each (§4.2)
+moqt_timeout_s = 10.0                              # per MOQT request, whole
+moqt_idle_timeout_s = 2.0                          # per MOQT request, without an octet
+index_timeout_s = 2.0                              # each IS call (lookup: then recompute; records)
 
 [instance.engine.moqt_limits]    # what a relay / holder may make each MOQT session hold
 max_object_size = 67108864       # pubsub/limits.py ReceiveLimits; every key optional,
@@ -65,6 +68,15 @@ class EngineConfig:
     #: Longest output of one request, and seconds per MOQT request (TRACK_STATUS, FETCH).
     max_tokens: int = 4096
     moqt_timeout_s: float = 10.0
+    #: Seconds a MOQT request (a FETCH, TRACK_STATUS) may go without receiving an octet before
+    #: it is abandoned and the load moves on to the next source (a stalled holder or relay,
+    #: one that died without closing: docs/reliability.md). At most ``moqt_timeout_s``.
+    moqt_idle_timeout_s: float = 2.0
+    #: Seconds each call of the request path to the IS may take: the lookup (§6.2) — an IS
+    #: that does not answer in time, or cannot be reached, is a miss: the prompt is recomputed —
+    #: and the publication of a record (§6.1) the answer waits for — one not acknowledged in
+    #: time is retried by the refresh of its publisher, the answer goes out without it.
+    index_timeout_s: float = 2.0
     #: TLS of the MOQT connections (the relay, ``moqt://`` holders), which carry the instance's
     #: token (binding §9): the server certificate is verified against ``ca_file`` (None: the
     #: ``[tls] ca_file``, else the system trust store) unless ``insecure`` (None: ``[tls]
@@ -98,8 +110,10 @@ class EngineConfig:
             raise ConfigError("instance.engine.ca_file", "must be a file name")
         if self.insecure is not None and not isinstance(self.insecure, bool):
             raise ConfigError("instance.engine.insecure", "must be true or false")
-        if isinstance(self.moqt_timeout_s, bool) or not isinstance(self.moqt_timeout_s, (int, float)) or self.moqt_timeout_s <= 0:
-            raise ConfigError("instance.engine.moqt_timeout_s", "must be a number > 0")
+        for name in ("moqt_timeout_s", "moqt_idle_timeout_s", "index_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"instance.engine.{name}", "must be a number > 0")
 
     def scope_key(self, scope_id: bytes) -> bytes | None:
         return self.scope_keys.get(scope_id)

@@ -152,6 +152,8 @@ class InferenceEngine:
         self.loader = PrefixLoader(
             store=store, index=index, fetcher=fetcher, pool=pool, geometry=bundle.geometry, layers=bundle.layers,
             block_tokens=bundle.block_tokens, self_url="", to_tensors=self._to_tensors, timeout_s=config.moqt_timeout_s,
+            idle_timeout_s=min(config.moqt_idle_timeout_s, config.moqt_timeout_s), index_timeout_s=config.index_timeout_s,
+            counters=self.counters,
         )
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsp-engine")
         self._background: set[asyncio.Task[Any]] = set()

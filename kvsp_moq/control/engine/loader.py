@@ -15,10 +15,13 @@ reusable blocks are always a prefix of them):
    **http** — otherwise an HTTP holder (``GET blocks/...``: Repr-Digest, layer digests and the
    replica digest verified, §6.7), fetched whole before the prefill;
 3. the first block no replica can deliver ends the prefix (a 404 or DOES_NOT_EXIST is a cache
-   miss, §6.1); the remaining tokens are recomputed.
+   miss, §6.1); the remaining tokens are recomputed. An IS that cannot be reached, fails or
+   does not answer within ``index_timeout_s`` matches nothing: the index is advisory (§6.1),
+   the instance recomputes what it cannot look up (docs/reliability.md).
 
-A MOQT load that fails (a layer refused, the relay gone) is retried over HTTP
-(:meth:`PrefixPlan.settle`); a block neither delivers cuts the prefix there.
+A MOQT load that fails (a layer refused, the relay gone, a source silent for
+``idle_timeout_s``) is retried over HTTP (:meth:`PrefixPlan.settle`); a block neither
+delivers cuts the prefix there.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ...kvsp.layout import Geometry, decode_raw_layer
 from ...kvsp.records import LookupRequest, LookupResponse, ReplicaRecord
 from ...storage import BlockStore, RecordKey
 from ..client.retrieval import BlockFetcher, RetrievalFailed, Retrieved, retrieve_block
+from .counters import EngineCounters
 
 __all__ = ["LOCAL", "HTTP", "MOQT", "Lookup", "PrefixBlock", "PrefixLoader", "PrefixPlan"]
 
@@ -151,6 +155,9 @@ class PrefixLoader:
         self_url: str,
         to_tensors: Any,
         timeout_s: float = 10.0,
+        idle_timeout_s: float | None = None,
+        index_timeout_s: float = 10.0,
+        counters: EngineCounters | None = None,
     ) -> None:
         self.store = store
         self.index = index
@@ -163,6 +170,12 @@ class PrefixLoader:
         #: ``to_tensors(layer, k_array, v_array) -> (K, V)`` torch tensors on the model's device.
         self.to_tensors = to_tensors
         self.timeout_s = timeout_s
+        #: A MOQT source silent this long is abandoned for the next one (docs/reliability.md).
+        self.idle_timeout_s = idle_timeout_s
+        #: The bound on the IS lookup; past it (or with the IS unreachable) nothing is matched.
+        self.index_timeout_s = index_timeout_s
+        #: Where failed lookups are counted (``lookup_failures``).
+        self.counters = counters
 
     async def plan(self, keys: Sequence[RecordKey], usable: int) -> PrefixPlan:
         """The reusable prefix of at most ``usable`` blocks of ``keys``; MOQT loads started."""
@@ -173,12 +186,27 @@ class PrefixLoader:
                 break
             plan.blocks.append(PrefixBlock(i, key, LOCAL, layers=layers))
         if self.index is not None and keys:
-            first = keys[0]
-            answer = await self.index.lookup(LookupRequest(
-                scope_id=first.scope_id, compat_id=first.compat_id, block_keys=tuple(k.block_key for k in keys)))
-            plan.matched = answer.matched
-            await self._remote(plan, keys, usable, answer)
+            answer = await self._lookup(keys)
+            if answer is not None:
+                plan.matched = answer.matched
+                await self._remote(plan, keys, usable, answer)
         return plan
+
+    async def _lookup(self, keys: Sequence[RecordKey]) -> LookupResponse | None:
+        """``POST {is}lookup`` (§6.2) within ``index_timeout_s``; None when the IS failed or
+        did not answer in time: the index is advisory (§6.1), the blocks are recomputed."""
+        assert self.index is not None
+        first = keys[0]
+        request = LookupRequest(scope_id=first.scope_id, compat_id=first.compat_id,
+                                block_keys=tuple(k.block_key for k in keys))
+        try:
+            async with asyncio.timeout(self.index_timeout_s):
+                return await self.index.lookup(request)
+        except Exception as exc:  # unreachable, timed out, 5xx, a malformed answer: all a miss
+            if self.counters is not None:
+                self.counters.lookup_failures += 1
+            log.warning("lookup at the IS failed (%s: %s): recomputing", type(exc).__name__, exc)
+            return None
 
     def _local(self, key: RecordKey) -> list[tuple[Any, Any]] | None:
         info = self.store.get(key)
@@ -203,7 +231,8 @@ class PrefixLoader:
             if block.source == MOQT:
                 assert self.pool is not None
                 sink = sink_for_record(moqt[0], self.geometry, self.block_tokens, backend="torch")
-                block.load = BlockLoad(sink, [Source.from_record(r) for r in moqt], pool=self.pool, timeout=self.timeout_s)
+                block.load = BlockLoad(sink, [Source.from_record(r) for r in moqt], pool=self.pool, timeout=self.timeout_s,
+                                       idle_timeout=self.idle_timeout_s)
                 block.task = asyncio.get_running_loop().create_task(block.load.run(), name=f"moqt load block {i}")
                 block.holder = moqt[0].holder
                 block.octets = sum(2 * self.geometry.section_bytes(self.block_tokens) for _ in range(self.layers))

@@ -47,8 +47,10 @@ def engine_families(counters: EngineCounters) -> Iterable[Metric]:
     yield counter_family("kvsp_engine_prefetch_octets", "K and V octets loaded by prefetch directives, by transport",
                          ("transport",), [(("moqt",), c.prefetch_moqt.octets), (("http",), c.prefetch_http.octets)])
     yield counter_family("kvsp_engine_load_fallbacks", "Block loads that failed and fell back, by cause "
-                         "(moqt_load_failed: a MOQT load failed for some layer and was retried over HTTP)",
-                         ("cause",), [(("moqt_load_failed",), c.moqt_fallbacks)])
+                         "(moqt_load_failed: a MOQT load failed for some layer and was retried over HTTP; "
+                         "lookup_failed: the IS lookup failed or timed out and the prompt was recomputed)",
+                         ("cause",), [(("moqt_load_failed",), c.moqt_fallbacks),
+                                      (("lookup_failed",), c.lookup_failures)])
     yield counter_family("kvsp_engine_published_blocks", "New complete blocks published, by target (own store + "
                          "IS, HTTP holder, MOQT via the relay)", ("target",),
                          [(("store",), c.published_store), (("holder",), c.published_holder),

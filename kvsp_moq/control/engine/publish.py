@@ -10,19 +10,29 @@ Each new block (a KVB1 container, codec raw, §4.3) goes, independently of the o
 - **moqt** — over MOQT: the instance's :class:`~kvsp_moq.bridge.MoqtHolder`, attached to the
   relay as a publisher, announces the block's track (PUBLISH_NAMESPACE), and a ``moqt://``
   record naming the relay and the replica's namespace goes to the IS (§4.4), so consumers
-  FETCH it through the relay, which caches it (binding §7).
+  FETCH it through the relay, which caches it (binding §7). Those records have a
+  :class:`~.client.publisher.ReplicaPublisher` of their own (``moqt_records``: holder = the
+  relay URL, only the replicas the MoqtHolder publishes): refreshed a third of
+  ``record_ttl_ms`` before they expire, and withdrawn (DELETE with the namespace) when the
+  store evicts the block, as the MoqtHolder withdraws the namespace at the relay (§6.1); so
+  no lookup keeps sending readers to a replica that is gone.
 
-A failure of one destination is logged and counted; it never fails the request.
+A failure of one destination is logged and counted; it never fails the request. Each record
+publication the request waits for is bounded by ``index_timeout_s`` (an IS that does not
+answer is retried by the publisher's refresh, not waited for).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Protocol
 
 from ...bridge import MoqtHolder
+from ...kvsp.records import ReplicaRecord
 from ...storage import BlockStore, RecordKey, ReplicaExists
 from ..client.publisher import IndexClient, ReplicaPublisher
+from ..common.clock import Clock, MonotonicClock
 from .counters import EngineCounters
 
 __all__ = ["BlockStorer", "ComputedBlockPublisher"]
@@ -54,6 +64,8 @@ class ComputedBlockPublisher:
         relay_url: str | None = None,
         index: IndexClient | None = None,
         record_ttl_ms: int = 60_000,
+        clock: Clock | None = None,
+        index_timeout_s: float = 10.0,
     ) -> None:
         self.store = store
         self.counters = counters
@@ -64,6 +76,31 @@ class ComputedBlockPublisher:
         self.relay_url = relay_url
         self.index = index
         self.record_ttl_ms = record_ttl_ms
+        #: The bound on each record publication the caller waits for (``_bounded``).
+        self.index_timeout_s = index_timeout_s
+        #: The ``moqt://`` records naming the relay: published, refreshed and withdrawn on
+        #: eviction like the store's (see the module notes); None without relay or IS.
+        self.moqt_records: ReplicaPublisher | None = None
+        if moqt_holder is not None and relay_url is not None and index is not None:
+            holder = moqt_holder
+            self.moqt_records = ReplicaPublisher(
+                store, index, holder_url=relay_url, clock=clock or MonotonicClock(), ttl_ms=record_ttl_ms,
+                refresh_ms=max(1, record_ttl_ms // 3), include=lambda key: holder.track(key) is not None)
+        self._refresher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run the refresh of the ``moqt://`` records in the background (until :meth:`close`)."""
+        if self.moqt_records is not None and self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self.moqt_records.run(),
+                                                                     name="moqt record refresh")
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
+        if self.moqt_records is not None:
+            self.moqt_records.close()
 
     async def publish(self, key: RecordKey, container: bytes) -> list[str]:
         """Publish one block; the destinations it reached."""
@@ -79,12 +116,14 @@ class ComputedBlockPublisher:
             except Exception as exc:
                 self.counters.publish_errors += 1
                 log.warning("PUT of block %s at %s failed: %s", key.block_key.hex()[:12], self.holder_url, exc)
-        if held and self.moqt_holder is not None and self.relay_url is not None and self.index is not None:
+        if held and self.moqt_holder is not None and self.moqt_records is not None:
             try:
                 self.moqt_holder.publish(key)
                 await self.moqt_holder.wait_announced()
-                record = self.moqt_holder.replica_record(key, holder=self.relay_url, ttl_ms=self.record_ttl_ms)
-                await self.index.publish(record)
+                # Sets the replica's expiry at the holder (MAX_CACHE_DURATION, binding §7).
+                self.moqt_holder.replica_record(key, holder=self.relay_url, ttl_ms=self.record_ttl_ms)
+                if await self._bounded(self.moqt_records, key) is None:
+                    raise RuntimeError("the IS did not take the record (retried by the refresh)")
                 self.counters.published_moqt += 1
                 done.append("moqt")
             except Exception as exc:
@@ -105,11 +144,23 @@ class ComputedBlockPublisher:
         self.counters.published_store += 1
         if self.publisher is not None:
             try:
-                await self.publisher.publish(key)
+                await self._bounded(self.publisher, key)
             except Exception as exc:
                 self.counters.publish_errors += 1
                 log.warning("publishing the record of block %s failed: %s", key.block_key.hex()[:12], exc)
         return True
+
+    async def _bounded(self, publisher: ReplicaPublisher, key: RecordKey) -> ReplicaRecord | None:
+        """``publisher.publish(key)`` within ``index_timeout_s``: an IS that does not answer
+        does not hold the request's answer; the record, never acknowledged, is published by
+        the publisher's next refresh (client/publisher.py)."""
+        try:
+            async with asyncio.timeout(self.index_timeout_s):
+                return await publisher.publish(key)
+        except TimeoutError:
+            log.warning("the IS did not take the record of block %s within %s s (retried by the refresh)",
+                        key.block_key.hex()[:12], self.index_timeout_s)
+            return None
 
     async def keep(self, key: RecordKey, layers: list[tuple[object, object]], tokens: int) -> None:
         """A block loaded on demand (MOQT or HTTP, verified): kept in the own tiers and
@@ -123,6 +174,6 @@ class ComputedBlockPublisher:
             return
         if self.publisher is not None:
             try:
-                await self.publisher.publish(key)
+                await self._bounded(self.publisher, key)
             except Exception as exc:
                 log.warning("publishing the record of block %s failed: %s", key.block_key.hex()[:12], exc)

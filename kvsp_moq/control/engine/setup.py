@@ -18,6 +18,7 @@ from ...storage import BlockStore
 from ...transport import TransportConfig
 from ..client.publisher import IndexClient, ReplicaPublisher
 from ..client.retrieval import BlockFetcher
+from ..common.clock import Clock
 from ..common.engine_config import EngineConfig
 from ..common.lifecycle import Lifecycle
 from ..common.tls import TlsConfig
@@ -52,11 +53,13 @@ async def start_engine(
     counters: EngineCounters | None = None,
     owned: Sequence[Closeable] = (),
     tls: TlsConfig | None = None,
+    clock: Clock | None = None,
 ) -> InferenceEngine:
     """Load the model (in a thread: reading the weights and importing torch take a while)
     and connect to the relay when one is configured. ``owned`` are closed with the engine
     (the prefetch executor's counting MOQT retriever and its session pool). ``tls``: the
-    process's ``[tls]`` section, for what ``[instance.engine]`` does not set."""
+    process's ``[tls]`` section, for what ``[instance.engine]`` does not set. ``clock``: the
+    instance's, for the TTLs of the ``moqt://`` records (default: the monotonic clock)."""
     bundle = await asyncio.to_thread(load_model, config)
     counters = counters if counters is not None else EngineCounters()
     transport = engine_transport(config, tls or TlsConfig())
@@ -77,10 +80,12 @@ async def start_engine(
     publisher = ComputedBlockPublisher(
         store=store, counters=counters, publisher=replica_publisher, holder_url=config.holder_url, storer=storer,
         moqt_holder=moqt_holder, relay_url=config.relay_url, index=index_publisher, record_ttl_ms=config.record_ttl_ms,
+        clock=clock, index_timeout_s=config.index_timeout_s,
     )
+    publisher.start()  # the moqt:// records' refresh, stopped when the engine closes
     return InferenceEngine(
         config=config, bundle=bundle, store=store, lifecycle=lifecycle, index=index, fetcher=fetcher,
         publisher=publisher, url=url, pool=pool, moqt_holder=moqt_holder, directives=directives, counters=counters,
-        owned=owned,
+        owned=(*owned, publisher),
     )
 

@@ -107,7 +107,8 @@ async def serve_instance(
         moqt_retriever = functools.partial(retrieve_block, config=tls.transport(purpose="MOQT prefetch loads"))
     counted_fetcher = CountingFetcher(counters, cast(BlockFetcher, fetcher), 0) if counters is not None else None
     counted_retriever = (CountingRetriever(counters, moqt_retriever, transport=engine_transport(ic.engine, tls),
-                                           receive_limits=ic.engine.moqt_limits)
+                                           receive_limits=ic.engine.moqt_limits, timeout=ic.engine.moqt_timeout_s,
+                                           idle_timeout=ic.engine.moqt_idle_timeout_s)
                          if counters is not None and ic.engine is not None else None)
     executor = PrefetchExecutor(
         store=store, publisher=publisher, replicas=replicas, leases=leases,
@@ -134,7 +135,7 @@ async def serve_instance(
                 ic.engine, store=store, lifecycle=service.lifecycle, url=lambda: service.url, index=index_client,
                 index_publisher=index_client, fetcher=cast(BlockFetcher, fetcher), storer=storer,
                 replica_publisher=publisher, directives=executor, token=ic.token, counters=counters,
-                owned=(counted_retriever,) if counted_retriever is not None else (), tls=tls)
+                owned=(counted_retriever,) if counted_retriever is not None else (), tls=tls, clock=timer)
         except BaseException:
             await fetcher.close()
             for client in owned:
