@@ -151,6 +151,9 @@ class TransportConfig:
     #: segment size it reports. Receiving is batched either way (up to 64 packets per
     #: readiness callback, one transmission after them).
     udp_gro: bool = True
+    #: Server: bind the listening socket with SO_REUSEPORT, so several processes may listen
+    #: on one UDP port (the kernel spreads peers over them by address; ``relay --workers``).
+    reuse_port: bool = False
 
     # -- send-side backpressure -----------------------------------------------------------
     #: ``Connection.write`` keeps at most this many bytes of one stream buffered in the QUIC

@@ -48,6 +48,8 @@ def _bound_socket(family: int, addr: Any, config: TransportConfig) -> socket.soc
     try:
         sock.setblocking(False)
         _set_udp_buffers(sock, config.udp_buffer_size)
+        if config.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
     except BaseException:
         sock.close()
