@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..kvsp.layout import Geometry
@@ -121,6 +121,8 @@ class _RelayLink:
     setup_tokens: tuple[Token | bytes | str, ...]
     receive_limits: ReceiveLimits
     session: MoqtSession
+    #: (key, replica id) of the replicas whose PUBLISH_NAMESPACE the current session's relay accepted.
+    announced: set[tuple[RecordKey, bytes]] = field(default_factory=set)
 
 
 class MoqtHolder:
@@ -128,8 +130,13 @@ class MoqtHolder:
 
     def __init__(self, store: BlockStore, *, ttl_ms: int = DEFAULT_TTL_MS,
                  clock: Callable[[], float] = time.monotonic,
-                 authorizer: ScopeAuthorizer | None = None) -> None:
+                 authorizer: ScopeAuthorizer | None = None,
+                 ttl_of: Callable[[RecordKey, bytes], int | None] | None = None) -> None:
+        """``ttl_of(key, replica_id)``: the remaining TTL (ms) of the replica's records, the
+        MAX_CACHE_DURATION of its track (binding §7), when the records are published by
+        someone else (a holder's ``ReplicaPublisher``); default: from :meth:`replica_record`."""
         self.store = store
+        self._ttl_of = ttl_of
         #: Checks the tokens of the clients of :meth:`serve` (None: serve everyone, as a
         #: holder behind a relay that enforces binding §9, or on a trusted network).
         self.authorizer = authorizer
@@ -189,6 +196,7 @@ class MoqtHolder:
         self._watch(url, link)
         for track in list(self._tracks.values()):
             await session.publish_namespace(track.namespace)
+            link.announced.add((track.key, track.replica_id))
         return session
 
     async def _connect(self, url: str, config: TransportConfig, session_config: SessionConfig | None,
@@ -226,11 +234,12 @@ class MoqtHolder:
             await new.close()
             return
         link.target, link.session = target, new
+        link.announced.clear()
         self._watch(url, link)
         self._close_when_idle(old)
         # Every track published from now on is announced on ``new`` by publish(); these are
         # the ones published before (no await since the swap).
-        await asyncio.gather(*(self._announce(new, t) for t in list(self._tracks.values())))
+        await asyncio.gather(*(self._announce(link, new, t) for t in list(self._tracks.values())))
 
     def _close_when_idle(self, session: MoqtSession) -> None:
         async def close() -> None:
@@ -245,6 +254,11 @@ class MoqtHolder:
         """The current sessions to the attached relays."""
         return [link.session for link in self._relays.values()]
 
+    def relay_session(self, url: str) -> MoqtSession | None:
+        """The current session of the relay attached as ``url`` (None: not attached)."""
+        link = self._relays.get(url)
+        return link.session if link is not None else None
+
     # -- publishing -------------------------------------------------------------------------
     def publish(self, key: RecordKey) -> BlockTrack:
         """Publish the stored replica of ``key`` (complete, or being written through a
@@ -254,12 +268,12 @@ class MoqtHolder:
         if track is not None and track.replica_id == info.replica_id:
             return track
         rid = info.replica_id
-        track = BlockTrack(self.store, key, remaining_ttl_ms=lambda: self._remaining_ttl_ms(rid))
+        track = BlockTrack(self.store, key, remaining_ttl_ms=lambda: self._remaining_ttl_ms(key, rid))
         self._tracks[key] = track
         self.catalog.add(track)
         self._expires.setdefault(info.replica_id, self._clock() + self.ttl_ms / 1000)
         for link in self._relays.values():
-            self._spawn(self._announce(link.session, track))
+            self._spawn(self._announce(link, link.session, track))
         return track
 
     def publish_all(self) -> list[BlockTrack]:
@@ -275,10 +289,23 @@ class MoqtHolder:
         writer.add_listener(track.layer_written)
         return writer
 
-    async def wait_announced(self) -> None:
-        """Wait until every pending PUBLISH_NAMESPACE to the relays was answered."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+    async def wait_announced(self, timeout: float | None = None) -> bool:
+        """Wait until every pending PUBLISH_NAMESPACE to the relays was answered (at most
+        ``timeout`` seconds: then False, the answers still pending)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self._tasks:
+                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        except TimeoutError:
+            return False
+        return True
+
+    def is_announced(self, url: str, key: RecordKey) -> bool:
+        """Whether the relay attached as ``url`` accepted the namespace of the replica of
+        ``key`` now stored (a record naming that relay may be published: binding §10)."""
+        link = self._relays.get(url)
+        track = self._tracks.get(key)
+        return link is not None and track is not None and (key, track.replica_id) in link.announced
 
     def track(self, key: RecordKey) -> BlockTrack | None:
         return self._tracks.get(key)
@@ -296,7 +323,9 @@ class MoqtHolder:
         self._expires[track.replica_id] = self._clock() + ttl / 1000
         return self.store.info(key).replica_record(url, ttl)
 
-    def _remaining_ttl_ms(self, replica_id: bytes) -> int | None:
+    def _remaining_ttl_ms(self, key: RecordKey, replica_id: bytes) -> int | None:
+        if self._ttl_of is not None:
+            return self._ttl_of(key, replica_id)
         expires = self._expires.get(replica_id)
         return None if expires is None else max(0, int((expires - self._clock()) * 1000))
 
@@ -309,14 +338,18 @@ class MoqtHolder:
         self._expires.pop(replica_id, None)
         self.catalog.remove(track.namespace, track.name)  # new requests: DOES_NOT_EXIST
         for link in self._relays.values():
+            link.announced.discard((key, replica_id))
             link.session.withdraw_namespace(track.namespace)
         self._spawn(track.withdraw("replica evicted"))
 
-    async def _announce(self, session: MoqtSession, track: BlockTrack) -> None:
+    async def _announce(self, link: _RelayLink, session: MoqtSession, track: BlockTrack) -> None:
         try:
             await session.publish_namespace(track.namespace)
         except MoqtError as exc:
             log.warning("PUBLISH_NAMESPACE of %s refused: %s", track.key, exc)
+            return
+        if link.session is session and self._tracks.get(track.key) is track:
+            link.announced.add((track.key, track.replica_id))
 
     def _spawn(self, coro: Any) -> None:
         try:

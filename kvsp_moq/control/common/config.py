@@ -23,6 +23,8 @@ record_ttl_ms = 60000        # ttl_ms asked for published Replica Records (§6.1
 max_lease_ttl_ms = 60000     # per-client quota on a lease's TTL (§6.6)
 max_leased_octets = 4294967296   # per-client quota on leased octets (§6.6)
 tiers = [{kind = "host", capacity = 1073741824}]
+moqt_relays = ["moqt://relay.rack7.example:4443/moq"]  # also publish over MOQT there (none: HTTP only)
+moqt_token = "..."           # AUTHORIZATION_TOKEN in SETUP to the relays (binding §9)
 
 [[principals]]               # see kvsp_moq/control/common/auth.py
 name = "holder-h1"
@@ -171,12 +173,38 @@ class HolderConfig(StoreSettings):
     tiers: tuple[TierConfig, ...] = (TierConfig("host", 1024 * MiB),)
     #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
     metrics_public: bool = False
+    #: ``moqt://`` relays the holder publishes its replicas through (binding v1 §8, §10): each
+    #: replica's namespace is announced there (PUBLISH_NAMESPACE) and a Replica Record naming
+    #: the relay goes to the IS beside the HTTP one; none: HTTP only.
+    moqt_relays: tuple[str, ...] = ()
+    #: The AUTHORIZATION_TOKEN sent in SETUP to the relays: a principal allowed to publish the
+    #: scopes (binding §9); none: no token.
+    moqt_token: str | None = None
+    #: TLS of the relay connections: verified against ``moqt_ca_file`` (None: ``[tls] ca_file``,
+    #: else the system store) unless ``moqt_insecure`` (None: ``[tls] insecure``).
+    moqt_ca_file: str | None = None
+    moqt_insecure: bool | None = None
+    #: QUIC datagram size of the relay connections (1200: any path; larger inside a datacenter).
+    moqt_max_datagram_size: int = 1200
+    #: How long a replica's record waits for the relays' answer to its PUBLISH_NAMESPACE (a
+    #: relay that does not answer in time gets the record at a later refresh), and a relay
+    #: connection attempt.
+    moqt_timeout_ms: int = 5_000
 
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
         if not (self.base_path.startswith("/") and self.base_path.endswith("/")):
             raise ConfigError("holder.base_path", "must start and end with '/'")
         _check_bool("holder", self, "metrics_public")
+        relays = self.moqt_relays
+        if not isinstance(relays, tuple) or not all(isinstance(u, str) and u.startswith("moqt://") for u in relays):
+            raise ConfigError("holder.moqt_relays", "must be an array of moqt:// URLs")
+        for name in ("moqt_token", "moqt_ca_file"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"holder.{name}", "must be a string")
+        if self.moqt_insecure is not None and not isinstance(self.moqt_insecure, bool):
+            raise ConfigError("holder.moqt_insecure", "must be true or false")
+        _check_ints("holder", self, (("moqt_max_datagram_size", 1200), ("moqt_timeout_ms", 1)))
         for name in ("url", "index_url"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "://" not in value or not value.endswith("/")):
@@ -469,6 +497,8 @@ class ControlConfig:
             self.tls.check_token_url(key, url, token)
         if ic.engine is not None:
             self.tls.check_moqt_token("instance.engine.relay_url", ic.engine.relay_url, ic.token, ic.engine.insecure)
+        for url in self.holder.moqt_relays:
+            self.tls.check_moqt_token("holder.moqt_relays", url, self.holder.moqt_token, self.holder.moqt_insecure)
 
 
 def load_config(path: str | Path) -> ControlConfig:
@@ -561,6 +591,10 @@ def _holder_config(section: object, base_dir: Path) -> HolderConfig:
         if not isinstance(tiers, list):
             raise ConfigError("holder.tiers", "must be an array of tables")
         values["tiers"] = tuple(_tier_config(t, f"holder.tiers[{i}]", base_dir) for i, t in enumerate(tiers))
+    if isinstance(values.get("moqt_relays"), list):
+        values["moqt_relays"] = tuple(values["moqt_relays"])
+    if isinstance(values.get("moqt_ca_file"), str):
+        values["moqt_ca_file"] = str(base_dir / values["moqt_ca_file"])
     return HolderConfig(**values)
 
 

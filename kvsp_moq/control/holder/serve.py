@@ -22,6 +22,7 @@ from ..http.server import BoundUrl, RunningServer, build_app, serve_app
 from .lease_redis import RedisLeaseStore
 from .lease_store import LeaseLimits, LeaseStore, MemoryLeaseStore
 from .leases import LeaseManager
+from .moqt import HolderMoqt
 from .routes import HolderRoutes
 from .service import HolderService
 
@@ -72,6 +73,8 @@ async def serve_holder(
     pins must expire together. ``index_client`` defaults to :class:`HttpIndexClient` for
     ``index_url`` (none: no publication). The holder URL is ``url``, else the bound address.
     Records are refreshed in the background every ``refresh_ms / 4``; ``close()`` stops it.
+    With ``[holder] moqt_relays`` the replicas are also published over MOQT through those
+    relays, each with a ``moqt://`` record naming the relay (``holder/moqt.py``).
 
     A store built here adopts the replica files of its disk tiers first (a restart). With
     ``[holder] store = "redis://..."`` the leases live in Redis: they are reloaded and their
@@ -98,7 +101,15 @@ async def serve_holder(
     limits = LeaseLimits(hc.max_lease_ttl_ms, hc.max_leased_octets, hc.max_leases, hc.max_lease_keys)
     leases = LeaseManager(store, clock, limits, leases=open_lease_store(hc), lease_clock=lease_clock)
     await _reload(leases)
-    service = HolderService(store, clock=clock, leases=leases, publisher=publisher, chunk_octets=hc.chunk_octets)
+    moqt: HolderMoqt | None = None
+    if hc.moqt_relays:  # binding v1 §8, §10: the replicas as MOQT tracks through the relays
+        transport = config.tls.transport(ca_file=hc.moqt_ca_file, insecure=hc.moqt_insecure,
+                                         purpose="the MOQT relays of [holder]",
+                                         max_datagram_size=hc.moqt_max_datagram_size)
+        moqt = HolderMoqt(store, index_client, config=hc, clock=clock, transport=transport)
+        await moqt.connect()
+    service = HolderService(store, clock=clock, leases=leases, publisher=publisher, chunk_octets=hc.chunk_octets,
+                            moqt=moqt)
     app = build_app(auth=config.auth, routes=[*HolderRoutes(service, hc).routes(),
                                               *metrics_routes(hc.base_path, service.metrics, public=hc.metrics_public)])
     app[HOLDER_SERVICE] = service
@@ -117,6 +128,8 @@ async def serve_holder(
                     continue
                 try:
                     await publisher.refresh()
+                    if moqt is not None:
+                        await moqt.refresh()
                 except Exception:  # must not stop the loop
                     log.exception("refreshing the holder's replica records failed")
 
@@ -130,6 +143,8 @@ async def serve_holder(
         except asyncio.TimeoutError:
             log.warning("closing with replica withdrawals still pending; the records expire at the index")
         publisher.close()
+        if moqt is not None:
+            await moqt.close()
         await leases.close()
         if owned_client is not None:
             await owned_client.close()
@@ -139,4 +154,6 @@ async def serve_holder(
     if url.url is None:
         url.url = server.url
     await publisher.refresh()  # replicas already in the store (recovered from disk)
+    if moqt is not None:
+        await moqt.refresh()
     return server

@@ -2,8 +2,10 @@
 
 A plain class over a :class:`~kvsp_moq.storage.BlockStore`; :mod:`.routes` maps
 ``blocks/{compat}/{scope}/{key}`` and ``leases`` onto it (docs/http-api.md "Holder").
-Collaborators, one job each: :class:`~.holder.leases.LeaseManager` (§6.6) and
-:class:`~.client.publisher.ReplicaPublisher` (§6.1 publication, refresh and withdrawal).
+Collaborators, one job each: :class:`~.holder.leases.LeaseManager` (§6.6),
+:class:`~.client.publisher.ReplicaPublisher` (§6.1 publication, refresh and withdrawal) and,
+with ``[holder] moqt_relays``, :class:`~.holder.moqt.HolderMoqt` (the replicas as MOQT tracks
+through relays, and their ``moqt://`` records).
 
 Authorization (§6.7 "MUST reject the request if the client is not authorized for the scope";
 likewise for reading and leasing): every operation first checks the principal's ``scopes``,
@@ -35,6 +37,7 @@ from ..common.clock import Clock
 from ..common.errors import LayersNotHeld, NotFound, PreconditionFailed
 from .leases import LeaseManager
 from .metrics import HolderMetrics, lease_result
+from .moqt import HolderMoqt
 
 __all__ = ["BlockRead", "HolderService"]
 
@@ -68,8 +71,11 @@ class HolderService:
         leases: LeaseManager,
         publisher: ReplicaPublisher,
         chunk_octets: int = 256 * 1024,
+        moqt: HolderMoqt | None = None,
     ) -> None:
         self.store = store
+        #: Publication over MOQT through ``[holder] moqt_relays`` (``holder/moqt.py``), if any.
+        self.moqt = moqt
         self.clock = clock
         self.leases = leases
         self.publisher = publisher
@@ -177,7 +183,11 @@ class HolderService:
         self.store.container_sha256(key)  # cache Repr-Digest of the full container now
         self.metrics.stored(len(body))
         await self.publisher.flush()  # withdrawals of the replicas evicted for room (§6.1)
+        if self.moqt is not None:
+            await self.moqt.flush()
         published = await self.publisher.publish(key)
+        if self.moqt is not None:  # its track through the relays, then their moqt:// records
+            await self.moqt.publish(key)
         return published if published is not None else self.publisher.record(info)
 
     # -- eviction on purpose (§6.1, §6.6) ---------------------------------------------------------
@@ -197,6 +207,8 @@ class HolderService:
         if not force and self.store.is_pinned(key):
             raise ReplicaPinned(key, self.store.pin_owners(key))
         await self.publisher.withdraw(key, info.replica_id)
+        if self.moqt is not None:
+            await self.moqt.withdraw(key, info.replica_id)
         try:
             self.store.remove(key, replica_id=info.replica_id, force=force)
         except ReplicaNotFound:
