@@ -99,6 +99,16 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
     p.add_argument("--request-timeout", type=float, default=30.0,
                    help="seconds an upstream request may wait for its answer (a FETCH: "
                         "between objects) before it is cancelled and answered TIMEOUT")
+    p.add_argument("--upstream-keepalive", type=float, default=5.0, metavar="S",
+                   help="seconds between liveness PINGs on the upstream session; one not "
+                        "acknowledged within as many seconds closes it as lost (0: no PINGs)")
+    p.add_argument("--upstream-reconnect-initial", type=float, default=0.1, metavar="S",
+                   help="first wait before reconnecting a lost upstream session")
+    p.add_argument("--upstream-reconnect-max", type=float, default=5.0, metavar="S",
+                   help="longest wait between reconnect attempts (the wait doubles per failure)")
+    p.add_argument("--goaway-uri", default="", metavar="URL",
+                   help="New Session URI sent in GOAWAY on SIGTERM (default: none, clients "
+                        "reconnect to the same URL)")
     p.add_argument("--max-requests-per-session", type=int, default=4096,
                    help="open requests one downstream session may have (beyond: "
                         "REQUEST_ERROR EXCESSIVE_LOAD)")
@@ -168,7 +178,12 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
                        max_requests_per_session=getattr(args, "max_requests_per_session", 4096),
                        metrics=getattr(args, "metrics", None),
                        solicit_namespaces=getattr(args, "solicit_namespaces", True),
-                       solicit_prefix=getattr(args, "solicit_prefix", ()))
+                       solicit_prefix=getattr(args, "solicit_prefix", ()),
+                       upstream_keepalive=getattr(args, "upstream_keepalive", 5.0),
+                       upstream_liveness_timeout=getattr(args, "upstream_keepalive", 5.0) or 5.0,
+                       upstream_reconnect_initial=getattr(args, "upstream_reconnect_initial", 0.1),
+                       upstream_reconnect_max=getattr(args, "upstream_reconnect_max", 5.0),
+                       goaway_uri=getattr(args, "goaway_uri", ""))
 
 
 def _is_name(host: str) -> bool:

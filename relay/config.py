@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvsp_moq.pubsub.liveness import Reconnect
 from kvsp_moq.transport import TransportConfig
 
 from .auth import AuthConfig
@@ -66,6 +67,25 @@ class RelayConfig:
     solicit_namespaces: bool = True
     #: The prefix solicited (``--solicit-prefix``; default: the empty prefix, everything).
     solicit_prefix: tuple[bytes, ...] = ()
+    #: The upstream link (:mod:`relay.uplink`): a PING every ``upstream_keepalive`` seconds
+    #: (``--upstream-keepalive``; 0: none); one not acknowledged within
+    #: ``upstream_liveness_timeout`` closes the session as lost (a killed / restarted upstream).
+    upstream_keepalive: float = 5.0
+    upstream_liveness_timeout: float = 5.0
+    #: After the upstream session is lost, reconnect after ``upstream_reconnect_initial``
+    #: seconds, doubling per failed attempt up to ``upstream_reconnect_max``
+    #: (``--upstream-reconnect-initial`` / ``--upstream-reconnect-max``), while local
+    #: announcements, namespace interest or PUBLISHes want the upstream.
+    upstream_reconnect_initial: float = 0.1
+    upstream_reconnect_max: float = 5.0
+
+    @property
+    def upstream_reconnect(self) -> Reconnect:
+        """The upstream link's liveness probe and backoff (``kvsp_moq.pubsub.liveness``)."""
+        return Reconnect(keepalive=self.upstream_keepalive,
+                         liveness_timeout=self.upstream_liveness_timeout,
+                         backoff_initial=self.upstream_reconnect_initial,
+                         backoff_max=self.upstream_reconnect_max)
 
     @property
     def auth_token_cache_size(self) -> int:
@@ -86,3 +106,7 @@ class RelayConfig:
         if self.namespace_page_size < 1:
             raise ValueError("namespace_page_size must be >= 1")
         self.solicit_prefix = tuple(bytes(f) for f in self.solicit_prefix)
+        try:
+            self.upstream_reconnect.delay(1)  # building it checks the values
+        except ValueError as exc:
+            raise ValueError(f"upstream_keepalive / upstream_reconnect_*: {exc}") from None

@@ -28,9 +28,9 @@ from kvsp_moq.moqt.messages import (
     SubscribeTracks,
     TrackStatus,
 )
-from kvsp_moq.moqt.session import Role, SessionConfig
+from kvsp_moq.moqt.session import Role
 from kvsp_moq.pubsub.driver import Tasks
-from kvsp_moq.transport import ConnectError, Server, TransportError, parse_moqt_url
+from kvsp_moq.transport import Server, TransportError
 
 from .cache import ObjectCache, TrackName
 from .config import RelayConfig
@@ -51,6 +51,7 @@ from .routing import RoutingTable
 from .solicit import maybe_solicit
 from .stats import RelayStats
 from .upstream import UpstreamManager
+from .uplink import UNREACHABLE, Uplink
 
 __all__ = ["Relay"]
 
@@ -267,8 +268,12 @@ class Relay:
         self.fills = FillService(self.upstreams, self.fetches, self)
         self.sessions: set[PeerSession] = set()
         self.server: Server | None = None
-        self._upstream: PeerSession | None = None
-        self._upstream_lock = asyncio.Lock()
+        #: Our session to the --upstream relay: connect, liveness, reconnect with backoff,
+        #: GOAWAY moves (relay/uplink.py).
+        self.uplink = Uplink(self, self.stats, track=self._track, spawn=self.spawn,
+                             closing=self._is_closing, wanted=self._upstream_wanted,
+                             restored=self._upstream_restored, moved=self._upstream_moved)
+        self.upstreams.on_dropped = self.uplink.check_idle_soon
         #: Background tasks (cancelled by :meth:`close`; a failure is logged as "relay
         #: task failed").
         self._tasks = Tasks(logger, "relay task")
@@ -330,9 +335,10 @@ class Relay:
             except (RuntimeError, ValueError):
                 continue
             peer.flush()
-        # Our own upstream session is a client of someone else: leave it ourselves.
-        if self._upstream is not None:
-            self._upstream.close(SessionErrorCode.NO_ERROR, "relay shutting down")
+        # Our own upstream sessions are clients of someone else: leave them ourselves.
+        for up in [self.uplink.peer, *self.uplink.draining]:
+            if up is not None:
+                up.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         waiting = [p.closed for p in self.sessions if not p.closed.done()]
         clean = True
         if waiting:
@@ -397,29 +403,28 @@ class Relay:
     # -- routes ------------------------------------------------------------------------------
     async def upstream_peer(self) -> PeerSession | None:
         """Our session to the upstream relay (connected on first use, again after it
-        ended or sent GOAWAY)."""
-        url = self.config.upstream
-        if not url:
-            return None
-        async with self._upstream_lock:
-            p = self._upstream
-            if p is not None and p.is_open and not p.goaway_received:
-                return p
-            parsed = parse_moqt_url(url)
-            cfg = SessionConfig(path=parsed.path_and_query, authority=parsed.authority,
-                                implementation="kvsp-moq-relay")
-            made: list[PeerSession] = []
+        ended or sent GOAWAY; relay/uplink.py)."""
+        return await self.uplink.get()
 
-            def factory() -> PeerSession:
-                s = PeerSession(self, Role.CLIENT, cfg, upstream=True)
-                made.append(s)
-                return s
+    # -- the upstream link's notifications (relay/uplink.py) ---------------------------------
+    def _is_closing(self) -> bool:
+        return self.closing
 
-            await transport.connect(parsed, factory, self.config.upstream_transport)
-            peer = self._track(made[0])
-            await asyncio.wait_for(asyncio.shield(peer.ready), self.config.request_timeout)
-            self._upstream = peer
-            return peer
+    def _upstream_wanted(self) -> bool:
+        """Something here needs the upstream session: a local announcement or namespace
+        interest to propagate, or a track PUBLISHed by a downstream publisher."""
+        return self.propagation.wants_upstream() or any(
+            not t.peer.upstream for t in self.publishes.active())
+
+    def _upstream_restored(self, peer: PeerSession) -> None:
+        """A new upstream session after a loss: announce, subscribe and PUBLISH again."""
+        self.propagation.resync()
+        self.publishes.upstream.republish(self.publishes.active(), peer)
+
+    def _upstream_moved(self, old: PeerSession, new: PeerSession) -> None:
+        """After the upstream's GOAWAY: what rode on ``old`` moves to ``new``."""
+        self.propagation.move(old)
+        self.publishes.upstream.republish(self.publishes.active(), new)
 
     def _local_route(self, ns: Namespace, requester: PeerSession) -> PeerSession | None:
         peer = self.routing.lookup(ns)
@@ -441,8 +446,7 @@ class Relay:
         async def via_upstream() -> None:
             try:
                 up = await self.upstream_peer()
-            except (ConnectError, TransportError, OSError, asyncio.TimeoutError,
-                    ConnectionError) as exc:
+            except UNREACHABLE as exc:
                 logger.warning("relay: upstream %s unreachable: %s", self.config.upstream, exc)
                 self.reject(down, rid, RequestErrorCode.INTERNAL_ERROR, "upstream unreachable")
                 return
@@ -596,8 +600,8 @@ class Relay:
         peer.solicitation = maybe_solicit(self, peer, setup)
 
     def on_goaway(self, peer: PeerSession) -> None:
-        if peer is self._upstream:
-            logger.info("relay: upstream sent GOAWAY; the next request reconnects")
+        if peer.upstream:  # move to a new upstream session (relay/uplink.py)
+            self.uplink.goaway(peer, peer.goaway_uri)
 
     def on_session_closed(self, peer: PeerSession) -> None:
         code, reason = peer.closed.result() if peer.closed.done() else (None, "")
@@ -610,5 +614,5 @@ class Relay:
         self.routing.withdraw(peer)
         if mine:
             self.propagation.local_changed(mine)
-        if peer is self._upstream:
-            self._upstream = None
+        if peer.upstream:
+            self.uplink.lost(peer)

@@ -19,9 +19,17 @@ Two directions, both over our one session to the upstream relay:
   of P: every track under P is then routed to that local publisher, never upstream, so the
   upstream's namespaces under P would not be reachable through us.
 
-Upstream sessions are connected on first use (:meth:`Relay.upstream_peer`); when that
-session ends, what is still wanted is announced / subscribed again on a new one (one try;
-the next local change tries again). The upstream sees our ``upstream_token`` (SETUP).
+Upstream sessions are connected on first use (:meth:`Relay.upstream_peer`,
+:mod:`relay.uplink`). When that session is lost, the upstream namespaces are forgotten
+(watchers get NAMESPACE_DONE for the upstream-only ones) and the uplink reconnects with
+backoff while :meth:`NamespacePropagation.wants_upstream`; on the new session everything
+still wanted is announced and subscribed again (:meth:`NamespacePropagation.resync`). After
+the upstream's GOAWAY, :meth:`NamespacePropagation.move` sends both on the new session
+and cancels them on the old one (draft-22 §"Graceful Publisher Relay Switchover":
+"The publisher sends PUBLISH_NAMESPACE and/or PUBLISH messages to begin publishing on the
+new Session"; §"Session Migration": "migrating Established subscriptions and published
+namespaces"); the namespaces an interest already reported are kept, so watchers see no
+NAMESPACE_DONE for a move. The upstream sees our ``upstream_token`` (SETUP).
 """
 
 from __future__ import annotations
@@ -143,9 +151,8 @@ class UpstreamAnnouncement(RequestHandler):
         self._drop()
 
     def on_session_closed(self, peer: PeerSession) -> None:
-        if not self.gone:
-            self._drop()
-            self.prop.upstream_lost()
+        # The uplink reconnects; NamespacePropagation.resync announces it again there.
+        self._drop()
 
 
 class UpstreamInterest(RequestHandler):
@@ -200,8 +207,9 @@ class UpstreamInterest(RequestHandler):
         self.timer.arm()
         peer.flush()
 
-    def close(self) -> None:
-        """Cancel the upstream SUBSCRIBE_NAMESPACE; its namespaces are gone."""
+    def close(self, keep_names: bool = False) -> None:
+        """Cancel the upstream SUBSCRIBE_NAMESPACE; its namespaces are gone (unless
+        ``keep_names``: it is re-opened on a new session at once, which reports them)."""
         self.timer.cancel()
         self.active = False
         self._generation += 1
@@ -211,7 +219,8 @@ class UpstreamInterest(RequestHandler):
             peer.cancel_request(rid)
             event("upstream_unsubscribe_namespace", prefix=format_namespace(self.prefix),
                   request_id=rid, upstream=peer.address)
-        self._forget_all()
+        if not keep_names:
+            self._forget_all()
 
     def _forget_all(self) -> None:
         names, self.names = self.names, set()
@@ -260,8 +269,7 @@ class UpstreamInterest(RequestHandler):
         self._lost()
 
     def on_session_closed(self, peer: PeerSession) -> None:
-        if self._lost():
-            self.prop.upstream_lost()
+        self._lost()  # the uplink reconnects; NamespacePropagation.resync re-opens it
 
     def _lost(self) -> bool:
         """The upstream ended our request; True if it was still wanted."""
@@ -282,7 +290,6 @@ class NamespacePropagation:
         self.announced: dict[Namespace, UpstreamAnnouncement] = {}
         #: prefix → the local watchers of that prefix and our upstream interest in it.
         self.interests: dict[Namespace, UpstreamInterest] = {}
-        self._resync_pending = False
 
     @property
     def enabled(self) -> bool:
@@ -350,20 +357,32 @@ class NamespacePropagation:
             interest.close()
             del self.interests[watcher.prefix]
 
-    # -- the upstream session ended ----------------------------------------------------------
-    def upstream_lost(self) -> None:
-        """Announce / subscribe again on a new upstream session (one try)."""
-        if not self.enabled or self._resync_pending:
-            return
-        self._resync_pending = True
-        self.relay.spawn(self._resync())
+    # -- the upstream session: lost, restored, moved (relay/uplink.py) ----------------------
+    def wants_upstream(self) -> bool:
+        """A local announcement to propagate, or a prefix watched locally (not refused
+        upstream): the uplink keeps reconnecting while this holds."""
+        if not self.enabled:
+            return False
+        return (any(self._wants_announce(ns) for ns in self.relay.routing.namespaces())
+                or any(i.watchers and not i.refused for i in self.interests.values()))
 
-    async def _resync(self) -> None:
-        try:
-            if not self.enabled:
-                return
-            if await _connect(self.relay) is None:
-                return
-            self.local_changed(self.relay.routing.namespaces())
-        finally:
-            self._resync_pending = False
+    def resync(self) -> None:
+        """On a new upstream session: announce and subscribe again what is still wanted
+        (what the lost session carried was dropped with it)."""
+        self.local_changed(self.relay.routing.namespaces())
+
+    def move(self, old: PeerSession) -> None:
+        """The upstream sent GOAWAY on ``old`` and a new session is up: each announcement
+        and interest on ``old`` is sent on the new one (``upstream_peer`` now returns it),
+        then cancelled on ``old``; watchers keep the namespaces already reported."""
+        if not self.enabled:
+            return
+        moving = [a for a in self.announced.values() if a.peer is old]
+        for a in moving:
+            del self.announced[a.ns]  # local_changed makes the new session's announcement
+        for interest in list(self.interests.values()):
+            if interest.peer is old and interest.active:
+                interest.close(keep_names=True)  # re-opened by local_changed
+        self.local_changed(self.relay.routing.namespaces())
+        for a in moving:
+            a.withdraw()  # cancelled on old (the new announcement is not touched)

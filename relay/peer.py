@@ -177,6 +177,8 @@ class PeerSession(SessionDriver):
         #: Handlers of the peer's requests we are answering (by its Request ID).
         self.served: dict[int, RequestHandler] = {}
         self.goaway_received = False
+        #: The New Session URI of the peer's GOAWAY ("" : none, or no GOAWAY yet).
+        self.goaway_uri = ""
         #: REQUEST_UPDATEs of the peer's requests whose handler cannot apply them yet.
         self.held_updates: dict[int, HeldUpdates] = {}
         self._aliases = 0
@@ -349,6 +351,7 @@ class PeerSession(SessionDriver):
 
     def _on_goaway(self, e: ev.GoawayReceived) -> None:
         self.goaway_received = True
+        self.goaway_uri = e.message.new_session_uri
         self.relay.on_goaway(self)
 
     def _on_closed(self, code: int, reason: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from kvsp_moq.moqt.messages import Location, Message, MessageParameters, RequestError, RequestOk
@@ -181,6 +182,16 @@ class UpstreamPublishing:
         if not relay.config.upstream or track.peer.upstream or relay.closing:
             return
         relay.spawn(self._publish_up(track))
+
+    def republish(self, tracks: Iterable[Publication], up: PeerSession) -> None:
+        """A new upstream session ``up`` (after a loss, or a GOAWAY move: draft-22
+        §"Graceful Publisher Relay Switchover", "The publisher sends PUBLISH_NAMESPACE and/or
+        PUBLISH messages to begin publishing on the new Session"): each active track of a
+        downstream publisher that ``up`` does not carry yet is PUBLISHed there again. A
+        PUBLISH still on an old session goes on until that session ends."""
+        for track in tracks:
+            if not any(s.peer is up for s in track.fanout.subscribers):
+                self.track_active(track)
 
     async def _publish_up(self, track: Publication) -> None:
         relay = self.relay

@@ -255,6 +255,9 @@ class UpstreamManager:
         self.on_accepted: Callable[[UpstreamSubscription, Subscriber, Subscribe], None] | None \
             = None
         self.on_refused: Callable[[PeerSession, int], None] | None = None
+        #: Called with the session of a subscription that ended (relay/uplink.py closes a
+        #: GOAWAY'd upstream session once nothing remains on it).
+        self.on_dropped: Callable[[PeerSession], None] | None = None
 
     def refused(self, down: PeerSession, rid: int) -> None:
         if self.on_refused is not None:
@@ -283,6 +286,8 @@ class UpstreamManager:
     def drop(self, up: UpstreamSubscription) -> None:
         if self.tracks.get(up.track) is up:
             del self.tracks[up.track]
+        if self.on_dropped is not None:
+            self.on_dropped(up.peer)
 
     @property
     def subscriber_count(self) -> int:

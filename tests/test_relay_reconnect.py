@@ -1,0 +1,238 @@
+"""Relays that come back (issue 19): a chained relay whose upstream relay is SIGKILLed and
+restarted on the same port, and one whose upstream sends GOAWAY with a New Session URI.
+
+Every relay is a real ``python -m relay`` process; publishers and subscribers are pubsub
+clients over real QUIC on 127.0.0.1. The chained relay (rack A) finds the dead upstream by
+its liveness PING (``--upstream-keepalive``; the QUIC idle timeout is 60 s, every wait here
+is far shorter), reconnects with backoff, and re-sends its PUBLISH_NAMESPACE, PUBLISH and
+SUBSCRIBE_NAMESPACE there: observed at the restarted upstream by subscribers that get data.
+Requests in flight through the dead upstream end with the error docs/relay.md names (PUBLISH_DONE
+INTERNAL_ERROR "upstream session closed"); the others see none. No sleeps: every wait is on
+an event, a process line or a bounded poll that fails loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from kvsp_moq.moqt.errors import PublishDoneCode
+from kvsp_moq.moqt.messages import MessageParameters
+from kvsp_moq.pubsub import Catalog, MoqtSession, Subscription, connect
+from kvsp_moq.transport import TransportConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+GUARD = 20.0
+#: The chained relay's liveness PING period and reconnect backoff cap (seconds).
+KEEPALIVE = 0.3
+BACKOFF_MAX = 0.5
+#: A dead upstream is found within KEEPALIVE + KEEPALIVE (the PING's own deadline), the
+#: restarted one reached within BACKOFF_MAX more: everything below must happen well inside.
+BOUND = 10.0
+RENDEZVOUS = MessageParameters(rendezvous_timeout=int(BOUND * 1000))
+
+
+async def within(aw, timeout: float = GUARD):
+    return await asyncio.wait_for(aw, timeout)
+
+
+def client() -> TransportConfig:
+    return TransportConfig(insecure=True)
+
+
+class RelayProcess:
+    """``python -m relay`` on 127.0.0.1: started, killed, restarted on the same port."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        self.args = args
+        self.log = log
+        self.port = 0
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"moqt://127.0.0.1:{self.port}/moq"
+
+    async def start(self) -> RelayProcess:
+        with self.log.open("ab") as err:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "relay", "--listen", f"127.0.0.1:{self.port}",
+                "--log-level", "INFO", *self.args, cwd=ROOT,
+                stdout=asyncio.subprocess.PIPE, stderr=err)
+        assert self.proc.stdout is not None
+        line = (await within(self.proc.stdout.readline())).decode()
+        assert line.startswith("relay listening on moqt://127.0.0.1:"), (line, self.log.read_text())
+        self.port = int(line.rsplit(":", 1)[1].split("/")[0])
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        return await within(self.proc.wait())
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+@pytest.fixture
+async def procs(tmp_path: Path) -> AsyncIterator[list[RelayProcess]]:
+    made: list[RelayProcess] = []
+    yield made
+    for p in made:
+        await p.stop()
+
+
+def chained(tmp_path: Path, name: str, upstream: str) -> RelayProcess:
+    return RelayProcess(tmp_path / f"{name}.log", "--upstream", upstream, "--insecure-upstream",
+                        "--upstream-keepalive", str(KEEPALIVE),
+                        "--upstream-reconnect-max", str(BACKOFF_MAX))
+
+
+async def next_object(sub: Subscription) -> bytes:
+    return bytes((await within(sub.__anext__(), BOUND)).payload)
+
+
+async def wait_namespace(session: MoqtSession, kind: str, suffix: tuple[bytes, ...]) -> None:
+    """Read NAMESPACE / NAMESPACE_DONE updates until ``(kind, suffix)`` (bounded)."""
+    while True:
+        got = await within(session.namespace_updates.get(), BOUND)
+        if got == (kind, suffix):
+            return
+
+
+async def test_upstream_killed_and_restarted(tmp_path: Path, procs: list[RelayProcess]) -> None:
+    d = await RelayProcess(tmp_path / "d.log").start()
+    procs.append(d)
+    a = await chained(tmp_path, "a", d.url).start()
+    procs.append(a)
+
+    # At rack A: a namespace publisher, a PUBLISHed track, and a subscriber of both A's own
+    # track and one only the upstream D serves.
+    cat_a = Catalog()
+    pub_a = await within(connect(a.url, client(), catalog=cat_a))
+    await within(pub_a.publish_namespace(("rc", "a")))
+    t_a = cat_a.create(("rc", "a"), "t", keep=False)
+    cat_p = Catalog()
+    pub_p = await within(connect(a.url, client(), catalog=cat_p))
+    t_p = cat_p.create(("rc", "p"), "live", keep=False)
+    await within(pub_p.publish(t_p))
+
+    cat_d = Catalog()
+    pub_d = await within(connect(d.url, client(), catalog=cat_d))
+    await within(pub_d.publish_namespace(("rc", "d")))
+    t_d = cat_d.create(("rc", "d"), "t", keep=False)
+
+    sub = await within(connect(a.url, client()))
+    await within(sub.subscribe_namespace(("rc",)))
+    await wait_namespace(sub, "namespace", (b"d",))  # A's interest went up to D
+    via_d = await within(sub.subscribe(("rc", "d"), "t"))
+    local = await within(sub.subscribe(("rc", "a"), "t"))
+    await within(t_d.subscribed.wait())
+    await within(t_a.subscribed.wait())
+    await within(t_d.write_object(0, 0, b"d-before"))
+    await within(t_a.write_object(0, 0, b"a-before"))
+    assert await next_object(via_d) == b"d-before"
+    assert await next_object(local) == b"a-before"
+
+    # SIGKILL the upstream: nothing tells A but its unacknowledged PING.
+    d.kill()
+    assert await d.wait() == -signal.SIGKILL
+    await within(pub_d.close())
+    # The request in flight through D ends with PUBLISH_DONE INTERNAL_ERROR; D's namespace
+    # leaves the watcher's list.
+    with pytest.raises(StopAsyncIteration):
+        await within(via_d.__anext__(), BOUND)
+    assert via_d.publish_done is not None
+    assert via_d.publish_done.status_code == PublishDoneCode.INTERNAL_ERROR
+    await wait_namespace(sub, "namespace_done", (b"d",))
+    # ... while the local subscription and the session carry on without an error.
+    await within(t_a.write_object(0, 1, b"a-during"))
+    assert await next_object(local) == b"a-during"
+
+    # Restart D on the same port (clients' URLs stay valid).
+    await d.start()
+    # A reconnects and re-sends its PUBLISH_NAMESPACE and PUBLISH: subscribers at the new D
+    # reach rack A's publishers (held by RENDEZVOUS_TIMEOUT until A's requests arrive).
+    at_d = await within(connect(d.url, client()))
+    from_a = await within(at_d.subscribe(("rc", "a"), "t", parameters=RENDEZVOUS), BOUND)
+    from_p = await within(at_d.subscribe(("rc", "p"), "live", parameters=RENDEZVOUS), BOUND)
+    # (A's subscription to its publisher is shared with the local subscriber: one upstream.)
+    await within(t_a.write_object(1, 0, b"a-after"))
+    assert await next_object(from_a) == b"a-after"
+    assert await next_object(local) == b"a-after"
+    await within(t_p.write_object(0, 0, b"p-after"))
+    assert await next_object(from_p) == b"p-after"
+
+    # ... and its SUBSCRIBE_NAMESPACE: D's publisher coming back is listed at A again, and
+    # the next SUBSCRIBE and FETCH through A to D succeed.
+    cat_d2 = Catalog()
+    pub_d2 = await within(connect(d.url, client(), catalog=cat_d2))
+    t_d2 = cat_d2.create(("rc", "d"), "t", keep=True)
+    await within(t_d2.write_object(0, 0, b"stored"))
+    await within(pub_d2.publish_namespace(("rc", "d")))
+    await wait_namespace(sub, "namespace", (b"d",))
+    again = await within(sub.subscribe(("rc", "d"), "t"))
+    await within(t_d2.subscribed.wait())
+    await within(t_d2.write_object(1, 0, b"d-after"))
+    assert await next_object(again) == b"d-after"
+    fetched = await within(sub.fetch(("rc", "d"), "t", start=(0, 0), end=(0, 0)))
+    assert [bytes(o.payload) async for o in fetched] == [b"stored"]
+    assert not local.done and sub.moqt is not None and not sub.moqt.closed
+    for s in (sub, at_d, pub_a, pub_p, pub_d2):
+        await within(s.close())
+
+
+async def test_upstream_goaway_moves_to_the_new_session_uri(
+        tmp_path: Path, procs: list[RelayProcess]) -> None:
+    d2 = await RelayProcess(tmp_path / "d2.log").start()
+    procs.append(d2)
+    d1 = await RelayProcess(tmp_path / "d1.log", "--goaway-uri", d2.url,
+                            "--drain-timeout", str(GUARD)).start()
+    procs.append(d1)
+    a = await chained(tmp_path, "a", d1.url).start()
+    procs.append(a)
+
+    cat = Catalog()
+    pub = await within(connect(a.url, client(), catalog=cat))
+    await within(pub.publish_namespace(("rg", "a")))
+    track = cat.create(("rg", "a"), "t", keep=False)
+    watcher = await within(connect(d1.url, client()))
+    await within(watcher.subscribe_namespace(("rg",)))
+    await wait_namespace(watcher, "namespace", (b"a",))  # A announced it at D1
+    sub_a = await within(connect(a.url, client()))
+
+    # D1 drains (SIGTERM): GOAWAY with D2's URI to A and to the watcher.
+    assert d1.proc is not None
+    d1.proc.send_signal(signal.SIGTERM)
+    await within(watcher.goaway_received)
+    await within(watcher.close())
+    # A moved its announcement to D2: a subscriber there reaches A's publisher.
+    at_d2 = await within(connect(d2.url, client()))
+    from_a = await within(at_d2.subscribe(("rg", "a"), "t", parameters=RENDEZVOUS), BOUND)
+    await within(track.subscribed.wait())
+    await within(track.write_object(0, 0, b"via d2"))
+    assert await next_object(from_a) == b"via d2"
+    # A closed its old session once nothing was left on it: D1 stops well before its drain
+    # timeout (GUARD), with exit status 0.
+    assert await within(d1.wait(), BOUND) == 0
+    # New requests from A's clients go up to D2: a track only D2 serves.
+    cat2 = Catalog()
+    pub2 = await within(connect(d2.url, client(), catalog=cat2))
+    await within(pub2.publish_namespace(("rg", "d2")))
+    t2 = cat2.create(("rg", "d2"), "t", keep=False)
+    up = await within(sub_a.subscribe(("rg", "d2"), "t"))
+    await within(t2.subscribed.wait())
+    await within(t2.write_object(0, 0, b"d2 only"))
+    assert await next_object(up) == b"d2 only"
+    for s in (sub_a, at_d2, pub, pub2):
+        await within(s.close())
