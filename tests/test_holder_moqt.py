@@ -129,3 +129,25 @@ async def test_eviction_withdraws_the_record_and_the_namespace(cluster: Cluster)
         assert set(await cluster.records(6)) == {cluster.holder.url, cluster.relay.url}
     finally:
         await retriever.close()
+
+
+def test_the_holder_moqt_keys_are_read_and_checked(tmp_path: Path) -> None:
+    from kvsp_moq.control.common.config import config_from_mapping
+    from kvsp_moq.control.common.errors import ConfigError
+
+    doc = {"holder": {"moqt_relays": ["moqt://relay.example:4443/moq"], "moqt_ca_file": "ca.pem",
+                      "moqt_token": "t" * 32, "moqt_timeout_ms": 2000}}
+    hc = config_from_mapping(doc, base_dir=tmp_path).holder
+    assert hc.moqt_relays == ("moqt://relay.example:4443/moq",) and hc.moqt_ca_file == str(tmp_path / "ca.pem")
+    assert (hc.moqt_timeout_ms, hc.moqt_max_datagram_size, hc.moqt_insecure) == (2000, 1200, None)
+    assert HolderConfig().moqt_relays == ()  # default: HTTP only
+    for bad, key_name in (({"moqt_relays": ["https://relay.example/"]}, "holder.moqt_relays"),
+                          ({"moqt_timeout_ms": 0}, "holder.moqt_timeout_ms"),
+                          ({"moqt_insecure": "yes"}, "holder.moqt_insecure")):
+        with pytest.raises(ConfigError) as err:
+            config_from_mapping({"holder": bad}, base_dir=tmp_path)
+        assert err.value.key == key_name
+    # A token over unverified MOQT to a host other than loopback is refused (docs/security.md).
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"holder": {**doc["holder"], "moqt_insecure": True}}, base_dir=tmp_path)
+    assert err.value.key == "holder.moqt_relays"
