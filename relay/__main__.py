@@ -114,6 +114,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                         "REQUEST_ERROR EXCESSIVE_LOAD)")
     p.add_argument("--max-datagram-size", type=int, default=1200,
                    help="largest UDP payload sent (same value on both ends)")
+    p.add_argument("--congestion-control", metavar="NAME",
+                   help="QUIC congestion control of every connection, downstream and upstream "
+                        "(aioquic: reno, cubic, bbr; default: the backend's, reno on aioquic; "
+                        "docs/transport.md)")
     p.add_argument("--config", metavar="FILE",
                    help="authorization config (TOML: [[principals]] tokens -> publish / "
                         "subscribe namespace prefixes; docs/relay.md). Without it the relay "
@@ -170,6 +174,10 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
     qlog = getattr(args, "qlog", None)
     if qlog is not None:
         server, upstream = server.replace(qlog_dir=qlog), upstream.replace(qlog_dir=qlog)
+    cc = getattr(args, "congestion_control", None)
+    if cc is not None:
+        server = server.replace(congestion_control_algorithm=cc)
+        upstream = upstream.replace(congestion_control_algorithm=cc)
     return RelayConfig(host=host, port=port, server_transport=server, upstream=args.upstream,
                        upstream_transport=upstream, cache_bytes=args.cache_mib * MiB,
                        subscriber_queue_bytes=int(args.subscriber_queue_mib * MiB),

@@ -50,6 +50,7 @@ def _config(args: argparse.Namespace, **extra: object) -> TransportConfig:
             insecure=args.insecure, ca_file=args.ca,
             max_datagram_size=args.max_datagram_size, handshake_timeout=args.connect_timeout,
             qlog_dir=getattr(args, "qlog", None),
+            congestion_control_algorithm=getattr(args, "congestion_control", None),
             **({"alpn_protocols": alpns} if alpns else {}), **extra)  # type: ignore[arg-type]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -265,6 +266,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-datagram-size", type=int, default=1200, metavar="BYTES")
     p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
                    help="seconds the QUIC handshake may take")
+    p.add_argument("--congestion-control", metavar="NAME",
+                   help="QUIC congestion control (aioquic: reno, cubic, bbr; default: the "
+                        "backend's; docs/transport.md)")
     p.add_argument("--qlog", metavar="DIR",
                    help="write the connection's qlog file into DIR (docs/tracing.md)")
 

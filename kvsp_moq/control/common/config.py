@@ -51,7 +51,7 @@ from ...kvsp.errors import DescriptorError
 from .auth import Authorizer
 from .engine_config import EngineConfig, engine_config_from_mapping
 from .errors import ConfigError
-from .tls import TlsConfig, tls_config_from_mapping
+from .tls import TlsConfig, tls_config_from_mapping, with_transport_section
 from .store import DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT_MS, StoreSpec, parse_store
 
 MiB = 1 << 20
@@ -516,7 +516,8 @@ def load_config(path: str | Path) -> ControlConfig:
 
 def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None) -> ControlConfig:
     """The same from a decoded mapping; descriptor paths are relative to ``base_dir``."""
-    unknown = set(doc) - {"index", "holder", "pc", "instance", "frontend", "principals", "tls"}
+    unknown = set(doc) - {"index", "holder", "pc", "instance", "frontend", "principals", "tls",
+                          "transport"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section")
     doc = {name: _resolve_store_password(section, base_dir) if name in STORE_SECTIONS else section
@@ -528,6 +529,7 @@ def config_from_mapping(doc: Mapping[str, Any], *, base_dir: Path | None = None)
     instance = _instance_config(doc.get("instance", {}), base_dir or Path.cwd())
     frontend = FrontEndConfig(**_known(doc.get("frontend", {}), "frontend", FrontEndConfig))
     tls = tls_config_from_mapping(doc.get("tls", {}), base_dir or Path.cwd())
+    tls = with_transport_section(tls, doc.get("transport", {}))
     return ControlConfig(auth=auth, index=index, holder=holder, pc=pc, instance=instance, frontend=frontend, tls=tls)
 
 

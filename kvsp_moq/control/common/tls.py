@@ -10,12 +10,18 @@ key = "server.key"
 insecure = false             # clients skip certificate verification (logged once; dev only)
 allow_plain_http = false     # tokens may go to http:// URLs other than loopback (logged)
 allow_insecure_remote = false  # with insecure: tokens may go to hosts other than loopback
+
+[transport]                  # every key optional
+congestion_control = "bbr"   # QUIC congestion control of the process's MOQT connections
+                             # (aioquic: reno, cubic, bbr; none: the backend's default)
 ```
 
 One section for the whole process, used by every HTTP client (:meth:`TlsConfig.client_ssl_context`),
 every MOQT client (:meth:`TlsConfig.transport`; ``[instance.engine] ca_file`` / ``insecure``
 override it for the engine's relay and holders) and the HTTP server
-(:meth:`TlsConfig.server_ssl_context`). A bearer token never leaves over an unverified channel
+(:meth:`TlsConfig.server_ssl_context`). The ``[transport]`` section's ``congestion_control``
+(:func:`with_transport_section`) rides on the same object: every MOQT client of the process
+gets it from :meth:`TlsConfig.transport` (docs/transport.md "Congestion control"). A bearer token never leaves over an unverified channel
 by default: ``http://`` is for loopback (127.0.0.0/8, ``::1``, ``localhost``) unless
 ``allow_plain_http``, and ``insecure`` to another host needs ``allow_insecure_remote``.
 """
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -34,7 +40,7 @@ from ...transport import TransportConfig
 from ...transport.tls import is_loopback_host, warn_unverified
 from .errors import ConfigError
 
-__all__ = ["TlsConfig", "is_loopback_url", "tls_config_from_mapping"]
+__all__ = ["TlsConfig", "is_loopback_url", "tls_config_from_mapping", "with_transport_section"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,9 @@ class TlsConfig:
     insecure: bool = False
     allow_plain_http: bool = False
     allow_insecure_remote: bool = False
+    #: ``[transport] congestion_control``: ``TransportConfig.congestion_control_algorithm`` of
+    #: every MOQT client config :meth:`transport` makes (None: the backend's default).
+    congestion_control: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("insecure", "allow_plain_http", "allow_insecure_remote"):
@@ -72,6 +81,9 @@ class TlsConfig:
                 raise ConfigError(f"tls.{name}", "must be a file name")
         if (self.cert is None) != (self.key is None):
             raise ConfigError("tls.cert" if self.cert is None else "tls.key", "cert and key go together")
+        if self.congestion_control is not None and (
+                not isinstance(self.congestion_control, str) or not self.congestion_control):
+            raise ConfigError("transport.congestion_control", "must be a name (reno, cubic, bbr)")
 
     # -- clients ----------------------------------------------------------------------------
 
@@ -99,6 +111,7 @@ class TlsConfig:
         unverified = self.insecure if insecure is None else insecure
         if unverified:
             warn_unverified(purpose)
+        changes.setdefault("congestion_control_algorithm", self.congestion_control)
         return TransportConfig(ca_file=ca_file or self.ca_file, insecure=unverified,
                                allow_insecure_remote=self.allow_insecure_remote, **changes)
 
@@ -162,3 +175,14 @@ def tls_config_from_mapping(section: object, base_dir: Path) -> TlsConfig:
         raise ConfigError("tls.ca_file", f"{tls.ca_file}: no such file")
     tls.server_ssl_context()  # a bad certificate or key fails here, naming the key
     return tls
+
+
+def with_transport_section(tls: TlsConfig, section: object) -> TlsConfig:
+    """``tls`` with the ``[transport]`` section (keys: ``congestion_control``) as decoded from
+    TOML. A name the backend does not know fails when a connection is made (ValueError)."""
+    if not isinstance(section, dict):
+        raise ConfigError("transport", "must be a table")
+    unknown = set(section) - {"congestion_control"}
+    if unknown:
+        raise ConfigError(f"transport.{sorted(unknown)[0]}", "unknown key")
+    return replace(tls, **section) if section else tls
