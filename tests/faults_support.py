@@ -33,7 +33,7 @@ from kvsp_moq.control.engine.records import GenerateRequest
 from kvsp_moq.control.holder.serve import serve_holder
 from kvsp_moq.control.http.server import RunningServer
 from kvsp_moq.control.index.serve import serve_index
-from kvsp_moq.control.instance.serve import INSTANCE_SERVICE, serve_instance
+from kvsp_moq.control.instance.serve import INSTANCE_SERVICE, serve_instance, serve_model_instance
 from kvsp_moq.kvsp import scope
 from kvsp_moq.kvsp.blockkeys import BlockKeyChain
 from kvsp_moq.kvsp.records import LookupRequest, LookupResponse
@@ -163,16 +163,19 @@ class Cluster:
     async def instance(self, *, relay: Child | None = None, holder: bool = True, store: BlockStore | None = None,
                        index_url: str | None = None, pc_url: str | None = None,
                        engine: dict[str, Any] | None = None, instance: dict[str, Any] | None = None,
-                       **kw: Any) -> RunningServer:
-        """An instance running the reference model (``[instance.engine]``), in this process."""
+                       sessions: bool = False, **kw: Any) -> RunningServer:
+        """An instance running the reference model (``[instance.engine]``), in this process;
+        with ``sessions`` also the §6.8 sessions a PC starts (``serve_model_instance``; it
+        reports to the PC before this returns)."""
         ec = EngineConfig(model_dir=str(self.model_dir), block_tokens=B, torch_threads=1,
                           relay_url=relay.url if relay is not None else None,
                           holder_url=self.holder.url if holder else None, scope_keys={SCOPE_ID: SCOPE_KEY},
                           moqt_timeout_s=REQUEST_S, moqt_idle_timeout_s=IDLE_S, **(engine or {}))
         ic = InstanceConfig(index_url=index_url or self.index.url, pc_url=pc_url, token=TOKEN,
                             tiers=(TierConfig("host", 64 * MiB),), engine=ec, **(instance or {}))
-        return await self.stack.enter_async_context(await serve_instance(
-            ControlConfig(auth=self.auth, instance=ic, tls=TlsConfig(ca_file=ca_file())), report=False,
+        serve = serve_model_instance if sessions else serve_instance
+        return await self.stack.enter_async_context(await serve(
+            ControlConfig(auth=self.auth, instance=ic, tls=TlsConfig(ca_file=ca_file())), report=sessions,
             store=store, clock=self.clock, **kw))
 
     def keys(self, prompt: str = PROMPT) -> list[RecordKey]:
@@ -242,3 +245,80 @@ class FaultyStore(BlockStore):
         if self.fault is not None:
             self.fault(key, layer)
         return super().layer_payload(key, layer, touch=touch)
+
+
+class Gate:
+    """A TCP proxy on 127.0.0.1 in front of ``target`` (None: nothing behind it) that turns
+    into a black hole — connections accepted, nothing answered, nothing closed — when
+    :meth:`close_gate` is called or once a request carrying ``trigger`` passes: an IS or a PC
+    that stops answering (a partition, a hung process). ``url`` is the proxy's base URL."""
+
+    def __init__(self, target: str | None = None, *, trigger: bytes | None = None) -> None:
+        from urllib.parse import urlsplit
+
+        self.target = urlsplit(target) if target is not None else None
+        self.trigger = trigger
+        self.closed = asyncio.Event()
+        self.held = 0  # requests swallowed since the gate closed
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> Gate:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/"
+        return self
+
+    def close_gate(self) -> None:
+        self.closed.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while not self.closed.is_set() and self.target is not None:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                if self.trigger is not None and self.trigger in data:
+                    self.close_gate()
+                    break
+                if upstream is None:
+                    upstream = await asyncio.open_connection(self.target.hostname, self.target.port)
+                    self._spawn(self._pipe(upstream[0], writer))
+                upstream[1].write(data)
+                await upstream[1].drain()
+            self.held += 1
+            await asyncio.Event().wait()  # the black hole: read nothing more, answer nothing
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            if upstream is not None:
+                upstream[1].close()
+            writer.close()
+            self._tasks.discard(task)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while not self.closed.is_set():
+                data = await src.read(65536)
+                if not data or self.closed.is_set():
+                    return
+                dst.write(data)
+                await dst.drain()
+        except ConnectionError:
+            pass
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
