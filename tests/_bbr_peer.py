@@ -2,7 +2,7 @@
 namespace (``ip netns exec``) on either side of the TUN shaper.
 
 ``python _bbr_peer.py send HOST PORT CC BYTES``: serves QUIC (aioquic, congestion control
-``CC``) on HOST:PORT, prints ``ready``; to every connection it sends BYTES octets (a
+``CC``) on HOST:PORT, prints ``{"ready": true, "sha256": of what it sends}``; to every connection it sends BYTES octets (a
 deterministic pattern) on one unidirectional stream. When a connection's bytes are all
 acknowledged it prints one JSON line: ``{"done": i, "state": congestion_state(),
 "others": {j: bytes the other live connection j had delivered (acknowledged) by then}}``.
@@ -69,7 +69,7 @@ async def send(host: str, port: int, cc: str, size: int) -> None:
                              congestion_control_algorithm=cc, datagrams=False,
                              alpn_protocols=("kvsp-test",))
     server = await serve(host, port, lambda: Sender(), config)
-    print("ready", flush=True)
+    print(json.dumps({"ready": True, "sha256": hashlib.sha256(payload).hexdigest()}), flush=True)
     stdin_closed: asyncio.Future[None] = loop.create_future()
 
     def stdin_readable() -> None:
