@@ -70,6 +70,8 @@ class Options:
     groups: int = GROUPS
     objects: int = OBJECTS
     size: int = SIZE
+    #: Every session over WebTransport (``https://`` URLs) instead of raw QUIC.
+    webtransport: bool = False
 
     @property
     def alpns(self) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """The interop matrix: every moq-interop-runner case, per draft, for each pairing of a test
 client and a relay, compared with a committed baseline (``interop/matrix-baseline.json``).
 
-    python -m interop.matrix [--drafts 22,20,18] [--write-docs] [--json OUT] [--update-baseline]
+    python -m interop.matrix [--drafts 22,20,18] [--transport quic|webtransport|both]
+                             [--write-docs] [--json OUT] [--update-baseline]
 
 Columns: ``aiomoqt>ours`` (aiomoqt's ``moq-interop-client`` against our relay,
 ``python -m relay``), ``ours>aiomoqt`` (our ``interop.test_client`` against aiomoqt's
@@ -16,6 +17,11 @@ and caprid-relay publishers and subscribers through our relay (``interop/relay_c
 one fresh relay per cell, exact bytes, counts and negotiated versions). ``--groups`` picks
 ``test-client`` (the fourteen-case table), ``relay-peers`` or both (default). A peer that
 cannot be installed leaves its cells out, with a LOUD SKIP.
+
+``--transport webtransport`` runs the same cells over WebTransport: our relay's same port
+with ``https://`` URLs, aiomoqt's relay in its WebTransport mode (``https://127.0.0.1:P/``),
+the moq-rs cells of the relay group with ``https://`` URLs (caprid-relay has no WebTransport);
+their columns carry the suffix `` wt`` (``aiomoqt>ours wt``, ``peer via our relay wt``).
 
 Exit status: 0, or 1 when a cell that passed in the baseline fails now (a regression);
 improvements (baseline fail, now pass) are reported and do not fail.
@@ -46,8 +52,15 @@ BASELINE = Path(__file__).resolve().parent / "matrix-baseline.json"
 DOCS = ROOT / "docs" / "interop.md"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 RELAY_BEGIN, RELAY_END = "<!-- relay-peers:begin -->", "<!-- relay-peers:end -->"
-COLUMNS = ("aiomoqt>ours", "ours>aiomoqt", "ours>ours")
+WT_BEGIN, WT_END = "<!-- matrix-wt:begin -->", "<!-- matrix-wt:end -->"
+RELAY_WT_BEGIN, RELAY_WT_END = "<!-- relay-peers-wt:begin -->", "<!-- relay-peers-wt:end -->"
+QUIC_COLUMNS = ("aiomoqt>ours", "ours>aiomoqt", "ours>ours")
+#: The same pairings over WebTransport (``https://`` URLs; aiomoqt's relay in its WebTransport
+#: mode): a column name plus this suffix.
+WT = " wt"
+COLUMNS = QUIC_COLUMNS + tuple(c + WT for c in QUIC_COLUMNS)
 RELAY_COLUMN = relay_cases.COLUMN  # "peer via our relay"
+TRANSPORTS = ("quic", "webtransport")
 RELAY_CELL_LIMIT = 60.0  # seconds for one relay-peer cell process (safety net; ≈ 1-3 s seen)
 AIOMOQT_ONLY_WITH_T = ("fetch", "join")  # its client runs these only when named with -t
 RUN_LIMIT = 90.0  # seconds for one client process (safety net)
@@ -65,6 +78,8 @@ class Env:
     #: peer name (interop.peers.PEERS) -> venv bin, for the "peer via our relay" cells
     relay_peer_bins: dict[str, Path] | None = None
     test_client: bool = True
+    #: "quic" and/or "webtransport": which transports the cells run over
+    transports: tuple[str, ...] = ("quic",)
 
 
 def _env_with_path() -> dict[str, str]:
@@ -91,17 +106,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _start_aiomoqt_relay(env: Env, drafts: Sequence[int]) -> tuple[PeerProcess, str]:
+async def _start_aiomoqt_relay(env: Env, drafts: Sequence[int], transport: str = "quic"
+                               ) -> tuple[PeerProcess, str]:
+    """aiomoqt's relay over raw QUIC (``--quic``) or WebTransport (its default mode; the
+    path must be ``/``)."""
     if not only_loopback():
         raise CaseError("refusing to start moq-interop-relay outside a loopback-only namespace")
     assert env.aiomoqt_bin is not None
     port = _free_port()
-    relay = PeerProcess("moq-interop-relay", [
-        env.aiomoqt_bin / "moq-interop-relay", "--bind", "127.0.0.1", "--port", port, "--quic",
+    mode = ["--quic"] if transport == "quic" else []
+    relay = PeerProcess(f"moq-interop-relay ({transport})", [
+        env.aiomoqt_bin / "moq-interop-relay", "--bind", "127.0.0.1", "--port", port, *mode,
         "--draft", ",".join(map(str, drafts)), "--cert", env.cert, "--key", env.key])
     await relay.start()
     await relay.expect(lambda ln: "Listening on" in ln, 30, "listening line")
-    return relay, f"moqt://127.0.0.1:{port}/"
+    return relay, f"{_scheme(transport)}://127.0.0.1:{port}/"
+
+
+def _scheme(transport: str) -> str:
+    return "https" if transport == "webtransport" else "moqt"
+
+
+def _suffix(transport: str) -> str:
+    return WT if transport == "webtransport" else ""
 
 
 async def _tap_run(name: str, argv: Sequence[object], cwd: Path | None = None
@@ -155,13 +182,14 @@ def _missing(cells: dict[str, dict[str, str]], why: str) -> dict[str, dict[str, 
     return cells
 
 
-async def _relay_peer_cell(env: Env, case: str, draft: int, bin_dir: Path) -> dict[str, str]:
+async def _relay_peer_cell(env: Env, case: str, draft: int, bin_dir: Path,
+                           transport: str = "quic") -> dict[str, str]:
     """One "peer via our relay" cell: ``python -m interop.relay_cases`` in its own process
     group; pass when :func:`interop.relay_cases.check` found no problem."""
-    proc = PeerProcess(f"relay cell {case} {draft}", [
+    proc = PeerProcess(f"relay cell {case} {draft} {transport}", [
         sys.executable, "-m", "interop.relay_cases", case, "--draft", draft, "--peer-bin",
-        bin_dir, "--cert", env.cert, "--key", env.key, "--guard", RELAY_CELL_LIMIT - 15],
-        cwd=ROOT, env=_env_with_path(), keep_lines=2000)
+        bin_dir, "--cert", env.cert, "--key", env.key, "--guard", RELAY_CELL_LIMIT - 15,
+        "--transport", transport], cwd=ROOT, env=_env_with_path(), keep_lines=2000)
     try:
         await proc.start()
         result = await proc.expect(lambda ln: ln.startswith("RESULT ") and
@@ -177,13 +205,17 @@ async def _relay_peer_cell(env: Env, case: str, draft: int, bin_dir: Path) -> di
 
 async def run_relay_peers(env: Env, drafts: Sequence[int], results: Results) -> None:
     """The "peer via our relay" column group: each cell one after another."""
-    for d in drafts:
-        for case, case_drafts in relay_cases.DRAFTS.items():
-            bin_dir = (env.relay_peer_bins or {}).get(relay_cases.PEER_OF[case])
-            if d not in case_drafts or bin_dir is None:
-                continue
-            cell = await _relay_peer_cell(env, case, d, bin_dir)
-            results[str(d)].setdefault(RELAY_COLUMN, {})[case] = cell
+    for transport in env.transports:
+        for d in drafts:
+            for case, case_drafts in relay_cases.DRAFTS.items():
+                bin_dir = (env.relay_peer_bins or {}).get(relay_cases.PEER_OF[case])
+                if d not in case_drafts or bin_dir is None or (
+                        transport == "webtransport"
+                        and case not in relay_cases.WEBTRANSPORT_CASES):
+                    continue
+                cell = await _relay_peer_cell(env, case, d, bin_dir, transport)
+                column = RELAY_COLUMN + _suffix(transport)
+                results[str(d)].setdefault(column, {})[case] = cell
 
 
 async def run_matrix(env: Env, drafts: Sequence[int]) -> Results:
@@ -194,27 +226,31 @@ async def run_matrix(env: Env, drafts: Sequence[int]) -> Results:
         return results
     procs: list[PeerProcess] = []
     try:
-        ours, our_url = await _start_our_relay(env)
+        ours, quic_url = await _start_our_relay(env)  # one port: raw QUIC and WebTransport
         procs.append(ours)
-        aio_url = None
-        if env.aiomoqt_bin is not None and env.isolated:
-            aio, aio_url = await _start_aiomoqt_relay(env, drafts)
-            procs.append(aio)
-        for d in drafts:
-            row = results[str(d)]
-            if env.aiomoqt_bin is not None:
-                cells = await _tap_run("moq-interop-client", _aiomoqt_client(env, our_url, d, None))
-                for case in AIOMOQT_ONLY_WITH_T:
-                    cells.update(await _tap_run("moq-interop-client",
-                                                _aiomoqt_client(env, our_url, d, case)))
-                row["aiomoqt>ours"] = _missing(cells, "no TAP line for this case")
-            if aio_url is not None:
-                row["ours>aiomoqt"] = _missing(
-                    await _tap_run("our test client", _our_client(aio_url, d), ROOT),
+        for transport in env.transports:
+            our_url = f"{_scheme(transport)}://{quic_url.split('://', 1)[1]}"
+            sfx = _suffix(transport)
+            aio_url = None
+            if env.aiomoqt_bin is not None and env.isolated:
+                aio, aio_url = await _start_aiomoqt_relay(env, drafts, transport)
+                procs.append(aio)
+            for d in drafts:
+                row = results[str(d)]
+                if env.aiomoqt_bin is not None:
+                    cells = await _tap_run("moq-interop-client",
+                                           _aiomoqt_client(env, our_url, d, None))
+                    for case in AIOMOQT_ONLY_WITH_T:
+                        cells.update(await _tap_run("moq-interop-client",
+                                                    _aiomoqt_client(env, our_url, d, case)))
+                    row["aiomoqt>ours" + sfx] = _missing(cells, "no TAP line for this case")
+                if aio_url is not None:
+                    row["ours>aiomoqt" + sfx] = _missing(
+                        await _tap_run("our test client", _our_client(aio_url, d), ROOT),
+                        "no TAP line for this case")
+                row["ours>ours" + sfx] = _missing(
+                    await _tap_run("our test client", _our_client(our_url, d), ROOT),
                     "no TAP line for this case")
-            row["ours>ours"] = _missing(
-                await _tap_run("our test client", _our_client(our_url, d), ROOT),
-                "no TAP line for this case")
     finally:
         for p in reversed(procs):
             await p.stop()
@@ -259,9 +295,9 @@ def updated_baseline(old: Results, now: Results) -> Results:
     return out
 
 
-def table(now: Results, baseline: Results) -> str:
+def table(now: Results, baseline: Results, columns: Sequence[str] = QUIC_COLUMNS) -> str:
     drafts = list(now)
-    cols = [c for c in COLUMNS if any(c in now[d] for d in drafts)]
+    cols = [c for c in columns if any(c in now[d] for d in drafts)]
     head = "| case | " + " | ".join(f"{c} {d}" for c in cols for d in drafts) + " |"
     lines = [head, "|---" * (1 + len(cols) * len(drafts)) + "|"]
     for case in CASES:
@@ -280,21 +316,24 @@ def table(now: Results, baseline: Results) -> str:
     return "\n".join(lines)
 
 
-def relay_table(now: Results, baseline: Results) -> str:
+def relay_table(now: Results, baseline: Results, transport: str = "quic") -> str:
     """The "peer via our relay" table: one row per path, one column per draft."""
     drafts = list(now)
-    lines = ["| path (peer via our relay) | " + " | ".join(drafts) + " |",
+    column = RELAY_COLUMN + _suffix(transport)
+    lines = [f"| path ({column}) | " + " | ".join(drafts) + " |",
              "|---" * (1 + len(drafts)) + "|"]
     for case, case_drafts in relay_cases.DRAFTS.items():
+        if transport == "webtransport" and case not in relay_cases.WEBTRANSPORT_CASES:
+            continue
         row = []
         for d in drafts:
-            cell = now[d].get(RELAY_COLUMN, {}).get(case)
+            cell = now[d].get(column, {}).get(case)
             if cell is None:
                 row.append("—" if int(d) not in case_drafts else "not run")
             elif cell["result"] == "pass":
                 row.append("pass")
             else:
-                base = baseline.get(d, {}).get(RELAY_COLUMN, {}).get(case, {})
+                base = baseline.get(d, {}).get(column, {}).get(case, {})
                 row.append("gap" if base.get("result") == "fail" else "**FAIL**")
         lines.append(f"| {case} | " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -316,6 +355,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--groups", default="test-client,relay-peers",
                    help="column groups: test-client (the fourteen cases), relay-peers "
                         "(moq-rs / caprid via our relay), or both")
+    p.add_argument("--transport", choices=(*TRANSPORTS, "both"), default="quic",
+                   help="run the cells over raw QUIC (moqt://), WebTransport (https://; "
+                        "columns suffixed 'wt') or both")
     p.add_argument("--update-baseline", action="store_true",
                    help="record this run as interop/matrix-baseline.json")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
@@ -378,14 +420,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                               else cert.cert_pem.encode())
         key_path.write_bytes(cert.key_pem if isinstance(cert.key_pem, bytes)
                              else cert.key_pem.encode())
+        transports = TRANSPORTS if args.transport == "both" else (args.transport,)
         env = Env(Path(tmp), cert_path, key_path, aiomoqt_bin, isolated,
-                  relay_peer_bins=relay_peer_bins, test_client="test-client" in groups)
+                  relay_peer_bins=relay_peer_bins, test_client="test-client" in groups,
+                  transports=transports)
         now = asyncio.run(run_matrix(env, drafts))
     old = load_baseline()
     regressions, improvements = compare(old, now)
-    text = table(now, old) if "test-client" in groups else ""
-    rtext = relay_table(now, old) if "relay-peers" in groups else ""
-    print("\n\n".join(t for t in (text, rtext) if t))
+    quic, wt = "quic" in transports, "webtransport" in transports
+    text = table(now, old) if "test-client" in groups and quic else ""
+    rtext = relay_table(now, old) if "relay-peers" in groups and quic else ""
+    wtext = table(now, old, [c + WT for c in QUIC_COLUMNS]) \
+        if "test-client" in groups and wt else ""
+    wrtext = relay_table(now, old, "webtransport") if "relay-peers" in groups and wt else ""
+    print("\n\n".join(t for t in (text, rtext, wtext, wrtext) if t))
     for line in improvements:
         print(f"IMPROVEMENT {line}")
     for line in regressions:
@@ -405,6 +453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_docs(text)
         if rtext:
             write_docs(rtext, begin=RELAY_BEGIN, end_mark=RELAY_END)
+        if wtext:
+            write_docs(wtext, begin=WT_BEGIN, end_mark=WT_END)
+        if wrtext:
+            write_docs(wrtext, begin=RELAY_WT_BEGIN, end_mark=RELAY_WT_END)
     return 1 if regressions else 0
 
 

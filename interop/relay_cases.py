@@ -57,6 +57,9 @@ DRAFTS: dict[str, tuple[int, ...]] = {
     "caprid-pub>relay>ours": (22, 20),
     "ours>relay>caprid": (22, 20),
 }
+#: Cases whose peers speak WebTransport too (``--transport webtransport``; caprid-relay
+#: is raw QUIC only).
+WEBTRANSPORT_CASES = ("moqrs-pub>relay>ours", "moqrs-pub>relay>moqrs", "ours>relay>moqrs")
 #: The peer venv each case needs ("moq-rs" / "caprid-relay", names of interop.peers.PEERS).
 PEER_OF: dict[str, str] = {
     "moqrs-pub>relay>ours": "moq-rs", "moqrs-pub>relay>moqrs": "moq-rs",
@@ -88,12 +91,15 @@ class OurRelay:
                     *args]
         self.proc = PeerProcess("our relay", argv, cwd=ROOT, env=_env(), keep_lines=5000)
         self.url = ""
+        self.webtransport = opts.webtransport
 
     async def start(self) -> str:
         await self.proc.start()
         self.url = str(await self.proc.expect(
             lambda ln: ln.split("relay listening on ")[-1].strip()
             if "relay listening on " in ln else None, 30, "listening line"))
+        if self.webtransport:  # the same port takes WebTransport (ALPN h3)
+            self.url = "https://" + self.url.split("://", 1)[1]
         return self.url
 
     @property
@@ -107,6 +113,8 @@ class OurRelay:
         evs = self.events()
         return {
             "relay_sessions": [e.get("version") for e in evs if e["event"] == "session_open"],
+            "relay_transports": [e.get("transport") for e in evs
+                                 if e["event"] == "session_open"],
             "relay_peer_implementations": [e.get("implementation") for e in evs
                                            if e["event"] == "session_open"],
             "relay_requests": [[e.get("type"), e.get("namespace"), e.get("track"),
@@ -360,6 +368,10 @@ def _check_versions(r: dict[str, Any], draft: int, sessions: int) -> list[str]:
     got = r.get("relay_sessions") or []
     if len(got) < sessions or any(v != f"moqt-{draft}" for v in got):
         out.append(f"relay sessions {got}, expected {sessions}× moqt-{draft}")
+    want = r.get("transport", "quic")
+    transports = r.get("relay_transports") or []
+    if any(t != want for t in transports):
+        out.append(f"relay sessions over {transports}, expected {want}")
     return out
 
 
@@ -453,8 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cert", type=Path, required=True)
     ap.add_argument("--key", type=Path, required=True)
     ap.add_argument("--guard", type=float, default=45.0, help="whole-case safety timeout (s)")
+    ap.add_argument("--transport", choices=("quic", "webtransport"), default="quic",
+                    help="every session over raw QUIC (moqt://) or WebTransport (https://)")
     args = ap.parse_args(argv)
-    opts = Options(args.case, args.draft, args.peer_bin, args.cert, args.key)
+    opts = Options(args.case, args.draft, args.peer_bin, args.cert, args.key,
+                   webtransport=args.transport == "webtransport")
 
     async def run() -> dict[str, Any]:
         return await asyncio.wait_for(CASES[args.case](opts), args.guard)
@@ -466,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the harness reads the result line
         traceback.print_exc()
         result = {"error": f"case failed: {exc!r}"}
-    result = {"case": args.case, "draft": args.draft, **result}
+    result = {"case": args.case, "draft": args.draft, "transport": args.transport, **result}
     result["problems"] = check(args.case, args.draft, result)
     print("RESULT " + json.dumps(result), flush=True)
     return 0

@@ -50,7 +50,8 @@ def _truthy(value: str | None) -> bool:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moq-test-client", description=__doc__.split("\n\n")[0])
     p.add_argument("-r", "--relay", default=os.environ.get("RELAY_URL", ""),
-                   help="relay URL, moqt://host:port/path (env RELAY_URL)")
+                   help="relay URL, moqt://host:port/path (raw QUIC) or https://host:port/path "
+                        "(WebTransport) (env RELAY_URL)")
     p.add_argument("-t", "--test", default=os.environ.get("TESTCASE") or None,
                    help="one test case (env TESTCASE); default: all")
     p.add_argument("-l", "--list", action="store_true", help="list the test cases")
@@ -64,10 +65,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _relay_url(raw: str) -> str:
-    """moq-interop-runner passes ``https://`` or ``moqt://`` URLs; we speak raw QUIC (moqt)."""
-    for scheme in ("https://", "quic://"):
-        if raw.startswith(scheme):
-            return "moqt://" + raw[len(scheme):]
+    """moq-interop-runner passes ``https://`` (WebTransport) or ``moqt://`` (raw QUIC) URLs;
+    both are spoken as given. ``quic://`` (older runners) means raw QUIC."""
+    if raw.startswith("quic://"):
+        return "moqt://" + raw[len("quic://"):]
     return raw
 
 

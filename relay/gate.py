@@ -80,7 +80,10 @@ class Gate:
                 return self._refuse_session(peer, SessionErrorCode.UNAUTHORIZED,
                                             "unknown authorization token in SETUP")
         self.stats.sessions_opened += 1
+        conn = peer.connection
         event("session_open", peer=peer.address, version=peer.alpn, role=peer.role.value,
+              transport="webtransport" if conn is not None and conn.is_webtransport
+              else "quic",
               principals=[p.name for p in peer.principals],
               implementation=setup.moqt_implementation)
         return True

@@ -8,7 +8,8 @@ With ``--log-format json`` every record on stderr is ONE JSON object per line::
 Events (fields beyond ts/level/logger/event/msg):
 
 ==================  ==========================================================================
-session_open        peer, version (ALPN), role, principals (names from SETUP tokens)
+session_open        peer, version (ALPN or WT-Protocol), role, transport ("quic" or
+                    "webtransport"), principals (names from SETUP tokens)
 session_close       peer, code, reason, seconds
 request             peer, request_id, type, namespace, [track], principals, decision
                     ("allowed" / "refused"), [code] — one per request the relay receives

@@ -89,6 +89,10 @@ class WebTransportSession(Connection):
         return self._url
 
     @property
+    def is_webtransport(self) -> bool:
+        return True
+
+    @property
     def quic(self) -> Connection:
         """The HTTP/3 connection under the session."""
         return self._quic
