@@ -179,3 +179,28 @@ async def test_moqt_records_are_refreshed_before_their_ttl_and_withdrawn_on_evic
         clock.advance(ttl)
         await within(records.refresh())
         assert moqt_holders(await c.lookup(keys))[1] == []
+
+
+def test_every_bound_is_a_configuration_key_with_its_default(tmp_path: Path) -> None:
+    """The keys of docs/reliability.md: read from the TOML, defaults as documented, a bad value
+    is a ConfigError naming the key."""
+    from kvsp_moq.control.common.config import InstanceConfig, load_config
+    from kvsp_moq.control.common.engine_config import EngineConfig
+    from kvsp_moq.control.common.errors import ConfigError
+
+    assert (EngineConfig().moqt_idle_timeout_s, EngineConfig().index_timeout_s, EngineConfig().moqt_timeout_s) == (2.0, 2.0, 10.0)
+    assert (InstanceConfig().checkpoint_timeout_ms, InstanceConfig().delivery_deadline_ms) == (10_000, 15_000)
+    path = tmp_path / "ii.toml"
+    path.write_text('[instance]\nindex_url = "http://127.0.0.1:1/"\ncheckpoint_timeout_ms = 250\n'
+                    'delivery_deadline_ms = 4000\n[instance.engine]\nmoqt_idle_timeout_s = 0.75\nindex_timeout_s = 1.5\n')
+    ic = load_config(path).instance
+    assert ic.engine is not None and (ic.engine.moqt_idle_timeout_s, ic.engine.index_timeout_s) == (0.75, 1.5)
+    assert (ic.checkpoint_timeout_ms, ic.delivery_deadline_ms) == (250, 4000)
+    for section, line, key in (("[instance.engine]", "moqt_idle_timeout_s = 0", "instance.engine.moqt_idle_timeout_s"),
+                               ("[instance.engine]", 'index_timeout_s = "soon"', "instance.engine.index_timeout_s"),
+                               ("", "checkpoint_timeout_ms = 0", "instance.checkpoint_timeout_ms"),
+                               ("", "delivery_deadline_ms = -1", "instance.delivery_deadline_ms")):
+        path.write_text(f'[instance]\nindex_url = "http://127.0.0.1:1/"\n{section}\n{line}\n')
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert err.value.key == key
