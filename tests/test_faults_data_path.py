@@ -15,12 +15,15 @@ import os
 import signal
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
+from kvsp_moq.control.http.server import RunningServer  # noqa: E402
 from kvsp_moq.control.instance.serve import INSTANCE_SERVICE  # noqa: E402
 from kvsp_moq.kvsp.records import PrefetchBlock, PrefetchDirective  # noqa: E402
 from kvsp_moq.moqt.errors import RequestErrorCode  # noqa: E402
@@ -30,6 +33,7 @@ from faults_support import (  # noqa: E402
     IDLE_S,
     REQUEST_S,
     SLACK_S,
+    Child,
     Cluster,
     FaultyStore,
     cluster_of,
@@ -67,21 +71,43 @@ def assert_bound(result: object) -> None:
     assert ttft_s <= IDLE_S + SLACK_S < REQUEST_S, ttft_s
 
 
-async def test_a_holder_that_stalls_mid_layer_is_left_after_the_idle_timeout(cluster: Cluster) -> None:
-    relay = await cluster.relay()  # B loads moqt:// replicas (its pool is the relay's)
-    a, keys, cold = await cold_run(cluster)  # A: no relay; its store and the HTTP holder have the blocks
-    peer = await cluster.faulty_holder("stall:1", peer_blocks(store_of(a), keys))
-    for key in keys:  # the stalling holder's records (true digests), as a holder publishes them
-        await cluster.index_client.publish(store_of(a).get(key).replica_record(peer.url, 60_000))  # type: ignore[union-attr]
+@dataclass
+class FromFaultyHolder:
+    """A computed the prompt (no relay: its store and the HTTP holder have the blocks); a
+    faulty holder process serves the same replicas, its records (true digests) at the IS as
+    a holder publishes them; B (loading moqt:// replicas through its pool) then ran it."""
 
+    relay: Child
+    a: RunningServer
+    keys: list[RecordKey]
+    cold: Any
+    peer: Child
+    b: RunningServer
+    warm: Any
+
+
+async def from_faulty_holder(cluster: Cluster, mode: str) -> FromFaultyHolder:
+    relay = await cluster.relay()
+    a, keys, cold = await cold_run(cluster)
+    peer = await cluster.faulty_holder(mode, peer_blocks(store_of(a), keys))
+    for key in keys:
+        info = store_of(a).get(key)
+        assert info is not None
+        await cluster.index_client.publish(info.replica_record(peer.url, 60_000))
     b = await cluster.instance(relay=relay)
-    eb = engine_of(b)
-    warm = await within(eb.generate(everyone(), request()))
+    warm = await within(engine_of(b).generate(everyone(), request()))
+    # the blocks came from the next source, the HTTP replicas, and the output is a cold run's
+    assert sources(warm) == ["http"] * len(keys) and engine_of(b).counters.moqt_fallbacks >= 1
+    assert [t.token for t in warm.tokens] == [t.token for t in cold.tokens]
+    assert_bound(warm)
+    return FromFaultyHolder(relay, a, keys, cold, peer, b, warm)
+
+
+async def test_a_holder_that_stalls_mid_layer_is_left_after_the_idle_timeout(cluster: Cluster) -> None:
+    run = await from_faulty_holder(cluster, "stall:1")
+    a, b, keys, peer, relay = run.a, run.b, run.keys, run.peer, run.relay
     # every block's FETCH got layer 0 and half of layer 1, then silence: each left after IDLE_S
     assert (await peer.line("stalled")).startswith("stalled")
-    assert sources(warm) == ["http"] * len(keys) and eb.counters.moqt_fallbacks >= 1
-    assert [t.token for t in warm.tokens] == [t.token for t in cold.tokens]  # type: ignore[attr-defined]
-    assert_bound(warm)
     # what was placed is the true replica (the stalled layer's half was never exposed)
     for key in keys:
         assert store_of(b).get(key).digest == store_of(a).get(key).digest  # type: ignore[union-attr]
@@ -93,32 +119,22 @@ async def test_a_holder_that_stalls_mid_layer_is_left_after_the_idle_timeout(clu
         directive=uuid.uuid4(), scope_id=keys[0].scope_id, compat_id=keys[0].compat_id,
         blocks=tuple(PrefetchBlock(block_key=k.block_key, sources=(peer.url, cluster.holder.url)) for k in keys),
         deadline_ms=int(REQUEST_S * 1000), lease_ms=30_000)
-    run = c.app[INSTANCE_SERVICE].prefetch.start(directive)
+    prefetch = c.app[INSTANCE_SERVICE].prefetch.start(directive)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await within(run.done.wait())
+    await within(prefetch.done.wait())
     elapsed = loop.time() - started
-    assert run.state == "complete", run.error
-    assert [bytes(k) for k in run.loaded] == [k.block_key for k in keys]
+    assert prefetch.state == "complete", prefetch.error
+    assert [bytes(k) for k in prefetch.loaded] == [k.block_key for k in keys]
     assert elapsed <= IDLE_S + SLACK_S < directive.deadline_ms / 1000, elapsed
     assert engine_of(c).counters.prefetch_http.blocks == len(keys)
 
 
 async def test_a_flipped_bit_is_caught_by_the_layer_digest_and_never_placed(cluster: Cluster) -> None:
-    relay = await cluster.relay()
-    a, keys, cold = await cold_run(cluster)
-    peer = await cluster.faulty_holder("flip:2", peer_blocks(store_of(a), keys))
-    for key in keys:
-        await cluster.index_client.publish(store_of(a).get(key).replica_record(peer.url, 60_000))  # type: ignore[union-attr]
-
-    b = await cluster.instance(relay=relay)
-    eb = engine_of(b)
-    warm = await within(eb.generate(everyone(), request()))
-    assert (await peer.line("flipped")).startswith("flipped")
-    # layer 2 failed its digest at every block: each block re-fetched from the HTTP replicas
-    assert sources(warm) == ["http"] * len(keys) and eb.counters.moqt_fallbacks >= 1
-    assert [t.token for t in warm.tokens] == [t.token for t in cold.tokens]  # type: ignore[attr-defined]
-    assert_bound(warm)
+    run = await from_faulty_holder(cluster, "flip:2")
+    a, b, keys = run.a, run.b, run.keys
+    # layer 2 failed its digest at every block: each block was re-fetched over HTTP (above)
+    assert (await run.peer.line("flipped")).startswith("flipped")
     for key in keys:  # B kept the blocks: the true replicas, never the corrupted layer
         held, true = store_of(b).get(key), store_of(a).get(key)
         assert held is not None and true is not None
