@@ -5,7 +5,10 @@ returns 202 with the status resource), and runs the directive as a background ta
 directive never blocks requests already admitted (§6.5 MUST): the loop only awaits network
 I/O, and storing a block is one synchronous copy per section.
 
-For each block in the directive's order that the instance does not already hold (§6.5):
+For each block in the directive's order that the instance does not already hold (§6.5), with
+``blocks_in_flight`` transfers at a time (``[instance] prefetch_blocks_in_flight``, default 4;
+the IS lookups, leases and publications run beside them), and a block another directive is
+loading awaited rather than loaded twice:
 
 1. the Replica Records of the block are read from the IS (:class:`ReplicaSource`), and the
    directive's sources are tried in their order, each with its record (digests to verify);
@@ -18,7 +21,10 @@ For each block in the directive's order that the instance does not already hold 
    :func:`retrieve_via_moqt`: ``client.moqt.retrieve_block``, binding v1 FETCH through the
    bridge with the same verification, when the MOQT stack is installed); layers arrive in ascending order
    (``layer_order: "ascending"``, the only order defined) and are stored in that order;
-   a failed verification moves on to the next source;
+   a failed verification moves on to the next source. A MOQT retriever with ``land``
+   (``MoqtBlockRetriever``, the engine's counting one) stores the block itself as it arrives:
+   a FETCH with no TRACK_STATUS before it, each layer received into the store's tier and
+   verified against the record as it lands (``bridge/landing.py``), nothing assembled;
 4. the block is placed in the instance's own tiers (:class:`~kvsp_moq.storage.BlockStore`)
    and its new replica is published to the IS (§6.1, :class:`~.client.publisher.ReplicaPublisher`);
 5. the lease is released (``DELETE leases/{id}``), whatever happened.
@@ -125,8 +131,9 @@ class PrefetchExecutor:
         #: Directives running at once (a peer's flood of directives must not start unbounded work).
         self.max_running = max_running
         self.moqt_retriever = moqt_retriever
-        #: Blocks of one directive retrieved at once: each retrieval waits a round trip or
-        #: more before its first byte, so a few in flight keep the path busy.
+        #: Blocks of one directive retrieved at once (``[instance] prefetch_blocks_in_flight``):
+        #: each retrieval waits a round trip or more before its first byte, so a few in flight
+        #: keep the path busy; over MOQT they are FETCHes of their own on one session per source.
         self.blocks_in_flight = blocks_in_flight
         self._runs: OrderedDict[uuid.UUID, DirectiveRun] = OrderedDict()
         #: Blocks being loaded now, with the outcome other directives naming them await.
@@ -219,7 +226,7 @@ class PrefetchExecutor:
                 if error is not None:
                     return error
             elif self.store.get(key) is None:
-                error = await self._load_once(key, gate, lambda: self._load_block(d, key, sources))
+                error = await self._load_once(key, lambda: self._load_block(d, key, sources, gate))
                 if error is not None:
                     return error
             run.loaded.append(block_key)  # progress, visible in the directive's status
@@ -230,23 +237,24 @@ class PrefetchExecutor:
         run.loaded.sort(key=order.__getitem__)
         return [f"{b.block_key.hex()}: {e}" for b, e in zip(d.blocks, errors) if e is not None]
 
-    async def _load_once(self, key: RecordKey, gate: asyncio.Semaphore,
-                         load: Callable[[], Awaitable[str | None]]) -> str | None:
-        """``load()`` under ``gate``, known to other directives while it runs (a block landing
-        over MOQT is in the store before it is complete: they wait for this outcome instead)."""
+    async def _load_once(self, key: RecordKey, load: Callable[[], Awaitable[str | None]]) -> str | None:
+        """``load()``, known to other directives while it runs (a block landing over MOQT is in
+        the store before it is complete: they wait for this outcome instead)."""
         outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._loading[key] = outcome
         error: str | None = "the load was cancelled"
         try:
-            async with gate:
-                error = await load()
+            error = await load()
             return error
         finally:
             del self._loading[key]
             outcome.set_result(error)
 
-    async def _load_block(self, d: PrefetchDirective, key: RecordKey, sources: Sequence[str]) -> str | None:
-        """Load one block from the first source that works; ``None`` or why it failed."""
+    async def _load_block(self, d: PrefetchDirective, key: RecordKey, sources: Sequence[str],
+                          gate: asyncio.Semaphore) -> str | None:
+        """Load one block from the first source that works; ``None`` or why it failed. Only
+        the transfer holds a place of ``gate`` (the directive's window of blocks in flight):
+        the IS lookup, the lease and the publication of the new replica run beside it."""
         records = {r.holder: r for r in await self.replicas.replicas(key)}
         reasons: list[str] = []
         for source in sources:
@@ -258,13 +266,15 @@ class PrefetchExecutor:
                 # MOQT sources have no HTTP lease endpoint; the bridge retrieves and verifies.
                 land = getattr(self.moqt_retriever, "land", None)
                 try:
-                    if land is not None:  # straight into the store, layer by layer
-                        error = await self._landed(key, await land([record], self.store, key))
-                    else:
-                        error = await self._place(key, await retrieve_via_moqt([record], self.moqt_retriever))
+                    async with gate:
+                        if land is not None:  # straight into the store, layer by layer
+                            landed = await land([record], self.store, key)
+                        else:
+                            retrieved = await retrieve_via_moqt([record], self.moqt_retriever)
                 except RetrievalFailed as exc:
                     reasons.append(f"{source}: {exc}")
                     continue
+                error = await (self._landed(key, landed) if land is not None else self._place(key, retrieved))
                 if error is None:
                     return None
                 reasons.append(f"{source}: {error}")
@@ -277,7 +287,8 @@ class PrefetchExecutor:
                 continue
             try:
                 try:
-                    retrieved = await retrieve_block(self.fetcher, [record])  # §6.7, verified
+                    async with gate:
+                        retrieved = await retrieve_block(self.fetcher, [record])  # §6.7, verified
                 except RetrievalFailed as exc:
                     reasons.append(f"{source}: {exc}")
                     continue
