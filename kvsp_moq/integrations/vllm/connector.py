@@ -1,0 +1,165 @@
+"""``KVSPConnector``: the class vLLM loads (``kv_connector_module_path``), docs/vllm.md.
+
+    KVTransferConfig(kv_connector="KVSPConnector",
+                     kv_connector_module_path="kvsp_moq.integrations.vllm.connector",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={...})   # .settings.ConnectorSettings
+
+vLLM creates the class twice: once in the scheduler (``KVConnectorRole.SCHEDULER``) and once
+per worker (``WORKER``); the two talk only through the step metadata (:mod:`.plan`). This
+module is the only one that imports vLLM; it forwards every call to the role's vLLM-free
+half, :class:`~.scheduler.SchedulerSide` or :class:`~.worker.WorkerSide`. Both roles derive
+the same Compatibility Descriptor from the engine's model (:mod:`.descriptor`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+
+from ...kvsp.compat import compat_id
+from .descriptor import descriptor_of_engine
+from .plan import StepPlan, merge_counts
+from .scheduler import SchedulerSide
+from .settings import ConnectorSettings
+from .worker import WorkerSide
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["KVSPConnector", "KVSPConnectorMetadata", "KVSPWorkerMetadata"]
+
+log = logging.getLogger(__name__)
+
+
+def _log_like_vllm() -> None:
+    """The connector's (and the client library's) log records go where vLLM's go."""
+    ours, theirs = logging.getLogger("kvsp_moq"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
+@dataclass
+class KVSPConnectorMetadata(KVConnectorMetadata):
+    """One step's plan, scheduler -> workers."""
+
+    plan: StepPlan = field(default_factory=StepPlan)
+
+
+@dataclass
+class KVSPWorkerMetadata(KVConnectorWorkerMetadata):
+    """One step's per-request counters, workers -> scheduler (summed over workers)."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, KVSPWorkerMetadata):
+            merge_counts(self.counts, other.counts)
+        return self
+
+
+class KVSPConnector(KVConnectorBase_V1):
+    """KV blocks shared through KVSP: IS lookup, MOQT layer-wise loads, publication."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
+        _log_like_vllm()
+        self.settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        self.descriptor = descriptor_of_engine(vllm_config, self.settings.model_name)
+        self.compat_id = compat_id(self.descriptor)
+        self.scheduler: SchedulerSide | None = None
+        self.worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = SchedulerSide(self.settings, self.compat_id, int(self.descriptor["block_tokens"]))
+        else:
+            self.worker = WorkerSide(self.settings, self.descriptor)
+        log.info("KVSP connector (%s): compat %s, B = %s, scopes %s", role.name, self.compat_id.hex()[:16],
+                 self.descriptor["block_tokens"], sorted(self.settings.scopes))
+
+    # -- worker side ------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+
+        backends = get_current_attn_backends(self._vllm_config, list(kv_caches))
+        assert self.worker is not None
+        self.worker.register_kv_caches(kv_caches, backends[0].get_name() if backends else "")
+
+    def _plan(self) -> StepPlan:
+        if not self.has_connector_metadata():
+            return StepPlan()
+        meta = self._get_connector_metadata()
+        return meta.plan if isinstance(meta, KVSPConnectorMetadata) else StepPlan()
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self.worker is not None
+        self.worker.start_load_kv(self._plan())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        assert self.worker is not None
+        self.worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+                      **kwargs: Any) -> None:
+        assert self.worker is not None
+        self.worker.save_kv_layer(layer_name, kv_layer, self._plan())
+
+    def wait_for_save(self) -> None:
+        assert self.worker is not None
+        self.worker.wait_for_save()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        assert self.worker is not None
+        return self.worker.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        assert self.worker is not None
+        counts = self.worker.take_counts()
+        return KVSPWorkerMetadata(counts) if counts else None
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    # -- scheduler side -------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self.scheduler is not None
+        return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        assert self.scheduler is not None
+        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self.scheduler is not None
+        return KVSPConnectorMetadata(self.scheduler.build_connector_meta(scheduler_output))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if self.scheduler is not None and isinstance(meta, KVSPWorkerMetadata):
+            self.scheduler.update_connector_output(meta.counts)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self.scheduler is not None
+        return False, self.scheduler.request_finished(request)

@@ -1,0 +1,155 @@
+"""A vLLM engine in a child process, driven over JSON lines (tests, ``kvsp demo``, ``kvsp bench``).
+
+Starting a vLLM engine takes tens of seconds, so a caller starts each engine once and sends
+it many requests. ``python -m kvsp_moq.integrations.vllm.engine_process SPEC_JSON`` builds
+``vllm.LLM`` from the spec (:class:`EngineSpec`: model directory, block size, the
+``KVTransferConfig`` dict of :func:`.settings.kv_transfer_config` or none), prints
+``{"ready": true}`` and then answers each request line on stdin with one line on stdout::
+
+    {"id": 1, "prompt_token_ids": [...], "max_tokens": 8, "kv_transfer_params": {...}, "cache_salt": "a"}
+    -> {"id": 1, "token_ids": [...], "kv_transfer_params": {"kvsp": {...}}, "elapsed_s": 0.12}
+
+Greedy decoding (temperature 0, ``ignore_eos``). vLLM's own logs go to stderr.
+:class:`EngineProcess` starts and drives one from the parent, every wait bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+__all__ = ["EngineProcess", "EngineSpec"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model_dir: str
+    block_size: int = 32
+    max_model_len: int = 2048
+    #: ``KVTransferConfig`` fields (None: no connector at all).
+    kv_transfer_config: dict[str, Any] | None = None
+    #: vLLM's own prefix cache (off in tests, so every repeat goes through the connector).
+    enable_prefix_caching: bool = False
+    #: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) on CPU.
+    kv_cache_gib: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _serve(spec: EngineSpec, out: IO[str]) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    kv = KVTransferConfig(**spec.kv_transfer_config) if spec.kv_transfer_config else None
+    llm = LLM(model=spec.model_dir, dtype="float32", enforce_eager=True, block_size=spec.block_size,
+              max_model_len=spec.max_model_len, enable_prefix_caching=spec.enable_prefix_caching,
+              kv_transfer_config=kv, max_num_seqs=4, seed=0)
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        extra = {"kv_transfer_params": req["kv_transfer_params"]} if req.get("kv_transfer_params") else None
+        params = SamplingParams(temperature=0.0, max_tokens=int(req.get("max_tokens", 8)), ignore_eos=True,
+                                extra_args=extra)
+        prompt = TokensPrompt(prompt_token_ids=list(req["prompt_token_ids"]))
+        if req.get("cache_salt"):
+            prompt["cache_salt"] = req["cache_salt"]
+        start = time.perf_counter()
+        try:
+            result = llm.generate([prompt], params, use_tqdm=False)[0]
+        except Exception as exc:
+            out.write(json.dumps({"id": req.get("id"), "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+            out.flush()
+            continue
+        elapsed = time.perf_counter() - start
+        out.write(json.dumps({"id": req.get("id"), "token_ids": list(result.outputs[0].token_ids),
+                              "kv_transfer_params": result.kv_transfer_params, "elapsed_s": elapsed}) + "\n")
+        out.flush()
+
+
+class EngineProcess:
+    """One engine child process (module notes). ``start_timeout`` bounds the engine's start,
+    ``request_timeout`` each request; a child that exits or is late raises RuntimeError."""
+
+    def __init__(self, spec: EngineSpec, *, name: str = "engine", stderr: IO[str] | int | None = None,
+                 python: str = sys.executable) -> None:
+        self.spec = spec
+        self.name = name
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(spec.kv_cache_gib), **spec.env)
+        self.process = subprocess.Popen(
+            [python, "-m", "kvsp_moq.integrations.vllm.engine_process", json.dumps(asdict(spec))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, bufsize=1)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
+        self._reader.start()
+        self._next_id = 0
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _line(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{self.name}: no answer within {timeout} s")
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"{self.name} exited (code {self.process.wait(10)})")
+            value: dict[str, Any] = json.loads(line)
+            return value
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        if not self._line(timeout).get("ready"):
+            raise RuntimeError(f"{self.name}: unexpected first line")
+
+    def generate(self, prompt_token_ids: list[int], *, max_tokens: int = 8, kv_transfer_params: dict[str, Any] | None = None,
+                 cache_salt: str | None = None, timeout: float = 300.0) -> dict[str, Any]:
+        """One greedy request; its answer (``token_ids``, ``kv_transfer_params``, ``elapsed_s``)."""
+        self._next_id += 1
+        req = {"id": self._next_id, "prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens,
+               "kv_transfer_params": kv_transfer_params, "cache_salt": cache_salt}
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(req) + "\n")
+        self.process.stdin.flush()
+        answer = self._line(timeout)
+        if "error" in answer:
+            raise RuntimeError(f"{self.name}: {answer['error']}")
+        return answer
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            try:
+                self.process.stdin.close()
+                self.process.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait(10)
+
+
+def main() -> None:
+    # The answers get the original stdout; everything vLLM prints (and its child processes,
+    # which inherit fd 1) goes to stderr.
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    _serve(EngineSpec(**json.loads(sys.argv[1])), answers)
+
+
+if __name__ == "__main__":
+    main()

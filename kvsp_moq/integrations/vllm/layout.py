@@ -1,0 +1,95 @@
+"""vLLM's paged KV cache <-> kvsp-layout-1 (kvsp-draft §4.3), per attention backend.
+
+vLLM hands a connector one tensor per attention layer (``register_kv_caches``), the logical
+per-layer view ``[num_blocks, kv_heads, block_size, C]``; what ``C`` holds is the backend's:
+
+- ``CPU_ATTN`` (vLLM's CPU backend, the only layout it supports, ``LBHNC``): C = 2 x head_dim,
+  but the backend reads the block interior as ``view(B, H, 2 * N, D).chunk(2, dim=2)``: per
+  head, the K rows of all N tokens, then the V rows. So K[b, h, t] = ``view(B, H, 2, N, D)[b, h, 0, t]``
+  (:data:`HEAD_MAJOR_HALVES`);
+- FlashAttention and the other GPU backends of vLLM 0.32/0.33: C = K || V of each token
+  (``kv_cache.transpose(1, 2).split(head_size, dim=-1)``): K[b, h, t] = ``kv[b, h, t, :D]``
+  (:data:`SPLIT_CONTENT`);
+- the older ``(2, num_blocks, block_size, kv_heads, D)`` tensor (:data:`KV_FIRST`).
+
+kvsp-layout-1 is, per layer and block, a K section and a V section, each ``[tokens, kv_heads,
+head_dim]`` C-ordered little-endian (§4.3). :class:`PagedLayout` copies one block out
+(:meth:`~PagedLayout.read`: numpy arrays in that form, ready for ``BlockWriter.write_layer``)
+and in (:meth:`~PagedLayout.write`); these copies are the only work the connector does on
+vLLM's forward path. torch is imported by the caller (vLLM); this module only uses tensor
+methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["HEAD_MAJOR_HALVES", "KV_FIRST", "PagedLayout", "SPLIT_CONTENT", "layout_for"]
+
+HEAD_MAJOR_HALVES = "head-major-halves"
+SPLIT_CONTENT = "split-content"
+KV_FIRST = "kv-first"
+
+#: Backends whose layout is known by name; others are recognised by the tensor's shape.
+_BY_BACKEND = {"CPU_ATTN": HEAD_MAJOR_HALVES}
+
+
+class LayoutError(ValueError):
+    """The paged cache is not one this connector can convert."""
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """One layer's paged tensor as blocks of K and V sections (module notes)."""
+
+    kind: str
+    kv_heads: int
+    head_dim: int
+    block_tokens: int
+
+    def _kv(self, kv: Any, block_id: int) -> tuple[Any, Any]:
+        """Views [tokens, kv_heads, head_dim] of block ``block_id``'s K and V."""
+        h, n, d = self.kv_heads, self.block_tokens, self.head_dim
+        if self.kind == HEAD_MAJOR_HALVES:
+            blk = kv[block_id].view(h, 2, n, d)
+            return blk[:, 0].permute(1, 0, 2), blk[:, 1].permute(1, 0, 2)
+        if self.kind == SPLIT_CONTENT:
+            blk = kv[block_id]
+            return blk[:, :, :d].permute(1, 0, 2), blk[:, :, d:].permute(1, 0, 2)
+        return kv[0, block_id], kv[1, block_id]
+
+    def read(self, kv: Any, block_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of block ``block_id``'s K and V in kvsp-layout-1 (host numpy arrays)."""
+        k, v = self._kv(kv, block_id)
+        return (k.detach().to("cpu").contiguous().numpy(), v.detach().to("cpu").contiguous().numpy())
+
+    def write(self, kv: Any, block_id: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Block ``block_id``'s K and V from kvsp-layout-1 arrays ``[tokens, kv_heads, head_dim]``."""
+        import torch  # present: vLLM runs on it
+
+        dst_k, dst_v = self._kv(kv, block_id)
+        for dst, src in ((dst_k, k), (dst_v, v)):
+            if src.shape != (self.block_tokens, self.kv_heads, self.head_dim):
+                raise LayoutError(f"a section of shape {src.shape} is not one block of this layout")
+            dst.copy_(torch.from_numpy(np.require(src, requirements=("C", "W"))).view(dst.dtype))
+
+
+def layout_for(backend: str, shape: tuple[int, ...], *, kv_heads: int, head_dim: int, block_tokens: int) -> PagedLayout:
+    """The layout of a layer tensor of ``shape`` under attention backend ``backend``;
+    :class:`LayoutError` for one the connector does not know (MLA, hybrid...)."""
+    kind = _BY_BACKEND.get(backend)
+    if kind is None:
+        if len(shape) == 4 and shape[1:] == (kv_heads, block_tokens, 2 * head_dim):
+            kind = SPLIT_CONTENT
+        elif len(shape) == 5 and shape[0] == 2 and shape[2:] == (block_tokens, kv_heads, head_dim):
+            kind = KV_FIRST
+        else:
+            raise LayoutError(f"backend {backend}: a KV tensor of shape {shape} is not a known layout "
+                              f"for {kv_heads} KV heads x {head_dim} at block size {block_tokens}")
+    elif len(shape) != 4 or shape[1:] != (kv_heads, block_tokens, 2 * head_dim):
+        raise LayoutError(f"backend {backend}: shape {shape} is not [blocks, {kv_heads}, {block_tokens}, "
+                          f"{2 * head_dim}]")
+    return PagedLayout(kind, kv_heads, head_dim, block_tokens)

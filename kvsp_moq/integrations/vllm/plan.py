@@ -1,0 +1,69 @@
+"""What the scheduler side tells the worker side each step, and what comes back.
+
+vLLM's connector roles talk only through the metadata built each step
+(``build_connector_meta`` -> ``bind_connector_metadata``, and back through
+``build_connector_worker_meta`` -> ``update_connector_output``); the scheduler and the
+workers may be separate processes, so these are plain picklable dataclasses. Replica Records
+travel as their JSON objects (§4.4) and are parsed, hence checked, again on the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["BlockLoad", "BlockSave", "COUNTERS", "RequestLoad", "RequestSave", "StepPlan", "merge_counts"]
+
+#: The per-request counters the worker reports (docs/vllm.md "Counters").
+COUNTERS = ("blocks_moqt", "blocks_http", "blocks_failed", "bytes_moqt", "bytes_http",
+            "blocks_published", "publish_errors")
+
+
+@dataclass(frozen=True)
+class BlockLoad:
+    """One external block: where vLLM allocated it and the records of its replicas."""
+
+    index: int  # the block's position in the prompt
+    block_id: int  # vLLM's block id (KV cache group 0)
+    block_key: bytes
+    records: tuple[Mapping[str, object], ...]
+
+
+@dataclass(frozen=True)
+class RequestLoad:
+    req_id: str
+    scope_id: bytes
+    blocks: tuple[BlockLoad, ...]
+
+
+@dataclass(frozen=True)
+class BlockSave:
+    """A prompt block that becomes complete in this step (computed by this engine)."""
+
+    index: int
+    block_id: int
+    block_key: bytes
+
+
+@dataclass(frozen=True)
+class RequestSave:
+    req_id: str
+    scope_id: bytes
+    blocks: tuple[BlockSave, ...]
+
+
+@dataclass
+class StepPlan:
+    """The loads and saves of one engine step."""
+
+    loads: list[RequestLoad] = field(default_factory=list)
+    saves: list[RequestSave] = field(default_factory=list)
+
+
+def merge_counts(into: dict[str, dict[str, int]], other: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Add ``other``'s per-request counters to ``into`` (returned)."""
+    for req, counts in other.items():
+        mine = into.setdefault(req, {})
+        for name, value in counts.items():
+            mine[name] = mine.get(name, 0) + value
+    return into

@@ -1,0 +1,197 @@
+"""The scheduler side of the connector: which prompt blocks come from KVSP, which are published.
+
+Per request (vLLM's ``Request``, read duck-typed):
+
+- **scope** — from ``kv_transfer_params["kvsp_scope"]`` or ``cache_salt``, else the default
+  scope (:meth:`~.settings.ConnectorSettings.scope_of`); a request without a configured scope
+  neither loads nor publishes.
+- **Block Keys** — over the prompt's complete blocks (kvsp-draft §4.2), under the scope's
+  key and the engine's Compatibility ID (:mod:`.descriptor`), B = vLLM's block size.
+- **one IS lookup** (``POST lookup``, §6.2) for the blocks after vLLM's own prefix-cache hit,
+  bounded by ``deadline_ms``; an IS that fails or is late means no external hit.
+- **matched prefix** — at most ``(prompt_len - 1) // B`` blocks: vLLM must compute at least one
+  prompt token to sample from, so a prompt that is all cached blocks reuses all but its last
+  block (vLLM's ExampleConnector and LMCache apply the same rule). Loading is synchronous and
+  layer-wise (``get_num_new_matched_tokens`` returns ``load_kv_async=False``): the worker
+  loads during the forward step, layer l waited for just before layer l is computed.
+- **saves** — the prompt blocks that become complete in a step and were not loaded (nor
+  already known to the IS) are planned for publication by the worker.
+
+The worker's per-request counters come back through ``update_connector_output`` and are
+returned as ``kv_transfer_params["kvsp"]`` of the request's output (``request_finished``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...control.client.http import HttpIndexClient
+from ...kvsp.blockkeys import block_keys
+from ...kvsp.records import LookupRequest, LookupResponse
+from ...kvsp.scope import scope_id
+from .loop import ClientLoop
+from .plan import BlockLoad, BlockSave, RequestLoad, RequestSave, StepPlan, merge_counts
+from .settings import ConnectorSettings
+
+__all__ = ["SchedulerSide"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    scope: str
+    scope_id: bytes
+    keys: list[bytes]  # Block Keys of the prompt's complete blocks
+    looked_up: bool = False
+    local_blocks: int = 0  # vLLM's own prefix-cache hit, in blocks
+    matched: int = 0  # blocks the IS knows (a prefix of keys)
+    records: list[tuple[Mapping[str, object], ...]] = field(default_factory=list)  # per matched block
+    external: int = 0  # blocks to load: local_blocks .. local_blocks + external - 1
+    load_pending: list[BlockLoad] | None = None
+    block_ids: list[int] = field(default_factory=list)
+    saved_upto: int | None = None  # blocks below this are computed/loaded/known: not saved
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class SchedulerSide:
+    """The scheduler role's state and decisions (module notes). vLLM-free: the connector
+    (:mod:`.connector`) forwards vLLM's calls here."""
+
+    def __init__(self, settings: ConnectorSettings, compat_id: bytes, block_tokens: int,
+                 loop: ClientLoop | None = None) -> None:
+        self.settings = settings
+        self.compat_id = compat_id
+        self.block_tokens = block_tokens
+        self._requests: dict[str, _Request] = {}
+        self._loop = loop
+        self._index: HttpIndexClient | None = None
+        if settings.enabled and settings.load:
+            self._loop = loop or ClientLoop("kvsp-scheduler")
+            self._index = HttpIndexClient(settings.index_url or "", settings.index_token,
+                                          timeout_s=settings.deadline_s)
+        #: Totals over all requests (tests and the demo read them through kv_transfer_params).
+        self.lookups = 0
+        self.lookup_failures = 0
+
+    # -- vLLM's scheduler calls -------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        state = self._state(request)
+        if state is None:
+            return 0, False
+        b = self.block_tokens
+        prompt_len = len(request.prompt_token_ids or [])
+        usable = min(len(state.keys), max(0, prompt_len - 1) // b)  # the full-hit rule
+        local = num_computed_tokens // b
+        if not state.looked_up:
+            state.looked_up = True
+            state.local_blocks = local
+            state.saved_upto = local
+            if usable > local and self._index is not None:
+                answer = self._lookup(state, usable)
+                if answer is not None:
+                    state.matched = answer.matched
+                    state.records = [tuple(r.to_json() for r in blk.replicas) for blk in answer.blocks]
+                    state.saved_upto = max(local, min(answer.matched, len(state.keys)))
+            state.external = max(0, min(state.matched, usable) - local)
+        if state.external == 0 or local != state.local_blocks:
+            return 0, False
+        return state.external * b, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        state = self._requests.get(request.request_id)
+        if state is None or num_external_tokens <= 0:
+            return
+        ids = list(blocks.get_block_ids()[0])
+        first = state.local_blocks
+        count = num_external_tokens // self.block_tokens
+        state.load_pending = [
+            BlockLoad(i, ids[i], state.keys[i], state.records[i]) for i in range(first, first + count)
+        ]
+
+    def build_connector_meta(self, scheduler_output: Any) -> StepPlan:
+        plan = StepPlan()
+        for req_id, state in self._requests.items():
+            if state.load_pending:
+                plan.loads.append(RequestLoad(req_id, state.scope_id, tuple(state.load_pending)))
+                state.load_pending = None
+        scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            state = self._requests.get(new.req_id)
+            if state is not None:
+                state.block_ids = list(new.block_ids[0])
+                self._plan_saves(plan, new.req_id, state, new.num_computed_tokens, scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                if req_id in cached.resumed_req_ids:
+                    state.block_ids = list(new_ids[0])  # after preemption: the whole list
+                else:
+                    state.block_ids.extend(new_ids[0])
+            self._plan_saves(plan, req_id, state, cached.num_computed_tokens[i], scheduled.get(req_id, 0))
+        return plan
+
+    def update_connector_output(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        for req_id, c in counts.items():
+            state = self._requests.get(req_id)
+            if state is not None:
+                merge_counts({req_id: state.counts}, {req_id: c})
+
+    def request_finished(self, request: Any) -> dict[str, Any] | None:
+        state = self._requests.pop(request.request_id, None)
+        if state is None:
+            return None
+        return {"kvsp": {"scope": state.scope, "external_tokens": state.external * self.block_tokens,
+                         "matched_blocks": state.matched, "local_blocks": state.local_blocks, **state.counts}}
+
+    def close(self) -> None:
+        if self._loop is not None and self._index is not None:
+            try:
+                self._loop.run(self._index.close(), 5)
+            except Exception as exc:  # closing: nothing left to protect
+                log.debug("closing the IS client: %s", exc)
+            self._loop.close()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _state(self, request: Any) -> _Request | None:
+        state = self._requests.get(request.request_id)
+        if state is not None or not self.settings.enabled:
+            return state
+        scope = self.settings.scope_of(getattr(request, "kv_transfer_params", None),
+                                       getattr(request, "cache_salt", None))
+        if scope is None:
+            return None
+        key = self.settings.scopes[scope]
+        tokens: Sequence[int] = request.prompt_token_ids or []
+        state = _Request(scope, scope_id(key), block_keys(key, self.compat_id, list(tokens), self.block_tokens))
+        self._requests[request.request_id] = state
+        return state
+
+    def _lookup(self, state: _Request, usable: int) -> LookupResponse | None:
+        assert self._loop is not None and self._index is not None
+        self.lookups += 1
+        body = LookupRequest(scope_id=state.scope_id, compat_id=self.compat_id,
+                             block_keys=tuple(state.keys[:usable]))
+        try:
+            return self._loop.run(self._index.lookup(body), self.settings.deadline_s)
+        except Exception as exc:  # the IS is advisory (§6.1): no hit, compute
+            self.lookup_failures += 1
+            log.warning("KVSP lookup failed (%s): computing the prompt", exc)
+            return None
+
+    def _plan_saves(self, plan: StepPlan, req_id: str, state: _Request, computed: int, scheduled: int) -> None:
+        if not self.settings.publish or state.saved_upto is None:
+            return
+        complete = min((computed + scheduled) // self.block_tokens, len(state.keys), len(state.block_ids))
+        if complete <= state.saved_upto:
+            return
+        blocks = tuple(BlockSave(i, state.block_ids[i], state.keys[i]) for i in range(state.saved_upto, complete))
+        state.saved_upto = complete
+        plan.saves.append(RequestSave(req_id, state.scope_id, blocks))

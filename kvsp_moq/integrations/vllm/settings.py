@@ -1,0 +1,190 @@
+"""The connector's settings: ``kv_connector_extra_config`` (docs/vllm.md "Settings").
+
+vLLM hands a connector its ``KVTransferConfig.kv_connector_extra_config`` (a JSON object).
+:meth:`ConnectorSettings.from_extra` reads it, checks every value and fills the defaults;
+:func:`kv_transfer_config` builds the whole ``KVTransferConfig`` argument (a dict, so this
+module imports no vLLM) from a cluster's URLs and tokens, for ``LLM(kv_transfer_config=...)``
+and ``vllm serve --kv-transfer-config '<json>'`` alike.
+
+Scopes (kvsp-draft §4.2): ``scopes`` maps a scope name to its Scope Key (hex, at least 32
+octets). A request names its scope with ``kv_transfer_params={"kvsp_scope": NAME}`` or with
+its ``cache_salt`` (a salt equal to a scope name); otherwise it is in ``default_scope``. A
+request naming a scope that is not configured neither loads nor publishes: blocks never
+cross scopes, and an unknown tenant shares nothing. ``kv_transfer_params={"kvsp": false}``
+switches the connector off for one request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...kvsp.scope import check_scope_key
+
+__all__ = ["CONNECTOR_CLASS", "CONNECTOR_MODULE", "ConnectorSettings", "SettingsError",
+           "connector_extra_config", "kv_transfer_config"]
+
+#: What ``KVTransferConfig`` names to load the connector (``kv_connector_module_path``).
+CONNECTOR_MODULE = "kvsp_moq.integrations.vllm.connector"
+CONNECTOR_CLASS = "KVSPConnector"
+
+
+class SettingsError(ValueError):
+    """A ``kv_connector_extra_config`` value is missing or invalid; names the key."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key = key
+        super().__init__(f"kv_connector_extra_config[{key!r}]: {detail}")
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """The connector's keys (docs/vllm.md lists them with these defaults)."""
+
+    #: Index Service base URL (``POST lookup``, ``PUT replicas/...``); None: no KVSP at all.
+    index_url: str | None = None
+    index_token: str | None = None
+    #: The MOQT relay (``moqt://host:port/path``): loads FETCH through it, publications
+    #: PUBLISH_NAMESPACE to it. None: no MOQT (HTTP only).
+    relay_url: str | None = None
+    #: Token sent as AUTHORIZATION_TOKEN in SETUP to the relay (binding §9).
+    moqt_token: str | None = None
+    #: HTTP holder base URL: computed blocks are PUT there (the HTTP fallback of loads).
+    holder_url: str | None = None
+    holder_token: str | None = None
+    #: Token for GETs of HTTP replicas (default: ``holder_token``).
+    fetch_token: str | None = None
+    #: scope name -> Scope Key (hex); ``default_scope`` names the scope of requests naming none.
+    scopes: Mapping[str, bytes] = field(default_factory=dict)
+    default_scope: str | None = None
+    #: TLS of the MOQT client: CA file to verify the relay with; ``insecure`` skips that.
+    ca_file: str | None = None
+    insecure: bool = False
+    #: Load and publish (either can be switched off: a consumer-only or producer-only engine).
+    load: bool = True
+    publish: bool = True
+    #: The bound on every wait on a peer, in ms: the IS lookup in the scheduler, each layer in
+    #: ``wait_for_layer_load``, the completion of publications in ``wait_for_save``.
+    deadline_ms: int = 5_000
+    #: The bound on each MOQT request (connect, FETCH) of a load, in ms: shorter than
+    #: ``deadline_ms`` so that a dead relay leaves time for the HTTP fallback.
+    moqt_timeout_ms: int = 2_000
+    #: TTL asked for the Replica Records the connector publishes (the IS caps it, §6.1).
+    record_ttl_ms: int = 600_000
+    #: Bytes of the connector's own block store (the replicas it serves over MOQT).
+    store_bytes: int = 256 * 1024 * 1024
+    #: Model name in the Compatibility Descriptor (default: the engine's served model name).
+    model_name: str | None = None
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
+        extra = dict(extra or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise SettingsError(unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+        strings = {k: _opt_str(extra, k) for k in (
+            "index_url", "index_token", "relay_url", "moqt_token", "holder_url", "holder_token",
+            "fetch_token", "default_scope", "ca_file", "model_name")}
+        raw_scopes = extra.get("scopes", {})
+        if not isinstance(raw_scopes, Mapping):
+            raise SettingsError("scopes", "must be an object of scope name -> hex Scope Key")
+        scopes: dict[str, bytes] = {}
+        for name, value in raw_scopes.items():
+            try:
+                scopes[str(name)] = check_scope_key(bytes.fromhex(str(value)))
+            except ValueError as exc:
+                raise SettingsError("scopes", f"scope {name!r}: {exc}") from None
+        default = strings["default_scope"]
+        if default is not None and default not in scopes:
+            raise SettingsError("default_scope", f"{default!r} is not in scopes")
+        relay = strings["relay_url"]
+        if relay is not None and not relay.startswith("moqt://"):
+            raise SettingsError("relay_url", "must be a moqt:// URL")
+        return cls(
+            **{k: v for k, v in strings.items() if k != "default_scope"},
+            default_scope=default,
+            scopes=scopes,
+            insecure=_bool(extra, "insecure", False),
+            load=_bool(extra, "load", True),
+            publish=_bool(extra, "publish", True),
+            deadline_ms=_positive(extra, "deadline_ms", 5_000),
+            moqt_timeout_ms=_positive(extra, "moqt_timeout_ms", 2_000),
+            record_ttl_ms=_positive(extra, "record_ttl_ms", 600_000),
+            store_bytes=_positive(extra, "store_bytes", 256 * 1024 * 1024),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.index_url is not None and bool(self.scopes)
+
+    @property
+    def deadline_s(self) -> float:
+        return self.deadline_ms / 1000
+
+    def scope_of(self, kv_transfer_params: Mapping[str, Any] | None, cache_salt: str | None) -> str | None:
+        """The scope name of a request (module notes); None: not configured, share nothing."""
+        params = kv_transfer_params or {}
+        if params.get("kvsp") is False:
+            return None
+        named = params.get("kvsp_scope")
+        if named is None and cache_salt is not None:
+            named = cache_salt
+        if named is None:
+            return self.default_scope
+        return named if isinstance(named, str) and named in self.scopes else None
+
+
+def _opt_str(extra: Mapping[str, Any], key: str) -> str | None:
+    value = extra.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SettingsError(key, "must be a non-empty string")
+    return value
+
+
+def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = extra.get(key, default)
+    if not isinstance(value, bool):
+        raise SettingsError(key, "must be true or false")
+    return value
+
+
+def _positive(extra: Mapping[str, Any], key: str, default: int) -> int:
+    value = extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SettingsError(key, "must be a positive integer")
+    return value
+
+
+def connector_extra_config(*, index_url: str, scopes: Mapping[str, bytes], default_scope: str | None = None,
+                           relay_url: str | None = None, holder_url: str | None = None,
+                           index_token: str | None = None, moqt_token: str | None = None,
+                           holder_token: str | None = None, ca_file: str | None = None,
+                           **more: Any) -> dict[str, Any]:
+    """``kv_connector_extra_config`` for a cluster (JSON-ready: Scope Keys as hex); ``more``
+    passes any other key of :class:`ConnectorSettings`. Checked by ``from_extra``."""
+    extra: dict[str, Any] = {
+        "index_url": index_url, "relay_url": relay_url, "holder_url": holder_url,
+        "index_token": index_token, "moqt_token": moqt_token, "holder_token": holder_token,
+        "ca_file": ca_file, "scopes": {name: key.hex() for name, key in scopes.items()},
+        "default_scope": default_scope, **more,
+    }
+    extra = {k: v for k, v in extra.items() if v is not None}
+    ConnectorSettings.from_extra(extra)
+    return extra
+
+
+def kv_transfer_config(extra: Mapping[str, Any], *, kv_role: str = "kv_both",
+                       kv_load_failure_policy: str = "recompute") -> dict[str, Any]:
+    """The ``KVTransferConfig`` fields that load the KVSP connector: pass the dict to
+    ``KVTransferConfig(**d)`` or, as JSON, to ``vllm serve --kv-transfer-config``."""
+    return {
+        "kv_connector": CONNECTOR_CLASS,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": kv_role,
+        "kv_load_failure_policy": kv_load_failure_policy,
+        "kv_connector_extra_config": dict(extra),
+    }

@@ -1,0 +1,252 @@
+"""The worker's KVSP transfers, on the client loop (:mod:`.loop`): loads and publications.
+
+Everything here runs on the loop thread and uses the client library as the instance's engine
+does (docs/engine.md), so naming, containers, digests and records are never re-implemented:
+
+- :class:`Peers` — the connections of one worker: a MOQT session pool to the relay
+  (``bridge.MoqtPool``), a :class:`~kvsp_moq.bridge.MoqtHolder` attached to the relay as a
+  publisher over the worker's own :class:`~kvsp_moq.storage.BlockStore`, the IS client, the
+  HTTP holder's block fetcher and storer (``control.client.http``).
+- :func:`load` — one external block, layer by layer: a MOQT FETCH through the relay
+  (``bridge.BlockLoad`` into a :class:`~kvsp_moq.sinks.NumpySink` that verifies each layer's
+  digest against the record before exposing it, binding §4.1, kvsp-draft §6.7); layer l is
+  offered to vLLM (:class:`Incoming`) the moment it is verified. When MOQT fails at layer l
+  (no relay, a refused or tampered layer), layers l..L-1 are fetched from an HTTP replica
+  (``client.retrieval.retrieve_block``: Repr-Digest and layer digests verified); when that
+  fails too the block is failed (vLLM recomputes it).
+- :func:`begin_block` / :func:`complete_block` — a block computed here: a
+  ``MoqtHolder.begin`` writer (each layer is published to subscribers as it is written,
+  DESIGN.md §4 "layers are published as computed"), sealed once every layer is in; then the
+  container goes to the HTTP holder (``PUT blocks/...``, the holder publishes its record) and
+  the ``moqt://`` Replica Record naming the relay goes to the IS (§4.4, §6.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source
+from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
+from ...control.client.retrieval import RetrievalFailed, retrieve_block
+from ...control.common.tls import TlsConfig
+from ...kvsp.layout import Geometry, decode_raw_layer
+from ...kvsp.records import ReplicaRecord
+from ...sinks import LayerFailed, NumpySink
+from ...storage import BlockStore, BlockWriter, HostTier, RecordKey, ReplicaExists
+from .settings import ConnectorSettings
+
+__all__ = ["Incoming", "Peers", "begin_block", "complete_block", "load"]
+
+log = logging.getLogger(__name__)
+
+MOQT, HTTP = "moqt", "http"
+
+
+@dataclass
+class Peers:
+    """One worker's connections and store (module notes); :meth:`open` on the loop."""
+
+    settings: ConnectorSettings
+    store: BlockStore
+    index: HttpIndexClient | None
+    fetcher: HttpBlockFetcher
+    storer: HttpBlockStorer | None
+    pool: MoqtPool | None = None
+    holder: MoqtHolder | None = None
+
+    @classmethod
+    async def open(cls, settings: ConnectorSettings) -> Peers:
+        store = BlockStore([HostTier(settings.store_bytes, name="host")])
+        index = HttpIndexClient(settings.index_url, settings.index_token, timeout_s=settings.deadline_s) \
+            if settings.index_url else None
+        fetcher = HttpBlockFetcher(settings.fetch_token or settings.holder_token, timeout_s=settings.deadline_s,
+                                   read_timeout_s=settings.deadline_s)
+        storer = HttpBlockStorer(settings.holder_token, timeout_s=settings.deadline_s) if settings.holder_url else None
+        peers = cls(settings, store, index, fetcher, storer)
+        if settings.relay_url is not None:
+            transport = TlsConfig().transport(ca_file=settings.ca_file, insecure=settings.insecure,
+                                              purpose="the KVSP connector's MOQT relay")
+            tokens = (settings.moqt_token,) if settings.moqt_token else ()
+            peers.pool = MoqtPool(transport, connect_timeout=settings.moqt_timeout_ms / 1000, setup_tokens=tokens)
+            if settings.publish:
+                holder = MoqtHolder(store, ttl_ms=settings.record_ttl_ms)
+                try:
+                    async with asyncio.timeout(settings.deadline_s):
+                        await holder.attach_relay(settings.relay_url, transport, setup_tokens=tokens)
+                except Exception as exc:  # loads still work; publications go over HTTP only
+                    log.warning("KVSP: cannot attach to the relay %s as a publisher: %r", settings.relay_url, exc)
+                    await holder.close()
+                else:
+                    peers.holder = holder
+        return peers
+
+    async def close(self) -> None:
+        for closer in (self.holder.close if self.holder else None, self.pool.close if self.pool else None,
+                       self.index.close if self.index else None, self.fetcher.close,
+                       self.storer.close if self.storer else None):
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
+
+
+@dataclass
+class Incoming:
+    """One block being loaded: layer l's (K, V) in kvsp-layout-1 once verified."""
+
+    req_id: str
+    block_id: int
+    layers: int
+    kv: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
+    ready: list[asyncio.Event] = field(default_factory=list)
+    failed_from: int | None = None  # the first layer no source delivered
+    octets: dict[str, int] = field(default_factory=dict)
+    source: str | None = None
+    task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.kv = [None] * self.layers
+        self.ready = [asyncio.Event() for _ in range(self.layers)]
+
+    def offer(self, layer: int, k: np.ndarray, v: np.ndarray, via: str) -> None:
+        self.kv[layer] = (k, v)
+        self.octets[via] = self.octets.get(via, 0) + k.nbytes + v.nbytes
+        self.source = via if self.source in (None, via) else "mixed"
+        self.ready[layer].set()
+
+    def fail(self, first: int) -> None:
+        self.failed_from = first if self.failed_from is None else min(first, self.failed_from)
+        for event in self.ready[first:]:
+            event.set()
+
+    async def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
+        await self.ready[layer].wait()
+        return self.kv[layer]
+
+
+def _records(raw: Sequence[Mapping[str, object]]) -> list[ReplicaRecord]:
+    out = []
+    for obj in raw:
+        try:
+            out.append(ReplicaRecord.from_json(dict(obj)))
+        except Exception as exc:  # a record the IS sent that does not parse: not a source
+            log.warning("KVSP: skipping an invalid replica record: %s", exc)
+    return out
+
+
+async def load(peers: Peers, incoming: Incoming, key: RecordKey, raw_records: Sequence[Mapping[str, object]],
+               geometry: Geometry, tokens: int) -> None:
+    """Load one block into ``incoming`` (module notes); never raises."""
+    records = [r for r in _records(raw_records) if RecordKey.of(r) == key]
+    layers = incoming.layers
+    timeout = peers.settings.moqt_timeout_ms / 1000
+    next_layer = 0
+    moqt = [r for r in records if r.is_moqt and r.layer_digests is not None and len(r.layer_digests) == layers]
+    if moqt and peers.pool is not None:
+        sink = NumpySink(geometry, tokens, (0, layers - 1), moqt[0].layer_digests or ())
+        block_load = BlockLoad(sink, [Source.from_record(r) for r in moqt], pool=peers.pool, timeout=timeout)
+        task = asyncio.get_running_loop().create_task(block_load.run())
+        try:
+            for layer in range(layers):
+                k, v = await block_load.wait_for_layer(layer)
+                incoming.offer(layer, np.asarray(k), np.asarray(v), MOQT)
+                next_layer = layer + 1
+        except (LayerFailed, Exception) as exc:  # LayerFailed: no MOQT source is left
+            log.info("KVSP: block %s: MOQT stopped at layer %d: %s", key.block_key.hex()[:12], next_layer, exc)
+        finally:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if next_layer < layers:
+        http = [r for r in records if not r.is_moqt]
+        if http and not await _from_http(peers, incoming, http, next_layer, geometry, tokens):
+            incoming.fail(next_layer)
+        elif not http:
+            incoming.fail(next_layer)
+
+
+async def _from_http(peers: Peers, incoming: Incoming, records: list[ReplicaRecord], first: int,
+                     geometry: Geometry, tokens: int) -> bool:
+    """Layers ``first``.. of the block from an HTTP replica; False if none delivers."""
+    last = incoming.layers - 1
+    try:
+        got = await retrieve_block(peers.fetcher, records, layers=None if first == 0 else (first, last),
+                                   geometry=None)
+    except RetrievalFailed as exc:
+        log.info("KVSP: no HTTP replica delivered layers %d-%d: %s", first, last, exc)
+        return False
+    if got.header.token_count != tokens or got.first_layer != first or got.last_layer != last:
+        log.warning("KVSP: %s sent layers %d-%d of %d tokens, not %d-%d of %d", got.record.holder,
+                    got.first_layer, got.last_layer, got.header.token_count, first, last, tokens)
+        return False
+    for lv in got.layers:
+        k, v = decode_raw_layer(lv.k, lv.v, geometry, tokens)
+        incoming.offer(lv.index, np.asarray(k), np.asarray(v), HTTP)
+    return True
+
+
+def begin_block(peers: Peers, key: RecordKey, geometry: Geometry, layers: int, tokens: int) -> BlockWriter | None:
+    """A writer for a block computed here (published over MOQT layer by layer when the relay
+    link is up); None when the store already holds it or has no room."""
+    try:
+        if peers.holder is not None:
+            return peers.holder.begin(key, geometry, layers, tokens)
+        return peers.store.begin(key, geometry, layers, tokens)
+    except ReplicaExists:
+        return None
+    except Exception as exc:  # a full store: this block is not published
+        log.warning("KVSP: cannot store block %s: %s", key.block_key.hex()[:12], exc)
+        return None
+
+
+def write_layer(writer: BlockWriter, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+    """One computed layer into its writer (on the loop: subscribers get it at once)."""
+    if writer.open:
+        try:
+            writer.write_layer(layer, k, v)
+        except Exception as exc:
+            log.warning("KVSP: writing layer %d of %s failed: %s", layer, writer.key.block_key.hex()[:12], exc)
+            writer.abort()
+
+
+async def complete_block(peers: Peers, writer: BlockWriter) -> list[str]:
+    """Seal the block, then the HTTP holder and the IS record (module notes); the
+    destinations reached. Failures are logged: the engine's output never depends on them."""
+    key = writer.key
+    done: list[str] = []
+    if not writer.open or writer.missing_layers:
+        log.warning("KVSP: block %s not published: %s", key.block_key.hex()[:12],
+                    f"layers {writer.missing_layers} missing" if writer.open else "its writer was closed")
+        if writer.open:
+            writer.abort()
+        return done
+    writer.finish()
+    done.append("store")
+    settings = peers.settings
+    jobs: list[Any] = []
+    if peers.storer is not None and settings.holder_url is not None:
+        container = b"".join(bytes(c) for c in peers.store.open_reader(key, touch=False))
+        jobs.append(("holder", peers.storer.put_block(settings.holder_url, key, container)))
+    if peers.holder is not None and peers.index is not None and settings.relay_url is not None:
+        record = peers.holder.replica_record(key, holder=settings.relay_url, ttl_ms=settings.record_ttl_ms)
+        jobs.append(("moqt", _announce_then_publish(peers, record)))
+    results = await asyncio.gather(*(job for _, job in jobs), return_exceptions=True)
+    for (name, _), result in zip(jobs, results):
+        if isinstance(result, BaseException):
+            log.warning("KVSP: publishing block %s (%s) failed: %s", key.block_key.hex()[:12], name, result)
+        else:
+            done.append(name)
+    return done
+
+
+async def _announce_then_publish(peers: Peers, record: ReplicaRecord) -> None:
+    assert peers.holder is not None and peers.index is not None
+    await peers.holder.wait_announced()  # the relay knows the namespace before the IS names it
+    await peers.index.publish(record)

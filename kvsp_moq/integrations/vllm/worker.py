@@ -1,0 +1,226 @@
+"""The worker side of the connector: loads into and publications out of vLLM's paged cache.
+
+vLLM calls these on its forward path (one worker per device); they only copy between the
+paged cache and host arrays (:mod:`.layout`) and hand work to the client loop
+(:mod:`.transfers`), every wait bounded by ``deadline_ms`` from the step's start:
+
+- :meth:`WorkerSide.start_load_kv` — starts the loads of the step's external blocks (one
+  :func:`~.transfers.load` task per block); vLLM calls it before the forward pass of a step
+  with loads (synchronous loads), after it otherwise;
+- :meth:`WorkerSide.wait_for_layer_load` — layer l of every loading block, once verified,
+  copied into the paged cache at the block ids vLLM allocated; a block that failed (or is not
+  in by the deadline) is reported by :meth:`get_block_ids_with_load_errors` and nothing of its
+  layer is written (vLLM's ``kv_load_failure_policy="recompute"`` recomputes it);
+- :meth:`WorkerSide.save_kv_layer` — at the step's first layer a writer is opened for each
+  block completed in this step; layer l of each, copied out of the paged cache, is written to
+  its writer (published over MOQT as computed);
+- :meth:`WorkerSide.wait_for_save` — seals the step's blocks and completes their replicas
+  (HTTP holder, IS record), and settles the step's loads (counters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...kvsp.compat import compat_id
+from ...kvsp.layout import Geometry
+from ...storage import BlockWriter, RecordKey
+from .layout import PagedLayout, layout_for
+from .loop import ClientLoop
+from .plan import StepPlan, merge_counts
+from .settings import ConnectorSettings
+from .transfers import Incoming, Peers, begin_block, complete_block, load, write_layer
+
+__all__ = ["WorkerSide", "layer_index"]
+
+log = logging.getLogger(__name__)
+
+_LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+def layer_index(name: str) -> int:
+    """The layer number in a vLLM layer name (``model.layers.3.self_attn.attn`` -> 3)."""
+    found = _LAYER_NUMBER.findall(name)
+    if not found:
+        raise ValueError(f"no layer number in the layer name {name!r}")
+    return int(found[-1])
+
+
+@dataclass
+class _Saving:
+    req_id: str
+    block_id: int
+    writer: BlockWriter
+
+
+class WorkerSide:
+    """The worker role's state (module notes). vLLM-free: :mod:`.connector` forwards to it."""
+
+    def __init__(self, settings: ConnectorSettings, descriptor: Mapping[str, Any]) -> None:
+        self.settings = settings
+        self.compat_id = compat_id(descriptor)
+        self.layers = int(descriptor["layers"])
+        self.block_tokens = int(descriptor["block_tokens"])
+        self.geometry = Geometry.from_descriptor_fields(int(descriptor["kv_heads"]), int(descriptor["head_dim"]),
+                                                        str(descriptor["kv_dtype"]))
+        self.loop = ClientLoop("kvsp-worker")
+        self.peers: Peers | None = None
+        if settings.enabled:
+            self.peers = self.loop.run(Peers.open(settings), max(30.0, 2 * settings.deadline_s))
+        self.caches: dict[str, Any] = {}
+        self.layout: PagedLayout | None = None
+        self._incoming: list[Incoming] = []
+        self._saving: list[_Saving] = []
+        self._saves_begun = False
+        self._deadline = 0.0
+        self._errors: set[int] = set()
+        self._counts: dict[str, dict[str, int]] = {}
+
+    # -- registration ---------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: Mapping[str, Any], backend: str) -> None:
+        self.caches = dict(kv_caches)
+        if not self.caches:
+            return
+        shape = tuple(next(iter(self.caches.values())).shape)
+        self.layout = layout_for(backend, shape, kv_heads=self.geometry.kv_heads,
+                                 head_dim=self.geometry.head_dim, block_tokens=self.block_tokens)
+        log.info("KVSP: %d layers of %s, backend %s: layout %s", len(self.caches), shape, backend, self.layout.kind)
+
+    # -- loads ------------------------------------------------------------------------------------
+    def start_load_kv(self, plan: StepPlan) -> None:
+        self._deadline = time.monotonic() + self.settings.deadline_s
+        if self.peers is None or self.layout is None:
+            for req in plan.loads:
+                self._errors.update(b.block_id for b in req.blocks)
+            return
+        if plan.loads:
+            self._incoming = self.loop.run(self._start_loads(plan), self.settings.deadline_s)
+
+    async def _start_loads(self, plan: StepPlan) -> list[Incoming]:
+        assert self.peers is not None
+        out = []
+        for req in plan.loads:
+            for block in req.blocks:
+                incoming = Incoming(req.req_id, block.block_id, self.layers)
+                key = RecordKey(self.compat_id, req.scope_id, block.block_key)
+                incoming.task = asyncio.get_running_loop().create_task(
+                    load(self.peers, incoming, key, block.records, self.geometry, self.block_tokens))
+                out.append(incoming)
+        return out
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if not self._incoming or layer_name not in self.caches:
+            return
+        layer = layer_index(layer_name)
+        pending = [b for b in self._incoming if b.failed_from is None or b.failed_from > layer]
+        if not pending:
+            return
+        remaining = self._deadline - time.monotonic()
+        try:
+            got = self.loop.run(self._layer_of(pending, layer), max(remaining, 0.001))
+        except TimeoutError:
+            log.warning("KVSP: layer %d not in within the deadline (%d ms): recomputing", layer,
+                        self.settings.deadline_ms)
+            self.loop.call(self._give_up, pending, layer)
+            got = [None] * len(pending)
+        assert self.layout is not None
+        cache = self.caches[layer_name]
+        for block, kv in zip(pending, got):
+            if kv is None:
+                self._errors.add(block.block_id)
+                block.failed_from = layer if block.failed_from is None else min(layer, block.failed_from)
+                continue
+            self.layout.write(cache, block.block_id, kv[0], kv[1])
+
+    @staticmethod
+    async def _layer_of(blocks: list[Incoming], layer: int) -> list[Any]:
+        return list(await asyncio.gather(*(b.layer(layer) for b in blocks)))
+
+    @staticmethod
+    def _give_up(blocks: list[Incoming], layer: int) -> None:
+        for block in blocks:
+            if not block.ready[layer].is_set():
+                block.fail(layer)
+                if block.task is not None:
+                    block.task.cancel()
+
+    # -- saves ------------------------------------------------------------------------------------
+    async def _begin_saves(self, plan: StepPlan) -> list[_Saving]:
+        assert self.peers is not None
+        out = []
+        for req in plan.saves:
+            for block in req.blocks:
+                key = RecordKey(self.compat_id, req.scope_id, block.block_key)
+                writer = begin_block(self.peers, key, self.geometry, self.layers, self.block_tokens)
+                if writer is not None:
+                    out.append(_Saving(req.req_id, block.block_id, writer))
+        return out
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, plan: StepPlan) -> None:
+        if not plan.saves or self.peers is None or self.layout is None or layer_name not in self.caches:
+            return
+        if not self._saves_begun:
+            # vLLM starts a step without sync loads *after* its forward (start_load_kv), so the
+            # writers are opened here, at the step's first layer.
+            self._saves_begun = True
+            self._saving = self.loop.run(self._begin_saves(plan), self.settings.deadline_s)
+        layer = layer_index(layer_name)
+        for saving in self._saving:
+            k, v = self.layout.read(kv_layer, saving.block_id)
+            self.loop.call(write_layer, saving.writer, layer, k, v)
+
+    def wait_for_save(self) -> None:
+        self._saves_begun = False
+        saving, self._saving = self._saving, []
+        incoming, self._incoming = self._incoming, []
+        if not saving and not incoming:
+            return
+        try:
+            self.loop.run(self._settle(saving, incoming), max(self._deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            log.warning("KVSP: publications of this step not completed within the deadline")
+
+    async def _settle(self, saving: list[_Saving], incoming: list[Incoming]) -> None:
+        assert self.peers is not None
+        counts: dict[str, dict[str, int]] = {}
+        for block in incoming:
+            if block.task is not None and not block.task.done():
+                block.task.cancel()  # vLLM is past this step: what did not arrive is recomputed
+            c = counts.setdefault(block.req_id, {})
+            if block.failed_from is not None:
+                c["blocks_failed"] = c.get("blocks_failed", 0) + 1
+            elif block.source is not None:
+                name = "blocks_moqt" if block.source == "moqt" else "blocks_http"
+                c[name] = c.get(name, 0) + 1
+            for via, octets in block.octets.items():
+                c[f"bytes_{via}"] = c.get(f"bytes_{via}", 0) + octets
+        results = await asyncio.gather(*(complete_block(self.peers, s.writer) for s in saving), return_exceptions=True)
+        for s, result in zip(saving, results):
+            c = counts.setdefault(s.req_id, {})
+            ok = not isinstance(result, BaseException) and "store" in result
+            name = "blocks_published" if ok else "publish_errors"
+            c[name] = c.get(name, 0) + 1
+        merge_counts(self._counts, counts)
+
+    # -- reporting --------------------------------------------------------------------------------
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._errors = self._errors, set()
+        return errors
+
+    def take_counts(self) -> dict[str, dict[str, int]]:
+        counts, self._counts = self._counts, {}
+        return counts
+
+    def close(self) -> None:
+        if self.peers is not None:
+            try:
+                self.loop.run(self.peers.close(), 10)
+            except Exception as exc:
+                log.debug("closing the KVSP peers: %s", exc)
+        self.loop.close()
