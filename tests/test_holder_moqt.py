@@ -139,7 +139,11 @@ def test_the_holder_moqt_keys_are_read_and_checked(tmp_path: Path) -> None:
                       "moqt_token": "t" * 32, "moqt_timeout_ms": 2000}}
     hc = config_from_mapping(doc, base_dir=tmp_path).holder
     assert hc.moqt_relays == ("moqt://relay.example:4443/moq",) and hc.moqt_ca_file == str(tmp_path / "ca.pem")
-    assert (hc.moqt_timeout_ms, hc.moqt_max_datagram_size, hc.moqt_insecure) == (2000, 1200, None)
+    assert (hc.moqt_timeout_ms, hc.moqt_insecure) == (2000, None)
+    # [transport] max_datagram_size reaches every MOQT client config of the process (the relays').
+    tls = config_from_mapping({**doc, "transport": {"max_datagram_size": 16384}}, base_dir=tmp_path).tls
+    assert tls.transport(purpose="test").max_datagram_size == 16384
+    assert config_from_mapping(doc, base_dir=tmp_path).tls.transport(purpose="test").max_datagram_size == 1200
     assert HolderConfig().moqt_relays == ()  # default: HTTP only
     for bad, key_name in (({"moqt_relays": ["https://relay.example/"]}, "holder.moqt_relays"),
                           ({"moqt_timeout_ms": 0}, "holder.moqt_timeout_ms"),
@@ -147,6 +151,9 @@ def test_the_holder_moqt_keys_are_read_and_checked(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as err:
             config_from_mapping({"holder": bad}, base_dir=tmp_path)
         assert err.value.key == key_name
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"transport": {"max_datagram_size": 65528}}, base_dir=tmp_path)
+    assert err.value.key == "transport.max_datagram_size"
     # A token over unverified MOQT to a host other than loopback is refused (docs/security.md).
     with pytest.raises(ConfigError) as err:
         config_from_mapping({"holder": {**doc["holder"], "moqt_insecure": True}}, base_dir=tmp_path)

@@ -184,8 +184,6 @@ class HolderConfig(StoreSettings):
     #: else the system store) unless ``moqt_insecure`` (None: ``[tls] insecure``).
     moqt_ca_file: str | None = None
     moqt_insecure: bool | None = None
-    #: QUIC datagram size of the relay connections (1200: any path; larger inside a datacenter).
-    moqt_max_datagram_size: int = 1200
     #: How long a replica's record waits for the relays' answer to its PUBLISH_NAMESPACE (a
     #: relay that does not answer in time gets the record at a later refresh), and a relay
     #: connection attempt.
@@ -204,7 +202,7 @@ class HolderConfig(StoreSettings):
                 raise ConfigError(f"holder.{name}", "must be a string")
         if self.moqt_insecure is not None and not isinstance(self.moqt_insecure, bool):
             raise ConfigError("holder.moqt_insecure", "must be true or false")
-        _check_ints("holder", self, (("moqt_max_datagram_size", 1200), ("moqt_timeout_ms", 1)))
+        _check_ints("holder", self, (("moqt_timeout_ms", 1),))
         for name in ("url", "index_url"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "://" not in value or not value.endswith("/")):

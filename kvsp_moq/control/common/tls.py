@@ -14,6 +14,8 @@ allow_insecure_remote = false  # with insecure: tokens may go to hosts other tha
 [transport]                  # every key optional
 congestion_control = "bbr"   # QUIC congestion control of the process's MOQT connections
                              # (aioquic: reno, cubic, bbr; none: the backend's default)
+max_datagram_size = 1200     # QUIC datagrams they send, octets (1200..65527; default 1200:
+                             # any path; jumbo frames or loopback inside a datacenter: larger)
 ```
 
 One section for the whole process, used by every HTTP client (:meth:`TlsConfig.client_ssl_context`),
@@ -37,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...transport import TransportConfig
+from ...transport.config import MAX_UDP_PAYLOAD, MIN_QUIC_DATAGRAM_SIZE
 from ...transport.tls import is_loopback_host, warn_unverified
 from .errors import ConfigError
 
@@ -70,6 +73,9 @@ class TlsConfig:
     #: ``[transport] congestion_control``: ``TransportConfig.congestion_control_algorithm`` of
     #: every MOQT client config :meth:`transport` makes (None: the backend's default).
     congestion_control: str | None = None
+    #: ``[transport] max_datagram_size``: ``TransportConfig.max_datagram_size`` of every MOQT
+    #: client config :meth:`transport` makes (None: the transport's default, 1200).
+    max_datagram_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("insecure", "allow_plain_http", "allow_insecure_remote"):
@@ -84,6 +90,11 @@ class TlsConfig:
         if self.congestion_control is not None and (
                 not isinstance(self.congestion_control, str) or not self.congestion_control):
             raise ConfigError("transport.congestion_control", "must be a name (reno, cubic, bbr)")
+        size = self.max_datagram_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                 or not MIN_QUIC_DATAGRAM_SIZE <= size <= MAX_UDP_PAYLOAD):
+            raise ConfigError("transport.max_datagram_size",
+                              f"must be an integer in [{MIN_QUIC_DATAGRAM_SIZE}, {MAX_UDP_PAYLOAD}]")
 
     # -- clients ----------------------------------------------------------------------------
 
@@ -112,6 +123,8 @@ class TlsConfig:
         if unverified:
             warn_unverified(purpose)
         changes.setdefault("congestion_control_algorithm", self.congestion_control)
+        if self.max_datagram_size is not None:
+            changes.setdefault("max_datagram_size", self.max_datagram_size)
         return TransportConfig(ca_file=ca_file or self.ca_file, insecure=unverified,
                                allow_insecure_remote=self.allow_insecure_remote, **changes)
 
@@ -178,11 +191,11 @@ def tls_config_from_mapping(section: object, base_dir: Path) -> TlsConfig:
 
 
 def with_transport_section(tls: TlsConfig, section: object) -> TlsConfig:
-    """``tls`` with the ``[transport]`` section (keys: ``congestion_control``) as decoded from
+    """``tls`` with the ``[transport]`` section (keys: ``congestion_control``, ``max_datagram_size``) as decoded from
     TOML. A name the backend does not know fails when a connection is made (ValueError)."""
     if not isinstance(section, dict):
         raise ConfigError("transport", "must be a table")
-    unknown = set(section) - {"congestion_control"}
+    unknown = set(section) - {"congestion_control", "max_datagram_size"}
     if unknown:
         raise ConfigError(f"transport.{sorted(unknown)[0]}", "unknown key")
     return replace(tls, **section) if section else tls

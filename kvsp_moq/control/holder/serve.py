@@ -104,8 +104,7 @@ async def serve_holder(
     moqt: HolderMoqt | None = None
     if hc.moqt_relays:  # binding v1 §8, §10: the replicas as MOQT tracks through the relays
         transport = config.tls.transport(ca_file=hc.moqt_ca_file, insecure=hc.moqt_insecure,
-                                         purpose="the MOQT relays of [holder]",
-                                         max_datagram_size=hc.moqt_max_datagram_size)
+                                         purpose="the MOQT relays of [holder]")  # + [transport]
         moqt = HolderMoqt(store, index_client, config=hc, clock=clock, transport=transport)
         await moqt.connect()
     service = HolderService(store, clock=clock, leases=leases, publisher=publisher, chunk_octets=hc.chunk_octets,
