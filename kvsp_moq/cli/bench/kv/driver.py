@@ -11,8 +11,10 @@ copy of the same bytes over loopback, ``bench.baseline.tcp_copy``):
   first verified layer and to the whole verified block;
 * HTTP GET of the same block from the same holder process (``kv_http_*``: the KVB1 container,
   §6.7, plain HTTP/1.1 client on asyncio streams into one buffer, SHA-256 of the body);
-* through the relay (in-process, first backend, largest datagram size), cold (the relay
-  FETCHes upstream, store-and-forward) and warm (served from its cache);
+* through the relay (``.relayed``: relay and holder each in its own process, first backend,
+  largest datagram size), cold (a miss: the relay FETCHes upstream, cut through) and warm
+  (served from its cache), and each of them against that direct row
+  (``kv_relay_{cold,warm}_vs_direct_{first_layer,rate}``);
 * with ``parallel`` (issue 9, ``.parallel``): the block split into N layer ranges,
   each over its own QUIC connection, in-process (``connections``) or in N worker processes
   (``processes``) writing into a shared-memory torch buffer, from the same holder process:
@@ -35,13 +37,12 @@ import numpy as np
 
 from ....bench.baseline import tcp_copy
 from ....bench.report import Figure
-from ....bridge import MoqtHolder, MoqtPool
 from ....transport import TransportConfig, new_event_loop
 from ....transport.config import BACKENDS
-from ....transport.tls import make_self_signed
-from .holder import KEY, HolderInfo, freeze_heap, geometry, store_block
-from .loader import Timing, measure, timed_load
+from .holder import HolderInfo, freeze_heap, geometry
+from .loader import Timing, measure
 from .parallel import KINDS, ParallelTiming, measure_parallel
+from .relayed import measure_relay, stop_process
 from ...core import UsageError
 
 __all__ = ["check_backends", "check_device", "run", "start_holder"]
@@ -103,43 +104,24 @@ def start_holder(layers: int, layer_bytes: int, datagram_size: int, backend: str
 
 
 def stop_holder(proc: subprocess.Popen[str]) -> None:
-    if proc.stdin is not None and not proc.stdin.closed:
-        proc.stdin.close()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc)
 
 
-async def _relay_figures(layers: int, layer_bytes: int, datagram_size: int, backend: str,
-                         repeat: int) -> dict[str, Timing]:
-    """MOQT through an in-process relay, cold then warm (best of ``repeat``)."""
-    from relay import Relay, RelayConfig  # only for these figures
-
-    cert = make_self_signed()
-    server = TransportConfig(backend=backend, certificate_pem=cert.cert_pem,
-                             private_key_pem=cert.key_pem, max_datagram_size=datagram_size)
-    client = TransportConfig(backend=backend, insecure=True, max_datagram_size=datagram_size)
-    store, tokens = store_block(layers, layer_bytes)
-    holder = MoqtHolder(store)
-    relay = await Relay(RelayConfig(server_transport=server, upstream_transport=client,
-                                    cache_bytes=4 * layers * layer_bytes)).start()
-    pool = MoqtPool(client)
-    out: dict[str, Timing] = {}
-    try:
-        holder.publish(KEY)
-        await holder.attach_relay(relay.url, client)
-        await holder.wait_announced()
-        record = holder.replica_record(KEY, holder=relay.url)
-        await pool.get(record.holder)
-        out["relay_cold"] = await timed_load(record, geometry(), tokens, pool)
-        runs = [await timed_load(record, geometry(), tokens, pool) for _ in range(repeat)]
-        out["relay_warm"] = min(runs, key=lambda r: r[1])
-    finally:
-        await pool.close()
-        await holder.close()
-        await relay.close()
+def _relay_vs_direct(got: dict[str, tuple[Timing, dict[str, Any]]], block: int) -> list[Figure]:
+    """Each relay row against the direct row of its backend and datagram size, same run
+    (issue 16's targets: cold first layer <= direct + 10 ms, cold rate >= 0.8 x direct, warm
+    rate >= direct)."""
+    out = []
+    for path in ("relay_cold", "relay_warm"):
+        if path not in got:
+            continue
+        (first, whole), params = got[path]
+        direct = params["direct"]
+        (d_first, d_whole), _ = got[direct]
+        out.append(Figure(f"kv_{path}_vs_direct_first_layer", "ms", first * 1e3,
+                          f"kv_{direct}_first_layer", d_first * 1e3, params=params))
+        out.append(Figure(f"kv_{path}_vs_direct_rate", "MB/s", block / whole / 1e6,
+                          f"kv_{direct}_rate", block / d_whole / 1e6, params=params))
     return out
 
 
@@ -208,11 +190,12 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                                                  "holder": "own process", "verify": "Repr-Digest"})
         if relay:
             backend, size = backends[0], max(datagram_sizes)
-            res = loop.run_until_complete(_relay_figures(layers, layer_bytes, size, backend, repeat))
+            res = loop.run_until_complete(measure_relay(layers, layer_bytes, size, backend, repeat))
             for name, timing in res.items():
                 got[name] = (timing, {"layers": layers, "layer_bytes": layer_bytes,
                                       "backend": backend, "max_datagram_size": size,
-                                      "sink": "torch-cpu", "relay": "in-process"})
+                                      "sink": "torch-cpu", "relay": "own process",
+                                      "holder": "own process", "direct": f"{backend}_dgram{size}"})
     finally:
         loop.close()
     figures = []
@@ -224,6 +207,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
         # The same as a rate: ratio = the fraction of the TCP copy's speed (the issue's "x TCP").
         figures.append(Figure(f"kv_{path}_rate", "MB/s", block / whole / 1e6,
                               "tcp_copy", block / tcp[0] / 1e6, params=params))
+    figures.extend(_relay_vs_direct(got, block))
     for path, timings in par.items():
         params = {**got[path][1], "holders": holders,
                   "holder": "own process" if holders == 1 else f"{holders} processes"}
