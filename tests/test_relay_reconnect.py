@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,9 +24,7 @@ from kvsp_moq.moqt.errors import PublishDoneCode
 from kvsp_moq.moqt.messages import MessageParameters
 from kvsp_moq.pubsub import Catalog, MoqtSession, Subscription, connect
 from kvsp_moq.transport import TransportConfig
-
-ROOT = Path(__file__).resolve().parent.parent
-GUARD = 20.0
+from relay_restart_support import GUARD, RelayProcess, within
 #: The chained relay's liveness PING period and reconnect backoff cap (seconds).
 KEEPALIVE = 0.3
 BACKOFF_MAX = 0.5
@@ -37,51 +34,8 @@ BOUND = 10.0
 RENDEZVOUS = MessageParameters(rendezvous_timeout=int(BOUND * 1000))
 
 
-async def within(aw, timeout: float = GUARD):
-    return await asyncio.wait_for(aw, timeout)
-
-
 def client() -> TransportConfig:
     return TransportConfig(insecure=True)
-
-
-class RelayProcess:
-    """``python -m relay`` on 127.0.0.1: started, killed, restarted on the same port."""
-
-    def __init__(self, log: Path, *args: str) -> None:
-        self.args = args
-        self.log = log
-        self.port = 0
-        self.proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def url(self) -> str:
-        return f"moqt://127.0.0.1:{self.port}/moq"
-
-    async def start(self) -> RelayProcess:
-        with self.log.open("ab") as err:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "relay", "--listen", f"127.0.0.1:{self.port}",
-                "--log-level", "INFO", *self.args, cwd=ROOT,
-                stdout=asyncio.subprocess.PIPE, stderr=err)
-        assert self.proc.stdout is not None
-        line = (await within(self.proc.stdout.readline())).decode()
-        assert line.startswith("relay listening on moqt://127.0.0.1:"), (line, self.log.read_text())
-        self.port = int(line.rsplit(":", 1)[1].split("/")[0])
-        return self
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-
-    async def wait(self) -> int:
-        assert self.proc is not None
-        return await within(self.proc.wait())
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
 
 
 @pytest.fixture

@@ -11,6 +11,11 @@ tracks, each under its own five-field namespace:
   session if provided"), else to the same URL, PUBLISH_NAMESPACEs every replica there, and
   closes the old session once none of its requests is in flight on it
   (:meth:`~kvsp_moq.pubsub.MoqtSession.wait_idle`): publishing through the relay goes on.
+  A relay session that ends otherwise (the relay closed it, or was killed: a PING not
+  acknowledged within ``Reconnect.liveness_timeout`` closes it, ``kvsp_moq.pubsub.liveness``)
+  is connected again with backoff (``Reconnect.backoff_initial`` doubling up to
+  ``backoff_max``) to the same target, and every replica still held is PUBLISH_NAMESPACEd there
+  (issue 19: a restarted relay gets the holder's namespaces back).
 
 FETCH is served straight from the store's tier buffers (:class:`~.track.BlockTrack`); a block
 still being computed (:meth:`MoqtHolder.begin`) is published layer by layer as it is written.
@@ -41,6 +46,7 @@ from ..kvsp.records import ReplicaRecord
 from ..moqt.messages import Message, SubscribeNamespace, SubscribeTracks, Token
 from ..moqt.session import SessionConfig
 from ..pubsub import DEFAULT_RECEIVE_LIMITS, Catalog, MoqtError, MoqtServer, MoqtSession, ReceiveLimits, connect, serve
+from ..pubsub.liveness import Reconnect, probe_liveness
 from ..pubsub.session import token_values
 from ..storage import BlockStore, BlockWriter, RecordKey
 from ..transport import TransportConfig
@@ -123,6 +129,9 @@ class _RelayLink:
     session: MoqtSession
     #: (key, replica id) of the replicas whose PUBLISH_NAMESPACE the current session's relay accepted.
     announced: set[tuple[RecordKey, bytes]] = field(default_factory=set)
+    #: The liveness probe of the session and the backoff of reconnects after it was lost.
+    reconnect: Reconnect = field(default_factory=Reconnect)
+    reconnecting: bool = False
 
 
 class MoqtHolder:
@@ -155,6 +164,11 @@ class MoqtHolder:
         self._draining: dict[MoqtSession, asyncio.Task[None]] = {}
         #: GOAWAYs received from attached relays (a counter for tests and metrics).
         self.goaways = 0
+        #: Relay sessions connected again after a loss, and closed for an unacknowledged PING.
+        self.reconnects = 0
+        self.dead = 0
+        #: Liveness probes and reconnect loops of the relay links.
+        self._background: set[asyncio.Task[None]] = set()
         store.add_evict_listener(self._on_evict)
         self._listening = True
 
@@ -179,18 +193,21 @@ class MoqtHolder:
     async def attach_relay(self, url: str, config: TransportConfig | None = None, *,
                            session_config: SessionConfig | None = None,
                            setup_tokens: Sequence[Token | bytes | str] = (),
-                           receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> MoqtSession:
+                           receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS,
+                           reconnect: Reconnect | None = None) -> MoqtSession:
         """Connect to a relay as a publisher: PUBLISH_NAMESPACE every published replica (and
         every later one); the relay's SUBSCRIBE / FETCH are answered from the store.
         ``setup_tokens`` are sent as AUTHORIZATION_TOKEN Setup Options: the token of a
         principal allowed to publish the scopes (binding §9). The relay's requests on this
         session are not checked against :attr:`authorizer`: the relay enforces binding §9.
         ``receive_limits``: what the relay may make the session hold (pubsub/limits.py).
-        After the relay's GOAWAY the link moves to a new session (see the module notes)."""
+        After the relay's GOAWAY the link moves to a new session; a session lost otherwise is
+        connected again (``reconnect``: liveness probe and backoff; see the module notes)."""
         link = _RelayLink(url, config or TransportConfig(), session_config, tuple(setup_tokens),
                           receive_limits, await self._connect(url, config or TransportConfig(),
                                                               session_config, tuple(setup_tokens),
-                                                              receive_limits))
+                                                              receive_limits),
+                          reconnect=reconnect or Reconnect())
         session = link.session
         self._relays[url] = link
         self._watch(url, link)
@@ -217,6 +234,61 @@ class MoqtHolder:
             self._spawn(self._migrate(url, link, session, goaway.result()))
 
         session.goaway_received.add_done_callback(on_goaway)
+        session.closed.add_done_callback(lambda _f: self._on_lost(url, link, session))
+        self._background_task(self._probe(link, session))
+
+    def _background_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _probe(self, link: _RelayLink, session: MoqtSession) -> None:
+        """Close ``session`` when the relay stops acknowledging PINGs (killed, restarted)."""
+        reason = await probe_liveness(session.connection, link.reconnect)
+        if reason is not None and link.session is session and not session.closed.done():
+            self.dead += 1
+            log.warning("relay %s: %s; connecting again", link.target, reason)
+            await session.close(reason=f"relay unresponsive: {reason}")
+
+    def _current(self, url: str, link: _RelayLink, session: MoqtSession) -> bool:
+        return self._listening and self._relays.get(url) is link and link.session is session
+
+    def _on_lost(self, url: str, link: _RelayLink, session: MoqtSession) -> None:
+        """A relay session ended: unless it was moved (GOAWAY), detached or we are closing,
+        connect again with backoff."""
+        if self._current(url, link, session) and not link.reconnecting:
+            link.reconnecting = True
+            self._background_task(self._reconnect(url, link, session))
+
+    async def _reconnect(self, url: str, link: _RelayLink, lost: MoqtSession) -> None:
+        try:
+            for delay in link.reconnect.delays():
+                await asyncio.sleep(delay)  # the backoff schedule, not a wait for a state
+                if not self._current(url, link, lost):
+                    return  # attached again meanwhile, or closing
+                try:
+                    new = await self._connect(link.target, link.config, link.session_config,
+                                              link.setup_tokens, link.receive_limits)
+                except Exception as exc:  # unreachable, refused: the next attempt waits longer
+                    log.info("relay %s: reconnect failed: %r", link.target, exc)
+                    continue
+                if not self._current(url, link, lost):
+                    await new.close()
+                    return
+                self.reconnects += 1
+                log.info("relay %s: connected again; publishing the replicas there", link.target)
+                self._adopt(url, link, new, link.target)
+                return
+        finally:
+            link.reconnecting = False
+
+    def _adopt(self, url: str, link: _RelayLink, new: MoqtSession, target: str) -> None:
+        """``new`` becomes the link's session: every replica is announced there."""
+        link.target, link.session = target, new
+        link.announced.clear()
+        self._watch(url, link)
+        for track in list(self._tracks.values()):
+            self._spawn(self._announce(link, new, track))
 
     async def _migrate(self, url: str, link: _RelayLink, old: MoqtSession, new_uri: str) -> None:
         """The relay sent GOAWAY on ``old``: a new session to ``new_uri`` (empty: the same
@@ -233,13 +305,10 @@ class MoqtHolder:
         if not self._listening or self._relays.get(url) is not link:  # closed meanwhile
             await new.close()
             return
-        link.target, link.session = target, new
-        link.announced.clear()
-        self._watch(url, link)
+        # Every track published from now on is announced on ``new`` by publish(); _adopt
+        # announces the ones published before (no await since the swap).
+        self._adopt(url, link, new, target)
         self._close_when_idle(old)
-        # Every track published from now on is announced on ``new`` by publish(); these are
-        # the ones published before (no await since the swap).
-        await asyncio.gather(*(self._announce(link, new, t) for t in list(self._tracks.values())))
 
     def _close_when_idle(self, session: MoqtSession) -> None:
         async def close() -> None:
@@ -365,6 +434,8 @@ class MoqtHolder:
         if self._listening:
             self._listening = False
             self.store.remove_evict_listener(self._on_evict)
+        for task in list(self._background):
+            task.cancel()
         links, self._relays = list(self._relays.values()), {}
         for link in links:
             await link.session.close()

@@ -11,6 +11,18 @@ waits until there are no more active requests before closing the session"). A re
 old session refused because of the GOAWAY (REQUEST_ERROR GOING_AWAY from the peer, or ours
 before sending) is retried once on the new session: :meth:`MoqtPool.call`,
 :func:`refused_by_goaway`.
+
+A relay that dies or restarts (issue 19; ``kvsp_moq.pubsub.liveness``): every session is
+PINGed every ``reconnect.keepalive`` seconds, and one whose PING is not acknowledged within
+``reconnect.liveness_timeout`` is closed and dropped (a relay killed and restarted on the same
+port drops the old connection's packets silently: without the probe the session would look
+open until the QUIC idle timeout). Its requests in flight fail at once with the session's close
+(their loads fall over to the next source) and the next :meth:`MoqtPool.get` connects again,
+reaching the restarted relay at the same URL. A URL whose connect failed is not tried again
+before a backoff (``reconnect.backoff_initial``, doubling per failure up to
+``reconnect.backoff_max``): meanwhile :meth:`MoqtPool.get` raises ``ConnectionError`` at once,
+so a load falls over to its next source without waiting ``connect_timeout`` for a relay that is
+down.
 """
 
 from __future__ import annotations
@@ -20,10 +32,11 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from ..moqt.errors import RequestErrorCode
+from ..moqt.errors import RequestErrorCode, SessionErrorCode
 from ..moqt.messages import Token
 from ..moqt.session import SessionConfig
 from ..pubsub import DEFAULT_RECEIVE_LIMITS, ErrorKind, MoqtError, MoqtSession, ReceiveLimits, connect
+from ..pubsub.liveness import Reconnect, probe_liveness
 from ..transport import TransportConfig
 
 __all__ = ["MoqtPool", "refused_by_goaway"]
@@ -51,13 +64,16 @@ class MoqtPool:
     ``setup_tokens``: AUTHORIZATION_TOKEN Setup Options sent on every connection (a bearer
     token of the control plane as bytes / str, or a ``Token``): the instance's credentials
     for the scopes it reads (binding §9). ``receive_limits``: what a source may make each
-    session hold (pubsub/limits.py; block loads receive into sinks of the layer's size)."""
+    session hold (pubsub/limits.py; block loads receive into sinks of the layer's size).
+    ``reconnect``: the liveness probe of each session and the backoff after a failed connect
+    (see the module notes)."""
 
     def __init__(self, config: TransportConfig | None = None, *,
                  connect_timeout: float = 5.0,
                  session_config: Callable[[], SessionConfig] | None = None,
                  setup_tokens: Sequence[Token | bytes | str] = (),
-                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS) -> None:
+                 receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS,
+                 reconnect: Reconnect = Reconnect()) -> None:
         self.config = config or TransportConfig()  # verifies the server (docs/security.md)
         #: A fresh SessionConfig per connection (PATH / AUTHORITY, implementation...).
         self.session_config = session_config
@@ -73,6 +89,13 @@ class MoqtPool:
         self._closing: set[asyncio.Future[None]] = set()
         #: GOAWAYs received on sessions of this pool (a counter for tests and metrics).
         self.goaways = 0
+        self.reconnect = reconnect
+        #: URL -> (connects failed in a row, loop time before which it is not tried again).
+        self._backoff: dict[str, tuple[int, float]] = {}
+        #: The liveness probes of the pool's sessions.
+        self._probes: set[asyncio.Future[None]] = set()
+        #: Sessions closed because their peer stopped acknowledging PINGs (a counter).
+        self.dead = 0
 
     def target(self, url: str) -> str:
         """Where a session for ``url`` is opened now (a New Session URI after GOAWAY)."""
@@ -80,10 +103,15 @@ class MoqtPool:
 
     async def get(self, url: str) -> MoqtSession:
         fut = self._sessions.get(url)
-        if fut is not None and fut.done() and (fut.exception() is not None or
-                                               not _usable(fut.result())):
+        if fut is not None and fut.done() and (fut.cancelled() or fut.exception() is not None
+                                               or not _usable(fut.result())):
             fut = None
         if fut is None:
+            failures, not_before = self._backoff.get(url, (0, 0.0))
+            wait = not_before - asyncio.get_running_loop().time()
+            if wait > 0:
+                raise ConnectionError(f"{url}: {failures} connect(s) failed in a row; "
+                                      f"not tried again for {wait:.2f} s")
             fut = self._connect(url)
         return await asyncio.shield(fut)
 
@@ -108,10 +136,17 @@ class MoqtPool:
 
         def connected(f: asyncio.Future[MoqtSession]) -> None:
             if f.cancelled() or f.exception() is not None:
+                failures = self._backoff.get(url, (0, 0.0))[0] + 1
+                self._backoff[url] = (failures, asyncio.get_running_loop().time()
+                                      + self.reconnect.delay(failures))
                 return
+            self._backoff.pop(url, None)
             session = f.result()
             session.goaway_received.add_done_callback(
                 lambda g: self._on_goaway(url, session, g))
+            probe = asyncio.ensure_future(self._probe(url, session))
+            self._probes.add(probe)
+            probe.add_done_callback(self._probes.discard)
 
         fut.add_done_callback(connected)
         self._sessions[url] = fut
@@ -136,6 +171,19 @@ class MoqtPool:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    async def _probe(self, url: str, session: MoqtSession) -> None:
+        """Close ``session`` when its peer stops acknowledging PINGs (a dead relay)."""
+        reason = await probe_liveness(session.connection, self.reconnect)
+        if reason is None or _closed(session):
+            return
+        self.dead += 1
+        log.warning("%s: %s; the session is closed, the next request reconnects", url, reason)
+        current = self._sessions.get(url)
+        if current is not None and current.done() and not current.cancelled() and \
+                current.exception() is None and current.result() is session:
+            del self._sessions[url]
+        await session.close(SessionErrorCode.NO_ERROR, f"peer unresponsive: {reason}")
+
     async def _close_when_idle(self, session: MoqtSession) -> None:
         """Close a GOAWAY'd session once none of our requests is in flight on it (or the
         peer closed it first)."""
@@ -146,7 +194,7 @@ class MoqtPool:
 
     async def close(self) -> None:
         futs, self._sessions = list(self._sessions.values()), {}
-        for task in list(self._closing):
+        for task in list(self._closing) + list(self._probes):
             task.cancel()
         for fut in futs:
             if not fut.done():

@@ -207,6 +207,9 @@ class EngineProtocol(asyncio.DatagramProtocol):
 
     async def ping(self) -> None:
         waiter: asyncio.Future[None] = self._loop.create_future()
+        # A caller that stopped waiting (a liveness probe's deadline) leaves the waiter here;
+        # its ConnectionError at termination is then nobody's: mark it retrieved.
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
         uid = id(waiter)
         self._ping_waiters[uid] = waiter
         self._quic.send_ping(uid)

@@ -18,6 +18,10 @@ scope_key_files = ["shared-prompts.key"]           # hex of >= 32 octets each (Â
 moqt_timeout_s = 10.0                              # per MOQT request, whole
 moqt_idle_timeout_s = 2.0                          # per MOQT request, without an octet
 index_timeout_s = 2.0                              # each IS call (lookup: then recompute; records)
+moqt_keepalive_s = 5.0                             # liveness PING of the MOQT sessions (0: off)
+moqt_liveness_timeout_s = 5.0                      # a PING unacknowledged this long: session lost
+moqt_reconnect_initial_s = 0.1                     # reconnect backoff, doubling per failure
+moqt_reconnect_max_s = 5.0                         # up to this
 
 [instance.engine.moqt_limits]    # what a relay / holder may make each MOQT session hold
 max_object_size = 67108864       # pubsub/limits.py ReceiveLimits; every key optional,
@@ -39,6 +43,7 @@ from typing import Any
 
 from ...kvsp.scope import scope_id as derive_scope_id
 from ...pubsub.limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
+from ...pubsub.liveness import Reconnect
 from .errors import ConfigError
 
 __all__ = ["EngineConfig", "engine_config_from_mapping", "read_scope_key", "receive_limits_from_mapping"]
@@ -90,6 +95,16 @@ class EngineConfig:
     #: What a relay or holder may make each of the engine's MOQT sessions hold (its load pool,
     #: its holder's relay session, the prefetch loads): ``[instance.engine.moqt_limits]``.
     moqt_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS
+    #: A relay that dies or restarts (docs/reliability.md "Relays"): every MOQT session of the
+    #: engine (its load pool, its holder's relay session) is PINGed every ``moqt_keepalive_s``
+    #: seconds (0: never) and closed when a PING is not acknowledged within
+    #: ``moqt_liveness_timeout_s``; a lost relay session is connected again after
+    #: ``moqt_reconnect_initial_s``, the wait doubling per failure up to ``moqt_reconnect_max_s``
+    #: (the pool does not try a URL whose connect failed again before that wait).
+    moqt_keepalive_s: float = 5.0
+    moqt_liveness_timeout_s: float = 5.0
+    moqt_reconnect_initial_s: float = 0.1
+    moqt_reconnect_max_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.moqt_limits, ReceiveLimits):
@@ -114,6 +129,20 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"instance.engine.{name}", "must be a number > 0")
+        for name, low in (("moqt_keepalive_s", 0.0), ("moqt_liveness_timeout_s", None),
+                          ("moqt_reconnect_initial_s", None), ("moqt_reconnect_max_s", None)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    (value < low if low is not None else value <= 0):
+                raise ConfigError(f"instance.engine.{name}", "must be a number >= 0" if low is not None else "must be a number > 0")
+        if self.moqt_reconnect_initial_s > self.moqt_reconnect_max_s:
+            raise ConfigError("instance.engine.moqt_reconnect_initial_s", "must be <= moqt_reconnect_max_s")
+
+    @property
+    def moqt_reconnect(self) -> Reconnect:
+        """The liveness probe and reconnect backoff of the engine's MOQT sessions."""
+        return Reconnect(keepalive=self.moqt_keepalive_s, liveness_timeout=self.moqt_liveness_timeout_s,
+                         backoff_initial=self.moqt_reconnect_initial_s, backoff_max=self.moqt_reconnect_max_s)
 
     def scope_key(self, scope_id: bytes) -> bytes | None:
         return self.scope_keys.get(scope_id)

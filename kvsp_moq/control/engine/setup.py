@@ -68,11 +68,12 @@ async def start_engine(
     if config.relay_url is not None:
         tokens = (token,) if token else ()
         pool = MoqtPool(transport, connect_timeout=config.moqt_timeout_s, setup_tokens=tokens,
-                        receive_limits=config.moqt_limits)
+                        receive_limits=config.moqt_limits, reconnect=config.moqt_reconnect)
         moqt_holder = MoqtHolder(store, ttl_ms=config.record_ttl_ms)
         try:
             await moqt_holder.attach_relay(config.relay_url, transport, setup_tokens=tokens,
-                                           receive_limits=config.moqt_limits)
+                                           receive_limits=config.moqt_limits,
+                                           reconnect=config.moqt_reconnect)
         except BaseException:
             await moqt_holder.close()
             await pool.close()

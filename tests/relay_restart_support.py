@@ -1,0 +1,57 @@
+"""``python -m relay`` as a real process for the restart tests (tests/test_relay_reconnect*.py):
+started on port 0, then killed (SIGKILL) or stopped (SIGTERM) and restarted on the SAME port,
+so clients' URLs stay valid. Every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+GUARD = 20.0
+
+
+async def within(aw: Any, timeout: float = GUARD) -> Any:
+    return await asyncio.wait_for(aw, timeout)
+
+
+class RelayProcess:
+    """``python -m relay`` on 127.0.0.1: started, killed, restarted on the same port."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        self.args = args
+        self.log = log
+        self.port = 0
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"moqt://127.0.0.1:{self.port}/moq"
+
+    async def start(self) -> RelayProcess:
+        with self.log.open("ab") as err:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "relay", "--listen", f"127.0.0.1:{self.port}",
+                "--log-level", "INFO", *self.args, cwd=ROOT,
+                stdout=asyncio.subprocess.PIPE, stderr=err)
+        assert self.proc.stdout is not None
+        line = (await within(self.proc.stdout.readline())).decode()
+        assert line.startswith("relay listening on moqt://127.0.0.1:"), (line, self.log.read_text())
+        self.port = int(line.rsplit(":", 1)[1].split("/")[0])
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        return await within(self.proc.wait())
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
