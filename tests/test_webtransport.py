@@ -8,6 +8,11 @@ future the protocol completes; ``within`` only turns a hang into a failure.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
+import re
+import signal
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -230,3 +235,39 @@ async def test_relay_upstream_over_webtransport(relay: Relay) -> None:
         for s in (sub, pub):
             await within(s.close())
         await within(second.close())
+
+
+# ------------------------------------------------------------------------------------------
+# kvsp moq with https:// URLs (real processes)
+
+
+async def test_kvsp_moq_fetch_and_subscribe_over_https(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "kvsp_moq", "moq"]
+    data = os.urandom(3 * 50_000 + 77)
+    path = tmp_path / "block.bin"
+    path.write_bytes(data)
+    server = await asyncio.create_subprocess_exec(
+        *cmd, "publish", "kvsp-1/wt", "raw", "--file", str(path), "--object-size", "50000",
+        "--serve", "127.0.0.1:0", "--subscribers", "1", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    assert server.stderr is not None
+    try:
+        while True:  # the server says where it listens
+            line = (await within(server.stderr.readline())).decode()
+            assert line, "publisher exited before serving"
+            if m := re.search(r"serving moqt://(\S+)", line):
+                url = "https://" + m.group(1)
+                break
+        chunks = [data[i:i + 50_000] for i in range(0, len(data), 50_000)]
+        want = [f"0 {i} {len(c)} {hashlib.sha256(c).hexdigest()}" for i, c in enumerate(chunks)]
+        for verb, extra in (("subscribe", ["--count", "4"]), ("fetch", ["--start", "0:1"])):
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, verb, url, "kvsp-1/wt", "raw", "--insecure", *extra,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await within(proc.communicate())
+            assert proc.returncode == 0, err.decode()
+            assert out.decode().splitlines() == (want if verb == "subscribe" else want[1:])
+    finally:
+        if server.returncode is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            assert await within(server.wait()) == 0

@@ -43,6 +43,10 @@ def _location(text: str) -> tuple[int, int]:
     return int(group), int(obj)
 
 
+_URL_HELP = ("moqt://HOST:PORT/PATH (MOQT over raw QUIC) or https://HOST:PORT/PATH (MOQT over "
+             "WebTransport)")
+
+
 def _config(args: argparse.Namespace, **extra: object) -> TransportConfig:
     alpns = [Version(d).alpn for d in args.draft] if args.draft else None
     try:
@@ -234,9 +238,12 @@ async def _publish_serve(args: argparse.Namespace, where: Names, source: _Source
         print("kvsp moq publish: no --cert/--key, using a self-signed certificate", file=sys.stderr)
     catalog = Catalog()
     track = catalog.add(TrackPublisher(where.namespace, where.track))
-    server = await serve(host, int(port), _config(args, **tls), catalog=catalog)
+    server = await serve(host, int(port), _config(args, webtransport=True, **tls),
+                         catalog=catalog)
     print(f"kvsp moq publish: serving moqt://{host}:{server.port}/ "
           f"{where}", file=sys.stderr, flush=True)
+    print(f"kvsp moq publish: and over WebTransport at https://{host}:{server.port}/",
+          file=sys.stderr, flush=True)
     try:
         await _publish_objects(track, args, source)
         print("kvsp moq publish: done; serving FETCH until interrupted", file=sys.stderr, flush=True)
@@ -287,7 +294,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q = msub.add_parser("subscribe", help="SUBSCRIBE and print `group object size sha256` per object",
                         description="SUBSCRIBE to NAMESPACE TRACK (or --block ...) and print one "
                                     "line per object: group object size sha256")
-    q.add_argument("url", metavar="URL")
+    q.add_argument("url", metavar="URL", help=_URL_HELP)
     _names(q)
     q.add_argument("--count", type=int, metavar="N", help="stop after N objects")
     q.add_argument("--out", metavar="FILE", help="also write the payloads to FILE, in order")
@@ -298,7 +305,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q = msub.add_parser("fetch", help="FETCH an object range and print one line per object",
                         description="FETCH an object range of NAMESPACE TRACK (or --block ...) "
                                     "and print one line per object: group object size sha256")
-    q.add_argument("url", metavar="URL")
+    q.add_argument("url", metavar="URL", help=_URL_HELP)
     _names(q)
     q.add_argument("--start", default="0:0", metavar="G:O")
     q.add_argument("--end", metavar="G:O", help="inclusive; default: the largest object")
@@ -308,7 +315,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.set_defaults(handler=_runner(_fetch))
 
     q = msub.add_parser("publish", help="publish FILE as the objects of one group")
-    q.add_argument("url", metavar="URL", nargs="?", help="relay to publish to (omit with --serve)")
+    q.add_argument("url", metavar="URL", nargs="?",
+                   help="relay to publish to (omit with --serve); " + _URL_HELP)
     _names(q)
     q.add_argument("--file", metavar="F", help="publish F's octets, --object-size N per object")
     q.add_argument("--object-size", type=int, metavar="N")
