@@ -6,7 +6,9 @@ is checked in one place):
 * ``QuicConnection._remote_max_datagram_frame_size`` (read by the engine) — the peer's
   max_datagram_frame_size transport parameter; no public accessor.
 * ``QuicConnection._streams[sid].sender._buffer`` — a stream's send buffer: unsent plus
-  unacknowledged bytes (freed on ACK), the backpressure metric.
+  unacknowledged bytes (freed on ACK), the backpressure metric; on the streams we open it is
+  replaced by a :class:`~.stream_buffer.SendBuffer` (the bytearray operations aioquic uses,
+  without its copies).
 * ``QuicConnection._close_event`` / ``._state`` — a close that has begun (sent or received)
   whose ConnectionTerminated event only comes after the closing period (3 PTO); reading it
   lets the upper layer learn of a peer's CONNECTION_CLOSE at once.
@@ -44,6 +46,7 @@ from .bbr import BbrCongestionControl
 from .config import TransportConfig
 from .endpoints import EngineBackend
 from .library import QuicLibrary
+from .stream_buffer import SendBuffer
 
 __all__ = ["BACKEND", "LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicBbr", "AioquicLibrary", "BbrPacer",
            "connect", "serve"]
@@ -121,6 +124,9 @@ class AioquicLibrary(QuicLibrary):
         stream_id = quic.get_next_available_stream_id(is_unidirectional=unidirectional)
         # Writing nothing creates the stream, so the next call returns another ID.
         quic.send_stream_data(stream_id, b"", end_stream=False)
+        # Our streams carry the bulk data: a chunked send buffer, each byte copied once on
+        # write (aioquic's bytearray recopies its live bytes as it grows; stream_buffer.py).
+        quic._streams[stream_id].sender._buffer = SendBuffer()
         return int(stream_id)
 
     def stream_buffered(self, quic: Any, stream_id: int) -> int:
