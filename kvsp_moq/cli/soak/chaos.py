@@ -1,7 +1,9 @@
 """The chaos schedule of ``kvsp soak``: seeded faults, one at a time, on real processes.
 
-Every ``every_s`` seconds (± a quarter, seeded) the next fault of a seeded shuffle of
-:data:`FAULTS` (a new shuffle once all were used, so each kind comes round) is done to a role:
+Every ``every_s`` seconds (± a quarter, seeded; shorter in the first round when the run would
+otherwise end before every kind came) the next fault of a seeded shuffle of :data:`FAULTS` (a
+new shuffle once all were used, so each kind comes round) is done to a role; a killed role is
+restarted in the background, and a role that is down is not chosen again until it is back:
 
 * ``kill-instance``: SIGKILL an instance (never the last live one), restart it on its port
   after ``down_s``; the PC moves its sessions (§6.8), readers of its blocks fall over;
@@ -11,7 +13,7 @@ Every ``every_s`` seconds (± a quarter, seeded) the next fault of a seeded shuf
 * ``stall-holder``: SIGSTOP the holder for ``stall_s``, then SIGCONT: a peer that holds its
   sockets and answers nothing, which every wait on it must bound.
 
-The lossy link (``.lossy``) drops packets between relay B and relay A the whole time. The
+The lossy link (``.lossy``) drops packets to and from relay B the whole time. The
 pauses between faults and a fault's down time are the schedule itself, not a wait for a
 condition; restarts wait for the role to announce its URL (bounded by ``roles.START_TIMEOUT_S``).
 """
@@ -43,36 +45,55 @@ class Chaos:
     #: Roles being killed or restarted now (the workload sends no plain request to them).
     down: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
+    _restarts: list[asyncio.Task[None]] = field(default_factory=list)
 
     def live_instances(self) -> list[str]:
         return [self.cluster.url(r) for r in self.cluster.instances if r.alive and r.name not in self.down]
 
     async def run(self, until: float) -> None:
+        """Faults until ``until``; the pause before each is shortened when needed so that every
+        kind of the first round fits in the run. Restarts go on in the background (a slow one does
+        not hold the schedule up); they are awaited before this returns."""
         rng = random.Random(self.seed)
         order: list[str] = []
-        while True:
-            pause = self.every_s * rng.uniform(0.75, 1.25)
-            if time.monotonic() + pause >= until:
-                return
-            await asyncio.sleep(pause)
-            if not order:
-                order = list(FAULTS)
-                rng.shuffle(order)
-            await self.fault(order.pop(), rng)
+        first_round = True
+        try:
+            while True:
+                if not order:
+                    if self.events:
+                        first_round = False
+                    order = list(FAULTS)
+                    rng.shuffle(order)
+                pause = self.every_s * rng.uniform(0.75, 1.25)
+                left = until - time.monotonic()
+                if first_round:
+                    pause = min(pause, left / (len(order) + 1))
+                if pause >= left:
+                    return
+                await asyncio.sleep(pause)
+                await self.fault(order.pop(), rng)
+        finally:
+            if self._restarts:
+                await asyncio.gather(*self._restarts)
 
     async def fault(self, kind: str, rng: random.Random) -> None:
         c = self.cluster
         t0 = time.monotonic()
         if kind == "kill-instance":
-            candidates = [r for r in c.instances if r.alive]
+            candidates = [r for r in c.instances if r.alive and r.name not in self.down]
             if len(candidates) < 2:
+                self._log(kind, c.instances[0], t0, "skipped: fewer than 2 instances up")
                 return
-            await self._kill_restart(rng.choice(candidates), kind, t0)
+            self._kill_restart(rng.choice(candidates), kind, t0)
         elif kind == "kill-relay":
-            await self._kill_restart(rng.choice([c.relay_a, c.relay_b]), kind, t0)
+            self._kill_restart(rng.choice([r for r in (c.relay_a, c.relay_b) if r.name not in self.down]
+                                          or [c.relay_a]), kind, t0)
         elif kind == "kill-holder":
-            await self._kill_restart(c.holder, kind, t0)
+            self._kill_restart(c.holder, kind, t0)
         elif kind == "stall-holder":
+            if c.holder.name in self.down:
+                self._log(kind, c.holder, t0, "skipped: the holder is restarting")
+                return
             c.holder.pause()
             self._log(kind, c.holder, t0, f"SIGSTOP for {self.stall_s:g} s")
             try:
@@ -82,18 +103,27 @@ class Chaos:
         else:  # pragma: no cover - FAULTS lists every kind
             raise ValueError(kind)
 
-    async def _kill_restart(self, role: Role, kind: str, t0: float) -> None:
+    def _kill_restart(self, role: Role, kind: str, t0: float) -> None:
+        if role.name in self.down:
+            self._log(kind, role, t0, "skipped: already restarting")
+            return
         self.down.add(role.name)
-        try:
-            role.kill()
-            await role.wait_dead()
-            self._log(kind, role, t0, f"SIGKILL, restart after {self.down_s:g} s")
-            await asyncio.sleep(self.down_s)
-            await role.start()
-            self.events[-1]["back_after_s"] = round(time.monotonic() - t0, 3)
-        finally:
-            self.down.discard(role.name)
+        role.kill()
+        event = self._log(kind, role, t0, f"SIGKILL, restart after {self.down_s:g} s")
 
-    def _log(self, kind: str, role: Role, t0: float, what: str) -> None:
-        self.events.append({"t_s": round(t0 - self.started, 3), "fault": kind, "role": role.name, "what": what})
+        async def restart() -> None:
+            try:
+                await role.wait_dead()
+                await asyncio.sleep(self.down_s)
+                await role.start()
+                event["back_after_s"] = round(time.monotonic() - t0, 3)
+            finally:
+                self.down.discard(role.name)
+
+        self._restarts.append(asyncio.create_task(restart()))
+
+    def _log(self, kind: str, role: Role, t0: float, what: str) -> dict[str, Any]:
+        event: dict[str, Any] = {"t_s": round(t0 - self.started, 3), "fault": kind, "role": role.name, "what": what}
+        self.events.append(event)
         self.progress(f"chaos t={t0 - self.started:6.1f} s: {kind} {role.name} ({what})")
+        return event

@@ -1,4 +1,4 @@
-"""The lossy link of ``kvsp soak``: a UDP forwarder between relay B and its upstream relay A.
+"""The lossy link of ``kvsp soak``: a UDP forwarder in front of relay B.
 
 ``python -m kvsp_moq.cli.soak.lossy --listen HOST:PORT --to HOST:PORT [--loss L] [--delay-ms D]
 [--seed S]`` receives datagrams on ``--listen``; for each client address it opens one socket
@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 from ..bench.wan.netem import DelayLine
 
@@ -80,8 +80,7 @@ class Link(asyncio.DatagramProtocol):
         self._opening: dict[tuple[str, int], list[bytes]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         flow = self.flows.get(addr)

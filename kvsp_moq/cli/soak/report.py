@@ -5,7 +5,8 @@
   last reading before the kill stands for it, so what an incarnation did in its last
   ``every_s`` may be missing — fallbacks are a lower bound, never the zero counts);
 * :func:`check_digests`: at the end, every replica of every prompt block the IS lists whose
-  holder serves HTTP (the holder, the instances' own stores) is fetched and verified against
+  holder serves blocks over HTTP (the holder; the instances' own store records only say where
+  the KV is resident, §6.4, and are counted apart) is fetched and verified against
   its record (Repr-Digest, layer digests, replica digest, §6.7, ``retrieve_block``): a replica
   that fails is a **block served with a wrong digest**; one that is gone (404, its holder down)
   is counted apart;
@@ -83,7 +84,9 @@ async def check_digests(cluster: SoakCluster, index: HttpIndexClient, block_keys
                         scope_id: bytes, compat_id: bytes) -> dict[str, int]:
     """Every HTTP replica of ``block_keys`` the IS lists, fetched and verified (module notes)."""
     found = await index.lookup(LookupRequest(scope_id=scope_id, compat_id=compat_id, block_keys=tuple(block_keys)))
-    out: dict[str, Any] = {"replicas_checked": 0, "verified": 0, "wrong_digest": 0, "gone": 0, "moqt_records": 0}
+    out: dict[str, Any] = {"replicas_checked": 0, "verified": 0, "wrong_digest": 0, "gone": 0, "moqt_records": 0,
+                           "instance_records": 0}
+    instances = {cluster.url(r) for r in cluster.instances}
     reasons: Counter[str] = Counter()
     fetcher = HttpBlockFetcher(cluster.tokens["client"], timeout_s=20, read_timeout_s=5)
     try:
@@ -91,6 +94,9 @@ async def check_digests(cluster: SoakCluster, index: HttpIndexClient, block_keys
             for record in block.replicas:
                 if not record.holder.startswith(("http://", "https://")):
                     out["moqt_records"] += 1
+                    continue
+                if record.holder in instances:  # residency of an instance's own store (§6.4): not served
+                    out["instance_records"] += 1
                     continue
                 out["replicas_checked"] += 1
                 try:

@@ -4,12 +4,13 @@ Unlike the demo's cluster (``cli/demo/cluster.py``, where the IS, PC, holder and
 the demo's process), every role here is a child process, so the chaos schedule can SIGKILL,
 SIGSTOP and restart any of them for real:
 
-* ``kvsp index``, ``kvsp pc``, ``kvsp holder`` (a disk tier: its blocks survive a restart, its
-  records are refreshed by the holder that comes back) and ``kvsp frontend``;
-* relay A (``python -m relay``) and relay B chained to it (``--upstream``) through the lossy link
-  (``.lossy``: a UDP forwarder that drops a share of the packets each way);
-* ``--instances`` × ``kvsp instance`` running the reference model: the odd ones publish and load
-  through relay A, the even ones through relay B.
+* ``kvsp index``, ``kvsp pc``, ``kvsp holder`` (one disk tier: its blocks survive a restart, the
+  holder that comes back adopts them and refreshes their records, §6.1) and ``kvsp frontend``;
+* relay A (``python -m relay``) and relay B chained to it (``--upstream``); relay B is reached
+  through the lossy link (``.lossy``: a UDP forwarder that drops a share of the packets each way);
+* ``--instances`` × ``kvsp instance`` running the reference model: the odd ones publish through
+  relay A, the even ones through the lossy link to relay B (so their ``moqt://`` records name the
+  link, and every instance that loads their blocks crosses it).
 
 Ports are chosen once (the OS's free ports, probed before the start) and reused by every
 restart, so the URLs in the configuration files, records and the PC's registry stay valid: a
@@ -242,17 +243,19 @@ async def start_soak_cluster(workdir: Path, *, descriptor: Mapping[str, Any], mo
     (workdir / "holder-disk").mkdir(exist_ok=True)
     holder = _http_role("holder", "holder", ports["holder"], config("holder", (
         f'[holder]\nindex_url = "{base["index"]}"\nindex_token = "{tokens["holder"]}"\n'
-        f'tiers = [{{kind = "host", capacity = {64 * MiB}}}, {{kind = "disk", capacity = {256 * MiB}, path = "holder-disk"}}]\n')),
+        f'tiers = [{{kind = "disk", capacity = {256 * MiB}, path = "holder-disk"}}]\n')),
         workdir)
     frontend = _http_role("frontend", "frontend", ports["frontend"], config("frontend", (
         f'[frontend]\npc_url = "{base["pc"]}"\npc_token = "{tokens["frontend"]}"\n')), workdir)
     relay_a = _relay_role("relay-a", udp["relay-a"], ports["metrics-a"], tls, workdir)
     lossy = Role("lossy-link", [sys.executable, "-m", "kvsp_moq.cli.soak.lossy", "--listen", f"127.0.0.1:{udp['lossy']}",
-                                "--to", f"127.0.0.1:{udp['relay-a']}", "--loss", str(loss), "--seed", str(seed)],
+                                "--to", f"127.0.0.1:{udp['relay-b']}", "--loss", str(loss), "--seed", str(seed)],
                  {"url": r"lossy link (udp://\S+)"}, workdir)
     relay_b = _relay_role("relay-b", udp["relay-b"], ports["metrics-b"], tls, workdir,
-                          ["--upstream", f"moqt://127.0.0.1:{udp['lossy']}/moq", "--upstream-ca", str(tls.ca_file)])
-    relay_urls = (f"moqt://127.0.0.1:{udp['relay-a']}/moq", f"moqt://127.0.0.1:{udp['relay-b']}/moq")
+                          ["--upstream", f"moqt://127.0.0.1:{udp['relay-a']}/moq", "--upstream-ca", str(tls.ca_file)])
+    # The even instances reach relay B only through the lossy link: their blocks are published,
+    # and fetched by everyone, across it (the records name that URL).
+    relay_urls = (f"moqt://127.0.0.1:{udp['relay-a']}/moq", f"moqt://127.0.0.1:{udp['lossy']}/moq")
 
     roles = []
     for n in range(1, instances + 1):
@@ -269,11 +272,11 @@ async def start_soak_cluster(workdir: Path, *, descriptor: Mapping[str, Any], mo
     try:
         await index.start()
         await asyncio.gather(pc.start(), holder.start(), relay_a.start())
-        await lossy.start()
         await asyncio.gather(frontend.start(), relay_b.start())
+        await lossy.start()
         progress(f"control plane and relays up: IS {cluster.url(index)}, PC {cluster.url(pc)}, holder {cluster.url(holder)}, "
-                 f"front end {cluster.url(frontend)}, relay A {relay_urls[0]}, relay B {relay_urls[1]} "
-                 f"(upstream A through a link losing {loss:g} % each way)")
+                 f"front end {cluster.url(frontend)}, relay A {relay_urls[0]}, relay B (upstream A) behind a link losing "
+                 f"{loss:g} % each way at {relay_urls[1]}")
         await asyncio.gather(*(r.start() for r in roles))
         progress(f"{instances} instances up: " + ", ".join(cluster.url(r) for r in roles))
     except BaseException:
