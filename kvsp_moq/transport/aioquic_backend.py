@@ -63,9 +63,17 @@ class AioquicBbr(BbrCongestionControl, QuicCongestionControl):
 _congestion.register_congestion_control("bbr", AioquicBbr)
 
 
+#: The BBR pacer's bucket holds up to this many seconds of sending at the pacing rate (at least
+#: aioquic's 16 packets, at most a quarter of cwnd): after the event loop ran late (another
+#: task, or the process not scheduled on a loaded machine) the sender catches up with one
+#: burst instead of losing the time; the bottleneck's queue absorbs it.
+PACING_BURST_S = 0.004
+
+
 class BbrPacer(QuicPacketPacer):
-    """aioquic's token-bucket pacer (a burst of at most 16 packets) at BBR's pacing rate
-    instead of cwnd / smoothed RTT; aioquic's own rate until BBR has one (first RTT sample)."""
+    """aioquic's token-bucket pacer at BBR's pacing rate instead of cwnd / smoothed RTT, its
+    bucket :data:`PACING_BURST_S` deep; aioquic's own pacing until BBR has a rate (its first
+    RTT sample)."""
 
     def __init__(self, cc: BbrCongestionControl, max_datagram_size: int) -> None:
         super().__init__(max_datagram_size=max_datagram_size)
@@ -79,7 +87,8 @@ class BbrPacer(QuicPacketPacer):
             return
         mds = self._mds
         self.packet_time = max(1e-6, min(mds / rate, 1.0))
-        self.bucket_max = max(2 * mds, min(congestion_window // 4, 16 * mds)) / rate
+        burst = max(16 * mds, rate * PACING_BURST_S)
+        self.bucket_max = max(2 * mds, min(congestion_window // 4, burst)) / rate
         if self.bucket_time > self.bucket_max:
             self.bucket_time = self.bucket_max
 
