@@ -140,8 +140,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
     p.add_argument("--qlog", metavar="DIR",
                    help="write one qlog file per QUIC connection (downstream and upstream) into "
                         "DIR, {ODCID}_{client|server}.qlog (docs/tracing.md; default off)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run N relay processes on the --listen port (SO_REUSEPORT) under one "
+                        "hub relay that holds the upstream side (relay/workers.py; "
+                        "docs/relay.md Cores)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
     if bool(args.cert) != bool(args.key):
         p.error("--cert and --key go together")
     if args.upstream_ca and args.insecure_upstream:
@@ -226,6 +232,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m relay") -> int:
     level = args.log_level or ("INFO" if args.verbose or args.log_format == "json"
                                else "WARNING")
     configure_logging(args.log_format, getattr(logging, level))
+    if args.workers > 1:
+        from .workers import serve_workers
+
+        return run(serve_workers(build_config(args), args.workers, args.log_format,
+                                 getattr(logging, level)))
     return run(serve(build_config(args)))
 
 

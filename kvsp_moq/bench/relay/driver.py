@@ -33,10 +33,10 @@ _NS = ("kvsp-bench", "relay")
 
 
 class _RelayProcess:
-    def __init__(self, datagram_size: int, cache_mib: int) -> None:
+    def __init__(self, datagram_size: int, cache_mib: int, workers: int = 1) -> None:
         self.args = ["--listen", "127.0.0.1:0", "--max-datagram-size", str(datagram_size),
                      "--cache-mib", str(cache_mib), "--subscriber-queue-mib", "256",
-                     "--drain-timeout", "2"]
+                     "--drain-timeout", "2", "--workers", str(workers)]
         self.proc: asyncio.subprocess.Process | None = None
         self.url = ""
 
@@ -45,7 +45,7 @@ class _RelayProcess:
             sys.executable, "-m", "relay", *self.args, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL)
         assert self.proc.stdout is not None
-        line = (await asyncio.wait_for(self.proc.stdout.readline(), 30)).decode().strip()
+        line = (await asyncio.wait_for(self.proc.stdout.readline(), 90)).decode().strip()
         if not line.startswith("relay listening on "):
             raise RuntimeError(f"relay did not start: {line!r}")
         self.url = line.rsplit(" ", 1)[1]
@@ -67,7 +67,7 @@ def _into(view: memoryview, object_size: int) -> Callable[[ObjectBegin], memoryv
 
 
 async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size: int,
-                       via_relay: bool, processes: bool = False) -> float:
+                       via_relay: bool, processes: bool = False, workers: int = 1) -> float:
     """Seconds from the first object written to the last one received by every subscriber
     (``processes``: each subscriber in its own process, ``.subscriber``)."""
     cert = make_self_signed()
@@ -80,7 +80,7 @@ async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size
     sessions = []
     try:
         if via_relay:
-            relay = await _RelayProcess(datagram_size, 64).__aenter__()
+            relay = await _RelayProcess(datagram_size, 64, workers).__aenter__()
             pub = await connect(relay.url, client_cfg, catalog=catalog)
             sessions.append(pub)
             await pub.publish_namespace(_NS)
@@ -185,7 +185,7 @@ async def _fetch_latency(data: bytes, object_size: int, datagram_size: int,
 
 def run(run_bytes: int = 8 << 20, object_size: int = 256 << 10, datagram_size: int = 16384,
         fanout: tuple[int, ...] = FANOUT, repeat: int = 1,
-        subscriber_processes: bool = False) -> list[Figure]:
+        subscriber_processes: bool = False, relay_workers: int = 1) -> list[Figure]:
     data = os.urandom(run_bytes)
     loop = new_event_loop(use_uvloop=True)
     figures: list[Figure] = []
@@ -196,21 +196,24 @@ def run(run_bytes: int = 8 << 20, object_size: int = 256 << 10, datagram_size: i
         direct_mbps = run_bytes / direct / 1e6
         params = {"run_bytes": run_bytes, "object_size": object_size,
                   "max_datagram_size": datagram_size, "backend": TransportConfig().backend,
-                  "subscribers_in": "own processes" if procs else "the bench process"}
+                  "subscribers_in": "own processes" if procs else "the bench process",
+                  "relay_workers": relay_workers}
+        tag = f"_workers{relay_workers}" if relay_workers > 1 else ""
         delivered: dict[int, float] = {}
         for n in fanout:
             t = min(loop.run_until_complete(_fanout_once(data, object_size, n, datagram_size,
-                                                         True, procs)) for _ in range(repeat))
+                                                         True, procs, relay_workers))
+                    for _ in range(repeat))
             delivered[n] = n * run_bytes / t / 1e6
-            figures.append(Figure(f"relay_fanout_{n}_delivered", "MB/s", delivered[n],
+            figures.append(Figure(f"relay_fanout_{n}{tag}_delivered", "MB/s", delivered[n],
                                   "direct_1_subscriber", direct_mbps,
                                   params={**params, "subscribers": n}))
         most = max(delivered)
         if 1 in delivered and most > 1:
             # How fan-out scales through the relay: N subscribers' delivered bytes/s against
             # one subscriber's through the same relay (issue #9 target: >= 4x at N = 8).
-            figures.append(Figure(f"relay_fanout_{most}_vs_1", "MB/s", delivered[most],
-                                  "relay_fanout_1_delivered", delivered[1],
+            figures.append(Figure(f"relay_fanout_{most}{tag}_vs_1", "MB/s", delivered[most],
+                                  f"relay_fanout_1{tag}_delivered", delivered[1],
                                   params={**params, "subscribers": most}))
         cold, warm = loop.run_until_complete(
             _fetch_latency(data, object_size, datagram_size, max(repeat, 2)))

@@ -52,7 +52,8 @@ def _relay(args: argparse.Namespace) -> int:
     os.environ[BACKEND_ENV] = args.backend
     report.emit(driver.run(run_bytes=args.run_mib << 20, object_size=args.object_kib << 10,
                            datagram_size=args.datagram_size, repeat=args.repeat,
-                           subscriber_processes=args.subscriber_processes))
+                           subscriber_processes=args.subscriber_processes,
+                           relay_workers=args.relay_workers))
     return 0
 
 
@@ -141,6 +142,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--subscriber-processes", action="store_true",
                    help="each subscriber in its own process (as instances are deployed); "
                         "default: all in the bench process")
+    q.add_argument("--relay-workers", type=int, default=1, metavar="W",
+                   help="run the relay as W worker processes under one hub (python -m relay "
+                        "--workers W; docs/relay.md Cores); figures named ..._workersW")
     q.set_defaults(handler=_relay)
     q = bsub.add_parser("kv", help="one KV block into a layer sink: MOQT direct, relay cold/warm, "
                                    "HTTP GET; first layer and whole block vs TCP")
