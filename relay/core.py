@@ -425,6 +425,7 @@ class Relay:
         """After the upstream's GOAWAY: what rode on ``old`` moves to ``new``."""
         self.propagation.move(old)
         self.publishes.upstream.republish(self.publishes.active(), new)
+        self.upstreams.move(old, new)
 
     def _local_route(self, ns: Namespace, requester: PeerSession) -> PeerSession | None:
         peer = self.routing.lookup(ns)

@@ -62,6 +62,8 @@ _METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Upstream sessions closed for an unacknowledged liveness PING"),
     ("upstream_migrations", "relay_upstream_migrations_total", "counter",
      "Moves to a new upstream session after its GOAWAY"),
+    ("upstream_switchovers", "relay_upstream_switchovers_total", "counter",
+     "Upstream subscriptions moved to the new session after a GOAWAY"),
     ("excessive_load", "relay_excessive_load_total", "counter",
      "Requests refused EXCESSIVE_LOAD (per-session request cap, cache budget)"),
     ("reserved_refusals", "relay_reserved_refusals_total", "counter",

@@ -39,12 +39,13 @@ class RelayStats:
     #: ``request_timeout``: cancelled, their waiters answered REQUEST_ERROR TIMEOUT.
     upstream_timeouts: int = 0
     #: The upstream link (relay/uplink.py): sessions opened to the upstream relay, sessions
-    #: lost (ended while current), closed for an unacknowledged liveness PING, and moves to
-    #: a new session after a GOAWAY.
+    #: lost (ended while current), closed for an unacknowledged liveness PING, moves to a new
+    #: session after a GOAWAY, and subscriptions moved with them (relay/switchover.py).
     upstream_connects: int = 0
     upstream_losses: int = 0
     upstream_dead: int = 0
     upstream_migrations: int = 0
+    upstream_switchovers: int = 0
     #: Requests refused EXCESSIVE_LOAD: over ``max_requests_per_session`` open requests of
     #: one session, or an upstream FETCH whose objects do not fit the cache budget.
     excessive_load: int = 0

@@ -14,6 +14,9 @@ aggregation allows relays to make only a single upstream subscription for the Tr
   the upstream's data streams (its Stream Count) have all ended. An upstream session that
   ends first ends the subscriptions with PUBLISH_DONE GOING_AWAY when it had sent GOAWAY,
   INTERNAL_ERROR otherwise (streams mid-object are reset, the others FIN'd).
+* After the upstream relay's GOAWAY, :meth:`UpstreamManager.move` moves every Established
+  subscription on that session to the new one (:mod:`relay.switchover`, draft-22
+  §"Graceful Subscriber Relay Switchover"): its subscribers keep their subscription.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from kvsp_moq.moqt.messages import (
     Subscribe,
     SubscribeOk,
 )
-from kvsp_moq.moqt.objects import ObjectDatagram, SubgroupHeader
+from kvsp_moq.moqt.objects import ObjectBegin, ObjectDatagram, ObjectEnd, SubgroupHeader
 from kvsp_moq.pubsub.window import subscription_window
 
 from .cache import ObjectCache, TrackName
@@ -42,6 +45,7 @@ from .logs import event
 from .names import format_namespace
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
+from .switchover import STREAM_ID_OFFSET, Dedupe, OldSource, Switchover
 
 __all__ = ["UpstreamManager", "UpstreamSubscription"]
 
@@ -64,6 +68,18 @@ class UpstreamSubscription(RequestHandler):
         self.track_properties: tuple[tuple[int, int | bytes], ...] = ()
         self.done: PublishDone | None = None
         self.streams_seen = 0
+        #: Added to the stream IDs of our request before they reach the fan-out (a move to a
+        #: new upstream session gives its streams another offset), and those still open.
+        self.offset = 0
+        self.source_streams: set[int] = set()
+        #: The largest object our request brought whole, and the one each stream is bringing.
+        self.source_largest: tuple[int, int] | None = None
+        self._begun: dict[int, tuple[int, int]] = {}
+        #: A move after GOAWAY (relay/switchover.py): the SUBSCRIBE on the new session, the
+        #: old subscription being wound down, and the objects both brought.
+        self.switching: Switchover | None = None
+        self.old_source: OldSource | None = None
+        self.dedupe: Dedupe | None = None
         #: SUBSCRIBE_OK (or REQUEST_ERROR) must come within the request timeout.
         self.timer = Deadline(manager.request_timeout, self._timed_out)
 
@@ -190,14 +206,82 @@ class UpstreamSubscription(RequestHandler):
     def on_data(self, stream_id: int, event: object) -> None:
         if isinstance(event, SubgroupHeader):
             self.streams_seen += 1
-        self.fanout.on_data(stream_id, event)
+            self.source_streams.add(stream_id)
+        elif isinstance(event, ObjectBegin):
+            self._begun[stream_id] = (event.group_id, event.object_id)
+        elif isinstance(event, ObjectEnd):
+            loc = self._begun.pop(stream_id, None)
+            if loc is not None and (self.source_largest is None or loc > self.source_largest):
+                self.source_largest = loc
+        self.feed(self.offset, stream_id, event)
+
+    def feed(self, offset: int, stream_id: int, e: object) -> None:
+        """A data event of one of the track's upstream requests (its stream IDs + offset)."""
+        usid = stream_id + offset
+        if self.dedupe is not None and not self.dedupe.admit(usid, e):
+            return  # the other subscription of a move brought this object already
+        self.fanout.on_data(usid, e)
 
     def on_datagram(self, datagram: ObjectDatagram) -> None:
-        forward_datagram(self.fanout, datagram)  # relay/datagrams.py
+        self.feed_datagram(datagram)
+
+    def feed_datagram(self, dg: ObjectDatagram) -> None:
+        if self.dedupe is None or self.dedupe.admit_datagram(dg):
+            forward_datagram(self.fanout, dg)  # relay/datagrams.py
 
     def on_stream_closed(self, stream_id: int, code: int | None) -> None:
-        self.fanout.on_stream_closed(stream_id, code)
+        self.source_streams.discard(stream_id)
+        if self.dedupe is not None:
+            self.dedupe.stream_closed(stream_id + self.offset)
+        self.fanout.on_stream_closed(stream_id + self.offset, code)
         self._maybe_done()
+
+    # -- a move to a new upstream session (GOAWAY; relay/switchover.py) ----------------------
+    def move_to(self, new: PeerSession) -> None:
+        """SUBSCRIBE on ``new``; on its SUBSCRIBE_OK it takes over (see relay/switchover.py)."""
+        if not self.established or self.ended or self.switching is not None or (
+                self.old_source is not None and not self.old_source.finished):
+            return
+        if new.moqt is None or new.moqt.closed:
+            return
+        self.dedupe = Dedupe()
+        self.switching = Switchover(self, new, self.offset + STREAM_ID_OFFSET,
+                                    self.manager.request_timeout, self._switch_timed_out)
+        self.switching.start()
+
+    def _switch_timed_out(self) -> None:
+        self._log("upstream_switchover_timeout")
+        self.manager.stats.upstream_timeouts += 1
+
+    def switched(self, sw: Switchover, largest: tuple[int, int] | None) -> None:
+        """The new session accepted our SUBSCRIBE: it is the track's upstream from now on;
+        the old subscription is forwarded until it delivered ``largest``, then cancelled."""
+        self.switching = None
+        assert sw.rid is not None and self.dedupe is not None
+        old_peer, old_rid, old_offset = self.peer, self.request_id, self.offset
+        old_streams, old_largest = self.source_streams, self.source_largest
+        self.peer, self.request_id, self.offset = sw.peer, sw.rid, sw.offset
+        self.source_streams, self.streams_seen = sw.open_streams, sw.streams_seen
+        self.source_largest, self._begun = None, {}
+        sw.peer.local[sw.rid] = self
+        self.manager.stats.upstream_switchovers += 1
+        old = OldSource(self, old_peer, old_rid if old_rid is not None else -1, old_offset,
+                        largest, old_streams, self.dedupe, self.manager.source_done)
+        old.largest = old_largest
+        if old_rid is not None and old_peer.local.get(old_rid) is self:
+            old_peer.local[old_rid] = old
+        else:
+            old.rid = None  # the old request is over already
+        self.old_source = old
+        self._log("upstream_switched")
+        old.check()
+
+    def abandoned(self, sw: Switchover) -> None:
+        """The move failed: the old subscription stays the track's upstream."""
+        if self.switching is sw:
+            self.switching = None
+            if self.old_source is None or self.old_source.finished:
+                self.dedupe = None
 
     def _maybe_done(self) -> None:
         done = self.done
@@ -233,6 +317,13 @@ class UpstreamSubscription(RequestHandler):
         """Ended: no longer the track's upstream subscription (new SUBSCRIBEs open another)."""
         self.ended = True
         self.timer.cancel()
+        sw, self.switching = self.switching, None
+        if sw is not None and sw.rid is not None:
+            sw.done = True
+            sw.timer.cancel()
+            sw.peer.cancel_request(sw.rid)
+        if self.old_source is not None:
+            self.old_source.finish()
         self.fanout.release_reservations()
         self.manager.drop(self)
 
@@ -282,6 +373,18 @@ class UpstreamManager:
         else:
             up.join(down, rid, msg)
         return up
+
+    def move(self, old: PeerSession, new: PeerSession) -> None:
+        """The upstream sent GOAWAY on ``old``: every Established subscription there moves
+        to ``new`` (relay/switchover.py)."""
+        for up in list(self.tracks.values()):
+            if up.peer is old:
+                up.move_to(new)
+
+    def source_done(self, peer: PeerSession) -> None:
+        """An old subscription of a move was cancelled: maybe nothing is left on ``peer``."""
+        if self.on_dropped is not None:
+            self.on_dropped(peer)
 
     def drop(self, up: UpstreamSubscription) -> None:
         if self.tracks.get(up.track) is up:

@@ -163,13 +163,39 @@ async def test_upstream_goaway_moves_to_the_new_session_uri(
     watcher = await within(connect(d1.url, client()))
     await within(watcher.subscribe_namespace(("rg",)))
     await wait_namespace(watcher, "namespace", (b"a",))  # A announced it at D1
+    # A publisher at D1, and a subscriber at A of its track (A -> D1 -> publisher).
+    cat_p = Catalog()
+    pub_old = await within(connect(d1.url, client(), catalog=cat_p))
+    await within(pub_old.publish_namespace(("rg", "p")))
+    live = cat_p.create(("rg", "p"), "live", keep=False)
     sub_a = await within(connect(a.url, client()))
+    moving = await within(sub_a.subscribe(("rg", "p"), "live"))
+    await within(live.subscribed.wait())
+    await within(live.write_object(0, 0, b"live-0"))
+    assert await next_object(moving) == b"live-0"
+    live.subscribed.clear()
 
-    # D1 drains (SIGTERM): GOAWAY with D2's URI to A and to the watcher.
+    # D1 drains (SIGTERM): GOAWAY with D2's URI to A, the publisher and the watcher.
     assert d1.proc is not None
     d1.proc.send_signal(signal.SIGTERM)
     await within(watcher.goaway_received)
     await within(watcher.close())
+    # The publisher moves as draft-22 §"Graceful Publisher Relay Switchover" says: it
+    # announces on a session to D2 and goes on publishing on both (one catalog).
+    assert await within(pub_old.goaway_received) == d2.url
+    pub_new = await within(connect(d2.url, client(), catalog=cat_p))
+    await within(pub_new.publish_namespace(("rg", "p")))
+    # A's subscription moves too (§"Graceful Subscriber Relay Switchover"): its SUBSCRIBE
+    # reaches the publisher through D2; while both carry the track every object reaches
+    # the subscriber at A once, and then A cancels the old one.
+    await within(live.subscribed.wait())
+    live.unsubscribed.clear()
+    await within(live.write_object(0, 1, b"live-1"))
+    assert await next_object(moving) == b"live-1"
+    await within(live.unsubscribed.wait())  # A cancelled its subscription through D1
+    await within(pub_old.close())
+    await within(live.write_object(0, 2, b"live-2"))
+    assert await next_object(moving) == b"live-2"
     # A moved its announcement to D2: a subscriber there reaches A's publisher.
     at_d2 = await within(connect(d2.url, client()))
     from_a = await within(at_d2.subscribe(("rg", "a"), "t", parameters=RENDEZVOUS), BOUND)
@@ -179,6 +205,10 @@ async def test_upstream_goaway_moves_to_the_new_session_uri(
     # A closed its old session once nothing was left on it: D1 stops well before its drain
     # timeout (GUARD), with exit status 0.
     assert await within(d1.wait(), BOUND) == 0
+    # The moved subscription outlives D1: no PUBLISH_DONE, the next object, exactly once.
+    await within(live.write_object(1, 0, b"live-3"))
+    assert await next_object(moving) == b"live-3"
+    assert not moving.done and moving.publish_done is None
     # New requests from A's clients go up to D2: a track only D2 serves.
     cat2 = Catalog()
     pub2 = await within(connect(d2.url, client(), catalog=cat2))
@@ -188,5 +218,5 @@ async def test_upstream_goaway_moves_to_the_new_session_uri(
     await within(t2.subscribed.wait())
     await within(t2.write_object(0, 0, b"d2 only"))
     assert await next_object(up) == b"d2 only"
-    for s in (sub_a, at_d2, pub, pub2):
+    for s in (sub_a, at_d2, pub, pub2, pub_new):
         await within(s.close())
