@@ -161,7 +161,7 @@ class TrackPublisher:
                                   self.subscriber_queue_bytes, session)
         b.on_overflow = lambda: self._too_far_behind(out)
         b.on_stopped = lambda sid: self._stream_stopped(out) if out.stream_id == sid else None
-        b.on_gone = lambda: self._gone(out)
+        b.on_gone = lambda: self._subscriber_gone(out)
         self._subs.append(out)
         self.subscribed.set()
         self.forward_changed()
@@ -210,7 +210,7 @@ class TrackPublisher:
             sub.backlog.drop_stream(sid)
         sub.session.data_stream_done(sid)
 
-    def _gone(self, sub: Outgoing) -> None:
+    def _subscriber_gone(self, sub: Outgoing) -> None:
         """The subscriber's connection is gone (its session removes it too)."""
         sub.dead = True
         self._subs = [s for s in self._subs if s is not sub]
