@@ -22,13 +22,15 @@ __all__ = ["Deadline"]
 
 
 class Deadline:
-    """Calls ``on_expiry`` once ``seconds`` passed since the last :meth:`arm` (unless
-    :meth:`cancel` came first)."""
+    """Calls ``on_expiry`` once ``seconds`` passed since the last :meth:`arm` or
+    :meth:`touch` (unless :meth:`cancel` came first)."""
 
     def __init__(self, seconds: float, on_expiry: Callable[[], None]) -> None:
         self.seconds = seconds
         self.on_expiry = on_expiry
         self._handle: asyncio.TimerHandle | None = None
+        #: Loop time of the last :meth:`touch` since the timer was (re)armed, or None.
+        self._touched: float | None = None
         self.expired = False
 
     @property
@@ -38,8 +40,18 @@ class Deadline:
     def arm(self) -> None:
         """Start (or restart) the wait."""
         self.cancel()
+        self._touched = None
         if self.seconds > 0 and not self.expired:
             self._handle = asyncio.get_running_loop().call_later(self.seconds, self._fire)
+
+    def touch(self) -> None:
+        """Progress, as :meth:`arm` but cheap enough for every chunk of a transfer: no new
+        timer per call; the armed one, when it fires, re-arms for what is left of
+        ``seconds`` since the last touch."""
+        if self._handle is None:
+            self.arm()
+        else:
+            self._touched = asyncio.get_running_loop().time()
 
     def cancel(self) -> None:
         if self._handle is not None:
@@ -47,6 +59,13 @@ class Deadline:
             self._handle = None
 
     def _fire(self) -> None:
+        touched, self._touched = self._touched, None
+        if touched is not None:
+            loop = asyncio.get_running_loop()
+            left = touched + self.seconds - loop.time()
+            if left > 0:  # progress since the timer was set: wait for the rest
+                self._handle = loop.call_later(left, self._fire)
+                return
         self._handle = None
         self.expired = True
         self.on_expiry()

@@ -285,7 +285,7 @@ class UpstreamFetch(RequestHandler):
     def on_data(self, stream_id: int, event: object) -> None:
         if self.done:
             return
-        self.timer.arm()
+        self.timer.touch()
         cur = self.arriving
         if isinstance(event, ObjectPayload):
             if cur is None:

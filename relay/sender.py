@@ -131,7 +131,7 @@ class RequestOut:
         if self.flow.closed or sid in self.dead_streams:
             return
         self.sender.schedule.wake(sid)
-        self.sender.kick()
+        self.sender.hand_ready()
 
     def reset(self, sid: int, code: int) -> None:
         """Abandon one stream now (RESET_STREAM): drop what waits for it."""
@@ -189,6 +189,8 @@ class SessionSender:
         self.live: set[int] = set()
         self.closed = False
         self._task: asyncio.Future[None] | None = None
+        #: Inside :meth:`hand_ready` (a callback of QUIC's must not re-enter it).
+        self._handing = False
 
     @property
     def high_water(self) -> int:
@@ -279,6 +281,28 @@ class SessionSender:
         if moqt is not None and not moqt.closed:
             moqt.data_stream_done(sid)
             self.peer.flush()
+
+    def hand_ready(self) -> None:
+        """Hand what waits to QUIC now, best first, while there is room (no task hop: a
+        FETCH range cut through goes down as it arrives); what does not fit waits for the
+        drain task (which also takes over while it runs)."""
+        if self._task is not None or self.closed or self._handing:
+            return
+        self._handing = True
+        try:
+            while self.room() > 0 and not self.closed:
+                got = self.schedule.next(self.room())
+                if got is None:
+                    return
+                flow, sid, data, fin = got
+                out = flow.owner
+                assert isinstance(out, RequestOut)
+                self.hand(out, sid, data, fin)
+                if flow.idle:
+                    out.maybe_idle()
+        finally:
+            self._handing = False
+        self.kick()
 
     def kick(self) -> None:
         if self._task is None and not self.closed and self.schedule.backlog:
