@@ -32,6 +32,12 @@ publish_timeout     peer, namespace, track, request_id — our PUBLISH up the ch
                     answer in request_timeout: cancelled, the track stays local
 solicited_namespace peer, namespace, decision, principals — a NAMESPACE answer (routed / refused)
 solicited_namespace_done  peer, namespace — its route withdrawn
+upstream_connect    upstream, target — a session to the upstream relay opened (relay/uplink.py)
+upstream_dead       upstream, reason — closed: a liveness PING was not acknowledged in time
+upstream_goaway     upstream, new_session_uri — the upstream sent GOAWAY: moving to a new session
+upstream_switchover namespace, track, request_id — a subscription's SUBSCRIBE on the new session
+upstream_switched / upstream_switchover_timeout  namespace, track, request_id — it took over /
+                    got no answer in request_timeout (the old subscription stays)
 ==================  ==========================================================================
 
 Namespaces are written as in the configuration (:mod:`relay.names`).
