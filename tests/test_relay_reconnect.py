@@ -23,7 +23,10 @@ import pytest
 from kvsp_moq.moqt.errors import PublishDoneCode
 from kvsp_moq.moqt.messages import MessageParameters
 from kvsp_moq.pubsub import Catalog, MoqtSession, Subscription, connect
+from kvsp_moq.pubsub.liveness import Reconnect
 from kvsp_moq.transport import TransportConfig
+from relay import RelayConfig
+from relay.__main__ import build_config, parse_args
 from relay_restart_support import GUARD, RelayProcess, within
 #: The chained relay's liveness PING period and reconnect backoff cap (seconds).
 KEEPALIVE = 0.3
@@ -220,3 +223,37 @@ async def test_upstream_goaway_moves_to_the_new_session_uri(
     assert await next_object(up) == b"d2 only"
     for s in (sub_a, at_d2, pub, pub2, pub_new):
         await within(s.close())
+
+
+def test_reconnect_backoff_and_its_settings() -> None:
+    r = Reconnect(backoff_initial=0.1, backoff_max=0.5, jitter=0.0)
+    waits = [w for w, _ in zip(r.delays(), range(5))]
+    assert waits == [0.1, 0.2, 0.4, 0.5, 0.5]
+    assert [r.delay(n) for n in (1, 2, 3, 4, 1000)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    jittered = [w for w, _ in zip(Reconnect(backoff_initial=1, backoff_max=1, jitter=0.5).delays(),
+                                  range(50))]
+    assert all(0.5 <= w <= 1 for w in jittered) and len(set(jittered)) > 1
+    for bad in ({"keepalive": -1}, {"liveness_timeout": 0}, {"backoff_initial": 0},
+                {"backoff_initial": 2, "backoff_max": 1}, {"backoff_factor": 0.5},
+                {"jitter": 1}):
+        with pytest.raises(ValueError):
+            Reconnect(**bad)
+    with pytest.raises(ValueError, match="upstream_keepalive"):
+        RelayConfig(upstream_keepalive=-1)
+    with pytest.raises(ValueError, match="upstream_keepalive"):
+        RelayConfig(upstream_reconnect_initial=10, upstream_reconnect_max=1)
+
+
+def test_cli_flags_of_the_upstream_link() -> None:
+    cfg = build_config(parse_args([
+        "--upstream", "moqt://up:4443/moq", "--upstream-keepalive", "0.5",
+        "--upstream-reconnect-initial", "0.2", "--upstream-reconnect-max", "3",
+        "--goaway-uri", "moqt://next:4443/moq"]))
+    assert (cfg.upstream_keepalive, cfg.upstream_liveness_timeout) == (0.5, 0.5)
+    assert cfg.upstream_reconnect == Reconnect(keepalive=0.5, liveness_timeout=0.5,
+                                               backoff_initial=0.2, backoff_max=3)
+    assert cfg.goaway_uri == "moqt://next:4443/moq"
+    default = build_config(parse_args([]))
+    assert default.upstream_reconnect == Reconnect() and default.goaway_uri == ""
+    off = build_config(parse_args(["--upstream-keepalive", "0"]))
+    assert off.upstream_keepalive == 0 and off.upstream_liveness_timeout == 5.0

@@ -21,6 +21,8 @@ import pytest
 
 from bridge_support import HolderNode, client_config, make_key, make_layers, record_at
 from kvsp_moq.bridge import MoqtPool, load_block, sink_for_record, subscribe_block
+from kvsp_moq.control.common.engine_config import engine_config_from_mapping
+from kvsp_moq.control.common.errors import ConfigError
 from kvsp_moq.kvsp.naming import NAMESPACE_TAG
 from kvsp_moq.pubsub import MoqtSession, connect
 from kvsp_moq.pubsub.liveness import Reconnect
@@ -136,3 +138,17 @@ async def test_instance_sessions_survive_a_relay_restart(
         await within(watcher.close())
     finally:
         await within(pool.close())
+
+
+def test_engine_config_keys_of_the_reconnect(tmp_path: Path) -> None:
+    cfg = engine_config_from_mapping({"moqt_keepalive_s": 1, "moqt_liveness_timeout_s": 2.5,
+                                      "moqt_reconnect_initial_s": 0.2,
+                                      "moqt_reconnect_max_s": 4}, tmp_path)
+    assert cfg.moqt_reconnect == Reconnect(keepalive=1, liveness_timeout=2.5,
+                                           backoff_initial=0.2, backoff_max=4)
+    assert engine_config_from_mapping({}, tmp_path).moqt_reconnect == Reconnect()
+    for bad in ({"moqt_keepalive_s": -1}, {"moqt_liveness_timeout_s": 0},
+                {"moqt_reconnect_initial_s": True}, {"moqt_reconnect_max_s": "5"},
+                {"moqt_reconnect_initial_s": 9, "moqt_reconnect_max_s": 1}):
+        with pytest.raises(ConfigError, match="instance.engine.moqt_"):
+            engine_config_from_mapping(bad, tmp_path)
