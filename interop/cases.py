@@ -8,7 +8,10 @@ by hand with::
     python -m interop.cases CASE --draft 22 --peer-bin .peers/moq-rs/bin --cert C --key K
 
 (``interop.testing.run_case`` does this from the tests, through ``unshare -n`` where the peer
-is an aiomoqt server.) The last stdout line is ``RESULT <json>``; progress goes to stderr.
+is an aiomoqt server.) ``--transport webtransport`` runs the same case with every session over
+WebTransport (``https://`` URLs; our server with ``TransportConfig.webtransport``; aiomoqt's
+servers in their WebTransport mode; caprid-relay has none). The last stdout line is
+``RESULT <json>``; progress goes to stderr.
 
 Cases (``--draft`` pins our ALPN list to ``moqt-<draft>`` unless ``--alpn`` is given):
 
@@ -81,10 +84,15 @@ class Options:
     def python(self) -> str:
         return str(self.peer_bin / "python")
 
+    @property
+    def scheme(self) -> str:
+        """The URL scheme of every session: ``https`` (WebTransport) or ``moqt``."""
+        return "https" if self.webtransport else "moqt"
+
     def server_config(self) -> TransportConfig:
         return TransportConfig(certificate_pem=self.cert.read_bytes(),
                                private_key_pem=self.key.read_bytes(),
-                               alpn_protocols=self.alpns)
+                               alpn_protocols=self.alpns, webtransport=self.webtransport)
 
     def client_config(self) -> TransportConfig:
         return TransportConfig(insecure=True, alpn_protocols=self.alpns)
@@ -206,7 +214,7 @@ async def case_moqrs_pub(opts: Options) -> dict[str, Any]:
         addr = await peer.expect(lambda ln: ln.startswith("READY ") and ln.split()[1], STEP,
                                  "READY line")
         port = int(addr.rsplit(":", 1)[1])
-        session = await connect(f"moqt://127.0.0.1:{port}/moq", opts.client_config())
+        session = await connect(f"{opts.scheme}://127.0.0.1:{port}/moq", opts.client_config())
         result["version"] = int(session.version)
         # moq-rs opens PUBLISH_NAMESPACE (and SUBSCRIBE_NAMESPACE) toward us on connect.
         kind, announced = await asyncio.wait_for(session.namespace_updates.get(), STEP)
@@ -237,7 +245,7 @@ async def case_moqrs_sub(opts: Options) -> dict[str, Any]:
     async with OurServer(opts, ns) as srv:
         peer = PeerProcess("moq-rs client", [
             opts.python, PEER_SCRIPTS / "moqrs_subscriber.py",
-            f"moqt://127.0.0.1:{srv.port}/moq", "/".join(ns), TRACK])
+            f"{opts.scheme}://127.0.0.1:{srv.port}/moq", "/".join(ns), TRACK])
         try:
             await peer.start()
             await peer.expect_event("subscribed", STEP)
@@ -267,7 +275,7 @@ async def case_aiomoqt_sub_example(opts: Options) -> dict[str, Any]:
     async with OurServer(opts, ns) as srv:
         peer = PeerProcess("aiomoqt sub_example", [
             opts.python, "-m", "aiomoqt.examples.sub_example",
-            f"moqt://127.0.0.1:{srv.port}/moq", "-k", "-N", "/".join(ns), "-T", TRACK,
+            f"{opts.scheme}://127.0.0.1:{srv.port}/moq", "-k", "-N", "/".join(ns), "-T", TRACK,
             "--draft", opts.draft, "-t", "15"])
         try:
             await peer.start()
@@ -296,7 +304,7 @@ async def case_aiomoqt_sub(opts: Options) -> dict[str, Any]:
     async with OurServer(opts, ns) as srv:
         peer = PeerProcess("aiomoqt subscriber", [
             opts.python, PEER_SCRIPTS / "aiomoqt_subscriber.py",
-            f"moqt://127.0.0.1:{srv.port}/moq", "/".join(ns), TRACK, opts.draft,
+            f"{opts.scheme}://127.0.0.1:{srv.port}/moq", "/".join(ns), TRACK, opts.draft,
             opts.groups * opts.objects, "15"])
         try:
             await peer.start()
@@ -324,7 +332,7 @@ async def case_aiomoqt_pub_example(opts: Options) -> dict[str, Any]:
                          accept_publish=True) as srv:
         peer = PeerProcess("aiomoqt pub_example", [
             opts.python, "-m", "aiomoqt.examples.pub_example",
-            f"moqt://127.0.0.1:{srv.port}/moq", "-k", "-N", "/".join(ns), "-T", TRACK,
+            f"{opts.scheme}://127.0.0.1:{srv.port}/moq", "-k", "-N", "/".join(ns), "-T", TRACK,
             "--draft", opts.draft, "-t", "30", "-r", "200", "-s", opts.size])
         try:
             await peer.start()
@@ -357,7 +365,8 @@ async def case_aiomoqt_pub_server(opts: Options) -> dict[str, Any]:
                         "namespace (it listens on every address whatever --bind says)")
     ns = ns_of("aiomoqt")
     peer = PeerProcess("moq-pub-server", [
-        opts.peer_bin / "moq-pub-server", "--bind", "127.0.0.1", "-p", NETNS_PORT, "-Q",
+        opts.peer_bin / "moq-pub-server", "--bind", "127.0.0.1", "-p", NETNS_PORT,
+        "-W" if opts.webtransport else "-Q",
         "--draft", opts.draft, "-N", "/".join(ns), "-T", TRACK, "-s", opts.size,
         "-g", opts.objects, "-r", "500", "--cert", opts.cert, "--key", opts.key])
     session = None
@@ -366,7 +375,10 @@ async def case_aiomoqt_pub_server(opts: Options) -> dict[str, Any]:
     try:
         await peer.start()
         await peer.expect(lambda ln: "publisher server ready on" in ln, STEP, "ready line")
-        session = await connect(f"moqt://127.0.0.1:{NETNS_PORT}/moq", opts.client_config())
+        # aiomoqt's WebTransport servers serve the path "/" only (404 for "/moq")
+        path = "/" if opts.webtransport else "/moq"
+        session = await connect(f"{opts.scheme}://127.0.0.1:{NETNS_PORT}{path}",
+                                opts.client_config())
         result["version"] = int(session.version)
         # ABSOLUTE_RANGE {0, 0} .. end of group GROUPS-1.
         flt = LocationFilter.absolute(Location(0, 0), last_group)
@@ -402,9 +414,11 @@ async def case_aiomoqt_relay_pub_example(opts: Options) -> dict[str, Any]:
     ns = ns_of("aiomoqt")[:2]
     relay = PeerProcess("moq-interop-relay", [
         opts.peer_bin / "moq-interop-relay", "--bind", "127.0.0.1", "--port", NETNS_PORT,
-        "--quic", "--draft", opts.draft, "--cert", opts.cert, "--key", opts.key])
+        *([] if opts.webtransport else ["--quic"]), "--draft", opts.draft, "--cert", opts.cert,
+        "--key", opts.key])
     pub = PeerProcess("aiomoqt pub_example", [
-        opts.python, "-m", "aiomoqt.examples.pub_example", f"moqt://127.0.0.1:{NETNS_PORT}/",
+        opts.python, "-m", "aiomoqt.examples.pub_example",
+        f"{opts.scheme}://127.0.0.1:{NETNS_PORT}/",
         "-k", "-N", "/".join(ns), "-T", TRACK, "--draft", opts.draft, "-t", "30",
         "-r", "200", "-s", opts.size])
     session = None
@@ -416,7 +430,7 @@ async def case_aiomoqt_relay_pub_example(opts: Options) -> dict[str, Any]:
         result["peer_draft"] = await pub.expect(_aiomoqt_setup_draft, STEP, "setup")
         # The relay accepted the PUBLISH (REQUEST_OK, forward=0: parked until a subscriber).
         await pub.expect(lambda ln: "RequestOk(request_id=0" in ln, STEP, "PUBLISH accepted")
-        session = await connect(f"moqt://127.0.0.1:{NETNS_PORT}/", opts.client_config())
+        session = await connect(f"{opts.scheme}://127.0.0.1:{NETNS_PORT}/", opts.client_config())
         result["version"] = int(session.version)
         sub = await session.subscribe(ns, TRACK)
 
@@ -524,9 +538,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--key", type=Path, required=True)
     ap.add_argument("--alpn", default="", help="comma list overriding moqt-<draft>")
     ap.add_argument("--guard", type=float, default=60.0, help="whole-case safety timeout (s)")
+    ap.add_argument("--transport", choices=("quic", "webtransport"), default="quic",
+                    help="raw QUIC (moqt://) or WebTransport (https://) for every session")
     args = ap.parse_args(argv)
     opts = Options(args.case, args.draft, args.peer_bin, args.cert, args.key,
-                   alpn=tuple(a for a in args.alpn.split(",") if a))
+                   alpn=tuple(a for a in args.alpn.split(",") if a),
+                   webtransport=args.transport == "webtransport")
 
     async def run() -> dict[str, Any]:
         return await asyncio.wait_for(CASES[args.case](opts), args.guard)
@@ -538,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the harness reads the result line
         traceback.print_exc()
         result = {"error": f"case failed: {exc!r}"}
-    result = {"case": args.case, "draft": args.draft, **result}
+    result = {"case": args.case, "draft": args.draft, "transport": args.transport, **result}
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

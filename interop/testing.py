@@ -58,16 +58,18 @@ def _bytes(pem: str | bytes) -> bytes:
 
 def run_case(case: str, draft: int, bin_dir: Path, folder: Path, *, isolate: bool = False,
              alpn: str = "", limit: float = CASE_LIMIT,
-             module: str = "interop.cases") -> dict[str, Any]:
+             module: str = "interop.cases", transport: str = "quic") -> dict[str, Any]:
     """Run one case of ``module`` (``interop.cases``, or ``interop.relay_cases`` for the
-    peer-via-our-relay cells); the returned dict also carries ``_output`` (its stdout+stderr
-    tail)."""
+    peer-via-our-relay cells) over ``transport`` (``quic`` or ``webtransport``); the
+    returned dict also carries ``_output`` (its stdout+stderr tail)."""
     cert, key = make_certs(folder)
     argv = [sys.executable, "-m", module, case, "--draft", str(draft),
             "--peer-bin", str(bin_dir), "--cert", str(cert), "--key", str(key),
             "--guard", str(limit - 15)]
     if alpn:
         argv += ["--alpn", alpn]
+    if transport != "quic":
+        argv += ["--transport", transport]
     if isolate:
         argv = peers.isolated_command("exec " + shlex.join(argv))
     env = dict(os.environ)

@@ -23,6 +23,10 @@ pytestmark = pytest.mark.interop
 
 DRAFTS = [22, 20, 18]
 ISOLATE = peers.can_isolate()
+# (draft, transport): every draft over raw QUIC, and over WebTransport on draft 22 (the
+# WebTransport matrix, tests/test_interop_wt.py, covers aiomoqt on every draft).
+CELLS = pytest.mark.parametrize(("draft", "transport"),
+                                [(d, "quic") for d in DRAFTS] + [(22, "webtransport")])
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +50,11 @@ def test_aiomoqt_sub_example_to_our_server(aiomoqt: Path, tmp_path: Path, draft:
     assert r.get("peer_rc") == 0, info
 
 
-@pytest.mark.parametrize("draft", DRAFTS)
-def test_aiomoqt_subscriber_to_our_server(aiomoqt: Path, tmp_path: Path, draft: int) -> None:
-    r = run_case("aiomoqt-sub", draft, aiomoqt, tmp_path, isolate=ISOLATE)
+@CELLS
+def test_aiomoqt_subscriber_to_our_server(aiomoqt: Path, tmp_path: Path, draft: int,
+                                          transport: str) -> None:
+    r = run_case("aiomoqt-sub", draft, aiomoqt, tmp_path, isolate=ISOLATE,
+                 transport=transport)
     info = describe(r)
     assert r.get("version") == draft and r.get("peer_draft") == draft, info
     events = r.get("peer_events") or []
@@ -61,11 +67,13 @@ def test_aiomoqt_subscriber_to_our_server(aiomoqt: Path, tmp_path: Path, draft: 
                for e in got), info
 
 
-@pytest.mark.parametrize("draft", DRAFTS)
-def test_aiomoqt_pub_example_to_our_server(aiomoqt: Path, tmp_path: Path, draft: int) -> None:
+@CELLS
+def test_aiomoqt_pub_example_to_our_server(aiomoqt: Path, tmp_path: Path, draft: int,
+                                           transport: str) -> None:
     """Their publisher example PUBLISHes (forward=0) to our server, which accepts the track
     and turns it on with REQUEST_UPDATE forward=1; the objects arrive with exact bytes."""
-    r = run_case("aiomoqt-pub-example", draft, aiomoqt, tmp_path, isolate=ISOLATE)
+    r = run_case("aiomoqt-pub-example", draft, aiomoqt, tmp_path, isolate=ISOLATE,
+                 transport=transport)
     info = describe(r)
     assert r.get("version") == draft and r.get("peer_draft") == draft, info
     assert r.get("error") is None, info
@@ -77,10 +85,12 @@ def test_aiomoqt_pub_example_to_our_server(aiomoqt: Path, tmp_path: Path, draft:
                and o["len"] == SIZE for o in normal), info
 
 
-@pytest.mark.parametrize("draft", DRAFTS)
-def test_aiomoqt_pub_server_to_our_client(aiomoqt: Path, tmp_path: Path, draft: int) -> None:
+@CELLS
+def test_aiomoqt_pub_server_to_our_client(aiomoqt: Path, tmp_path: Path, draft: int,
+                                          transport: str) -> None:
     _needs_isolation()
-    r = run_case("aiomoqt-pub-server", draft, aiomoqt, tmp_path, isolate=True)
+    r = run_case("aiomoqt-pub-server", draft, aiomoqt, tmp_path, isolate=True,
+                 transport=transport)
     info = describe(r)
     assert r.get("version") == draft, info
     assert r.get("error") is None, info
@@ -95,13 +105,14 @@ def test_aiomoqt_pub_server_to_our_client(aiomoqt: Path, tmp_path: Path, draft: 
         (g, OBJECTS) for g in range(GROUPS)], info
 
 
-@pytest.mark.parametrize("draft", DRAFTS)
+@CELLS
 def test_aiomoqt_pub_example_via_aiomoqt_relay_to_our_client(aiomoqt: Path, tmp_path: Path,
-                                                             draft: int) -> None:
+                                                             draft: int, transport: str) -> None:
     """Their publisher example's objects reach our subscriber through their own relay (which
     accepts the bare PUBLISH and turns it on with REQUEST_UPDATE forward=1)."""
     _needs_isolation()
-    r = run_case("aiomoqt-relay-pub-example", draft, aiomoqt, tmp_path, isolate=True)
+    r = run_case("aiomoqt-relay-pub-example", draft, aiomoqt, tmp_path, isolate=True,
+                 transport=transport)
     info = describe(r)
     assert r.get("version") == draft and r.get("peer_draft") == draft, info
     assert r.get("error") is None, info

@@ -22,9 +22,16 @@ def moqrs() -> Path:
     return peer_bin(peers.MOQ_RS)
 
 
+# Every case over raw QUIC (moqt://) and over WebTransport (https://: moq-rs's server and
+# client speak both; docs/interop.md "WebTransport").
+TRANSPORTS = pytest.mark.parametrize("transport", ["quic", "webtransport"])
+
+
+@TRANSPORTS
 @pytest.mark.parametrize("draft", [22, 20, 18])
-def test_moqrs_server_publishes_to_our_client(moqrs: Path, tmp_path: Path, draft: int) -> None:
-    r = run_case("moqrs-pub", draft, moqrs, tmp_path)
+def test_moqrs_server_publishes_to_our_client(moqrs: Path, tmp_path: Path, draft: int,
+                                              transport: str) -> None:
+    r = run_case("moqrs-pub", draft, moqrs, tmp_path, transport=transport)
     info = describe(r)
     assert r.get("version") == draft, info
     # moq-rs maps its broadcast path to a namespace split on "/".
@@ -52,11 +59,13 @@ def _check_peer_objects(r: dict) -> None:
     assert all(e["len"] == SIZE for e in events if e["event"] == "object"), info
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("draft", [22, 20, 18])
-def test_moqrs_client_subscribes_to_our_server(moqrs: Path, tmp_path: Path, draft: int) -> None:
+def test_moqrs_client_subscribes_to_our_server(moqrs: Path, tmp_path: Path, draft: int,
+                                               transport: str) -> None:
     # Draft 22 uses our default ALPN list: moq-rs offers moq-lite first, then its IETF
     # versions newest first, and our server's preference picks moqt-22.
     alpn = "moqt-22,moqt-21,moqt-20,moqt-18" if draft == 22 else ""
-    r = run_case("moqrs-sub", draft, moqrs, tmp_path, alpn=alpn)
+    r = run_case("moqrs-sub", draft, moqrs, tmp_path, alpn=alpn, transport=transport)
     assert r.get("version") == draft, describe(r)
     _check_peer_objects(r)

@@ -9,8 +9,8 @@ aiopquic backends alike, and stream IDs stay the QUIC library's.
 
 * :mod:`.h3` — codes, frames, SETTINGS, capsules, the error-code mapping (sans-IO).
 * :mod:`.session` — :class:`WebTransportSession`.
-* :mod:`.endpoint` — :class:`H3Endpoint` (control and QPACK streams, CONNECT, routing) and
-  :func:`serve_factory` (raw MOQT and WebTransport on one port, by ALPN).
+* :mod:`.endpoint` — :class:`H3Endpoint` (control and QPACK streams, CONNECT, routing).
+* :mod:`.dispatch` — :func:`serve_factory` (raw MOQT and WebTransport on one port, by ALPN).
 
 :func:`connect` opens a session to an ``https://`` URL; a server takes sessions when
 ``TransportConfig.webtransport`` is set (``transport.serve`` wraps its handler factory with
@@ -25,7 +25,8 @@ import asyncio
 from ..api import Backend, ConnectError, HandlerFactory, TransportError
 from ..config import TransportConfig
 from ..url import MoqtUrl
-from .endpoint import H3Endpoint, serve_factory
+from .dispatch import serve_factory
+from .endpoint import H3Endpoint
 from .h3 import H3ErrorCode
 from .session import WebTransportSession
 

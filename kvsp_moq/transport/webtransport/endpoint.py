@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pylsqpack
@@ -68,6 +67,7 @@ from .h3 import (
     parse_capsules,
     parse_sf_string,
     parse_sf_string_list,
+    request_pseudo_headers,
 )
 from .session import WebTransportSession
 
@@ -435,7 +435,7 @@ class H3Endpoint(BaseConnectionHandler):
         """A client's request: accept it as a WebTransport session or answer it."""
         if sid not in self._streams or self.conn is None or self.conn.is_closed:
             return
-        pseudo = _request_pseudo_headers(headers)
+        pseudo = request_pseudo_headers(headers)
         if pseudo is None:  # malformed (RFC 9114 §4.1.2): stream error H3_MESSAGE_ERROR
             self._reject_stream(sid, H3ErrorCode.H3_MESSAGE_ERROR)
             return
@@ -500,7 +500,8 @@ class H3Endpoint(BaseConnectionHandler):
         self._responses[sid] = fut
         self._send_headers(sid, [
             (b":method", b"CONNECT"), (b":protocol", b"webtransport"), (b":scheme", b"https"),
-            (b":authority", url.authority.encode()), (b":path", (url.path_and_query or "/").encode()),
+            (b":authority", url.authority.encode()),
+            (b":path", (url.path_and_query or "/").encode()),
             (b"sec-webtransport-http3-draft02", b"1"),
             (b"wt-available-protocols", encode_sf_string_list(offered).encode()),
         ])
@@ -736,65 +737,3 @@ def _app_code(h3_code: int) -> int:
     outside the WebTransport range is passed on as it is."""
     code = h3_code_to_wt(h3_code)
     return h3_code if code is None else code
-
-
-_REQUEST_PSEUDO = (b":method", b":scheme", b":authority", b":path", b":protocol")
-
-
-def _request_pseudo_headers(headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None:
-    """The pseudo-header fields of a request, or None when it is malformed (RFC 9114
-    §4.1.2, §4.3.1; RFC 9220 §3): an unknown or repeated pseudo-header, one after a regular
-    field, an upper-case name, or an extended CONNECT without scheme, authority or path."""
-    pseudo: dict[bytes, bytes] = {}
-    regular = False
-    for name, value in headers:
-        if name != name.lower() or not name:
-            return None
-        if name.startswith(b":"):
-            if regular or name not in _REQUEST_PSEUDO or name in pseudo:
-                return None
-            pseudo[name] = value
-        else:
-            regular = True
-    if b":method" not in pseudo:
-        return None
-    if b":protocol" in pseudo:
-        if pseudo[b":method"] != b"CONNECT" or not all(
-                pseudo.get(k) for k in (b":scheme", b":authority", b":path")):
-            return None
-    return pseudo
-
-
-def serve_factory(config: TransportConfig, handler_factory: HandlerFactory
-                  ) -> Callable[[], ConnectionHandler]:
-    """The handler factory of a server that takes raw MOQT and WebTransport on one port: a
-    connection negotiating ``h3`` gets an :class:`H3Endpoint` (each session a handler from
-    ``handler_factory``), any other ALPN ``handler_factory``'s handler itself."""
-
-    def make() -> ConnectionHandler:
-        return AlpnDispatch(config, handler_factory)
-
-    return make
-
-
-class AlpnDispatch(BaseConnectionHandler):
-    """A server connection's handler until its ALPN is known, then its forwarder."""
-
-    def __init__(self, config: TransportConfig, handler_factory: HandlerFactory) -> None:
-        self._config = config
-        self._factory = handler_factory
-        self._inner: ConnectionHandler | None = None
-
-    def connection_made(self, conn: Connection, alpn: str) -> None:
-        self.conn = conn
-        inner: ConnectionHandler = (H3Endpoint(self._config, is_client=False,
-                                               handler_factory=self._factory)
-                                    if alpn == "h3" else self._factory())
-        self._inner = inner
-        # the forwarders below are bound once: the connection calls them per event
-        self.stream_data = inner.stream_data  # type: ignore[method-assign]
-        self.stream_reset = inner.stream_reset  # type: ignore[method-assign]
-        self.stop_sending = inner.stop_sending  # type: ignore[method-assign]
-        self.datagram_received = inner.datagram_received  # type: ignore[method-assign]
-        self.connection_lost = inner.connection_lost  # type: ignore[method-assign]
-        inner.connection_made(conn, alpn)

@@ -36,7 +36,14 @@ __all__ = [
     "parse_capsules",
     "parse_sf_string",
     "parse_sf_string_list",
+    "quarter_stream_id_size",
+    "request_pseudo_headers",
+    "stream_prefix",
     "wt_code_to_h3",
+    "decode_close_capsule",
+    "encode_close_capsule",
+    "encode_sf_string",
+    "header_value",
 ]
 
 
@@ -350,3 +357,30 @@ def header_value(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes |
         if key == name:
             return value
     return None
+
+
+_REQUEST_PSEUDO = (b":method", b":scheme", b":authority", b":path", b":protocol")
+
+
+def request_pseudo_headers(headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None:
+    """The pseudo-header fields of a request, or None when it is malformed (RFC 9114
+    §4.1.2, §4.3.1; RFC 9220 §3): an unknown or repeated pseudo-header, one after a regular
+    field, an upper-case name, or an extended CONNECT without scheme, authority or path."""
+    pseudo: dict[bytes, bytes] = {}
+    regular = False
+    for name, value in headers:
+        if name != name.lower() or not name:
+            return None
+        if name.startswith(b":"):
+            if regular or name not in _REQUEST_PSEUDO or name in pseudo:
+                return None
+            pseudo[name] = value
+        else:
+            regular = True
+    if b":method" not in pseudo:
+        return None
+    if b":protocol" in pseudo:
+        if pseudo[b":method"] != b"CONNECT" or not all(
+                pseudo.get(k) for k in (b":scheme", b":authority", b":path")):
+            return None
+    return pseudo
