@@ -82,7 +82,7 @@ class KVSPConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
-        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         _log_like_vllm()
         self.settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config)
         self.descriptor = descriptor_of_engine(vllm_config, self.settings.model_name)

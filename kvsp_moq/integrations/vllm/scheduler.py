@@ -91,7 +91,7 @@ class SchedulerSide:
             state.local_blocks = local
             state.saved_upto = local
             if usable > local and self._index is not None:
-                answer = self._lookup(state, usable)
+                answer = self._lookup(state)
                 if answer is not None:
                     state.matched = answer.matched
                     state.records = [tuple(r.to_json() for r in blk.replicas) for blk in answer.blocks]
@@ -120,22 +120,22 @@ class SchedulerSide:
                 state.load_pending = None
         scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
-            state = self._requests.get(new.req_id)
-            if state is not None:
-                state.block_ids = list(new.block_ids[0])
-                self._plan_saves(plan, new.req_id, state, new.num_computed_tokens, scheduled.get(new.req_id, 0))
+            fresh = self._requests.get(new.req_id)
+            if fresh is not None:
+                fresh.block_ids = list(new.block_ids[0])
+                self._plan_saves(plan, new.req_id, fresh, new.num_computed_tokens, scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
-            state = self._requests.get(req_id)
-            if state is None:
+            running = self._requests.get(req_id)
+            if running is None:
                 continue
             new_ids = cached.new_block_ids[i]
             if new_ids is not None:
                 if req_id in cached.resumed_req_ids:
-                    state.block_ids = list(new_ids[0])  # after preemption: the whole list
+                    running.block_ids = list(new_ids[0])  # after preemption: the whole list
                 else:
-                    state.block_ids.extend(new_ids[0])
-            self._plan_saves(plan, req_id, state, cached.num_computed_tokens[i], scheduled.get(req_id, 0))
+                    running.block_ids.extend(new_ids[0])
+            self._plan_saves(plan, req_id, running, cached.num_computed_tokens[i], scheduled.get(req_id, 0))
         return plan
 
     def update_connector_output(self, counts: Mapping[str, Mapping[str, int]]) -> None:
@@ -148,7 +148,7 @@ class SchedulerSide:
         state = self._requests.pop(request.request_id, None)
         if state is None:
             return None
-        return {"kvsp": {"scope": state.scope, "external_tokens": state.external * self.block_tokens,
+        return {"kvsp": {"scope": state.scope, "compat_id": self.compat_id.hex(), "external_tokens": state.external * self.block_tokens,
                          "matched_blocks": state.matched, "local_blocks": state.local_blocks, **state.counts}}
 
     def close(self) -> None:
@@ -174,11 +174,12 @@ class SchedulerSide:
         self._requests[request.request_id] = state
         return state
 
-    def _lookup(self, state: _Request, usable: int) -> LookupResponse | None:
+    def _lookup(self, state: _Request) -> LookupResponse | None:
+        """One lookup of every complete block (also those the full-hit rule leaves to compute:
+        a block the IS knows is not published again)."""
         assert self._loop is not None and self._index is not None
         self.lookups += 1
-        body = LookupRequest(scope_id=state.scope_id, compat_id=self.compat_id,
-                             block_keys=tuple(state.keys[:usable]))
+        body = LookupRequest(scope_id=state.scope_id, compat_id=self.compat_id, block_keys=tuple(state.keys))
         try:
             return self._loop.run(self._index.lookup(body), self.settings.deadline_s)
         except Exception as exc:  # the IS is advisory (§6.1): no hit, compute

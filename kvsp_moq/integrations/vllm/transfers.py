@@ -28,13 +28,13 @@ import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source
 from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
-from ...control.client.retrieval import RetrievalFailed, retrieve_block
+from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_block
 from ...control.common.tls import TlsConfig
 from ...kvsp.layout import Geometry, decode_raw_layer
 from ...kvsp.records import ReplicaRecord
@@ -177,7 +177,7 @@ async def _from_http(peers: Peers, incoming: Incoming, records: list[ReplicaReco
     """Layers ``first``.. of the block from an HTTP replica; False if none delivers."""
     last = incoming.layers - 1
     try:
-        got = await retrieve_block(peers.fetcher, records, layers=None if first == 0 else (first, last),
+        got = await retrieve_block(cast(BlockFetcher, peers.fetcher), records, layers=None if first == 0 else (first, last),
                                    geometry=None)
     except RetrievalFailed as exc:
         log.info("KVSP: no HTTP replica delivered layers %d-%d: %s", first, last, exc)
