@@ -60,11 +60,18 @@ def _relay(args: argparse.Namespace) -> int:
 def _kv(args: argparse.Namespace) -> int:
     from .kv import driver
 
+    if args.prefetch_only:
+        from .kv.prefetch import prefetch_figures
+
+        report.emit(prefetch_figures(window=args.prefetch_window, datagram_size=max(args.datagram_size),
+                                     backend=args.backend[0], repeat=args.repeat))
+        return 0
     report.emit(driver.run(layers=args.layers, layer_bytes=args.layer_mib << 20,
                            datagram_sizes=args.datagram_size, backends=args.backend,
                            repeat=args.repeat, http=not args.no_http, relay=not args.no_relay,
                            parallel=args.parallel, workers=args.workers,
-                           device=args.device, holders=args.holders))
+                           device=args.device, holders=args.holders,
+                           prefetch_window=None if args.no_prefetch else args.prefetch_window))
     return 0
 
 
@@ -170,6 +177,13 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--device", default="cpu",
                    help="torch device of the direct MOQT loads' sink: cpu (default) or "
                         "cuda[:i] (pinned staging, then a copy to the GPU, timed to its end)")
+    q.add_argument("--no-prefetch", action="store_true",
+                   help="skip the prefetch rows (12 blocks of 4 x 32 KiB through a relay, "
+                        "landed in a store vs through a container; kv/prefetch.py)")
+    q.add_argument("--prefetch-only", action="store_true", help="only the prefetch rows")
+    q.add_argument("--prefetch-window", type=int, default=4, metavar="W",
+                   help="blocks in flight in the prefetch rows (default 4, the instance's "
+                        "prefetch_blocks_in_flight)")
     q.set_defaults(handler=_kv)
     q = bsub.add_parser("wan", help="MOQT vs HTTP block load across two network namespaces "
                                     "joined by a shaped link: tc netem on a veth pair, or a "

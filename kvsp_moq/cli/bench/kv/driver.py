@@ -19,7 +19,11 @@ copy of the same bytes over loopback, ``bench.baseline.tcp_copy``):
   each over its own QUIC connection, in-process (``connections``) or in N worker processes
   (``processes``) writing into a shared-memory torch buffer, from the same holder process:
   ``kv_{path}_par{N}_{kind}_rate`` (MB/s vs the TCP copy) and ``..._vs_par1`` (MB/s vs N = 1
-  of the same kind, same run).
+  of the same kind, same run);
+* prefetch (issue 16, ``.prefetch``): a directive's worth of small blocks (the demo's 12 x
+  4 x 32 KiB) through a relay process from a holder process, ``prefetch_window`` in flight on
+  one session, landed straight in a store (``kv_prefetch_land``) and through a container as
+  before (``kv_prefetch_container``), against the TCP copy and against each other.
 
 This module lives in ``kvsp_moq.cli`` (not ``kvsp_moq.bench``) because it starts the relay
 and the HTTP holder: ``kvsp_moq.bench`` may not import ``kvsp_moq.control`` or ``relay``
@@ -129,7 +133,9 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
         backends: tuple[str, ...] = ("aioquic",), repeat: int = 3, http: bool = True,
         relay: bool = True, parallel: tuple[int, ...] = (),
         workers: tuple[str, ...] = ("connections",), device: str = "cpu",
-        holders: int = 1) -> list[Figure]:
+        holders: int = 1, prefetch_window: int | None = 4) -> list[Figure]:
+    """Every figure of the module docstring; ``prefetch_window`` None skips the prefetch rows
+    (``.prefetch``: a directive's worth of small blocks through a relay, that many in flight)."""
     check_backends(backends)
     sink = check_device(device)
     for kind in workers:
@@ -226,4 +232,9 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
             figures.append(Figure(f"{name}_vs_par1", "MB/s", block / whole / 1e6,
                                   f"kv_{path}_par1_{kind}{suffix}_rate", block / base[1] / 1e6,
                                   params={**run_params, "baseline_median_block_ms": base[2] * 1e3}))
+    if prefetch_window is not None:
+        from .prefetch import prefetch_figures
+
+        figures.extend(prefetch_figures(window=prefetch_window, datagram_size=max(datagram_sizes),
+                                        backend=backends[0], repeat=repeat))
     return figures

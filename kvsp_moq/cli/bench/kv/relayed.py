@@ -36,7 +36,7 @@ from ....transport.tls import make_self_signed
 from .holder import KEY, freeze_heap, geometry, make_block
 from .loader import Timing, timed_load
 
-__all__ = ["main", "measure_relay", "stop_process"]
+__all__ = ["main", "measure_relay", "serve_until_stdin_closes", "stop_process"]
 
 _MODULE = "kvsp_moq.cli.bench.kv.relayed"
 
@@ -112,6 +112,10 @@ def _serve(until_stdin_closes: Callable[[asyncio.Future[None]], Awaitable[None]]
     finally:
         loop.close()
     return 0
+
+
+#: The same for another module's role processes (``kv.prefetch``'s holder).
+serve_until_stdin_closes = _serve
 
 
 def _server_config(args: argparse.Namespace) -> TransportConfig:
