@@ -245,6 +245,8 @@ class PeerSession(SessionDriver):
             # itself (EXCESSIVE_LOAD with a Retry Interval; relay/limits.py).
             setup = replace(setup, max_auth_token_cache_size=cfg.auth_token_cache_size,
                             max_concurrent_requests=cfg.max_requests_per_session)
+        if conn.is_webtransport:  # no PATH / AUTHORITY either way (MOQT §"PATH")
+            setup = replace(setup, webtransport=True)
         self.moqt = SessionMachine(self.role, version, setup, streams=ConnectionStreamIds(
             conn, self.role is Role.CLIENT))
         self.moqt.start()

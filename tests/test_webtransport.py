@@ -97,6 +97,10 @@ async def test_subscribe_fetch_datagram_exact_bytes(srv: Server) -> None:
                                                                 WebTransportSession)
     assert conn.alpn == "moqt-22" and client.version == server_side.version
     assert conn.quic.alpn == "h3" and server_side.connection.path == "/moq"
+    # the URL travelled in the CONNECT, not in SETUP (MOQT §"PATH", §"AUTHORITY")
+    assert server_side.moqt is not None and server_side.moqt.peer_setup is not None
+    assert (server_side.moqt.peer_setup.path, server_side.moqt.peer_setup.authority) == (None,
+                                                                                         None)
     # Subscribe: three groups of growing objects, exact bytes and properties.
     track = srv.catalog.create(NS, "layers")
     sub = await within(client.subscribe(NS, "layers"))

@@ -16,7 +16,12 @@ from collections.abc import AsyncIterator
 import pylsqpack
 import pytest
 
+from kvsp_moq.moqt.messages import Setup
+from kvsp_moq.moqt.session import SessionConfig
+from kvsp_moq.moqt.session.setup import build_setup, check_peer_setup
+from kvsp_moq.moqt.version import Version
 from kvsp_moq.pubsub import connect, serve
+from kvsp_moq.wire.errors import SessionErrorCode, WireError
 from kvsp_moq.pubsub.endpoints import MoqtServer
 from kvsp_moq.transport import (
     BaseConnectionHandler,
@@ -317,3 +322,18 @@ def test_frame_reader_is_bounded_and_incremental() -> None:
     with pytest.raises(H3Error) as info:
         FrameReader(16).feed(v(FrameType.DATA) + v(17))
     assert info.value.code == H3ErrorCode.H3_EXCESSIVE_LOAD
+
+
+def test_no_path_or_authority_over_webtransport() -> None:
+    """MOQT §"PATH", §"AUTHORITY": not sent over WebTransport; received there, the session
+    is closed with INVALID_PATH / INVALID_AUTHORITY (the drivers set ``webtransport`` from
+    ``Connection.is_webtransport``)."""
+    wt = SessionConfig(path="/moq", authority="h:1", webtransport=True)
+    ours = build_setup(wt, Version.from_alpn("moqt-22"), is_client=True)
+    assert ours.path is None and ours.authority is None
+    for peer, code in ((Setup(path="/moq"), SessionErrorCode.INVALID_PATH),
+                       (Setup(authority="h:1"), SessionErrorCode.INVALID_AUTHORITY)):
+        with pytest.raises(WireError) as info:
+            check_peer_setup(peer, SessionConfig(webtransport=True), is_client=False)
+        assert info.value.code == code
+    check_peer_setup(Setup(path="/moq"), SessionConfig(), is_client=False)  # native QUIC

@@ -194,7 +194,10 @@ class MoqtSession(SessionDriver):
     # ConnectionHandler
     def connection_made(self, conn: Connection, alpn: str) -> None:
         self.connection = conn
-        self.moqt = SessionMachine(self.role, Version.from_alpn(alpn), self._session_config,
+        config = self._session_config
+        if conn.is_webtransport:  # no PATH / AUTHORITY either way (§"PATH")
+            config = replace(config, webtransport=True)
+        self.moqt = SessionMachine(self.role, Version.from_alpn(alpn), config,
                                    streams=ConnectionStreamIds(conn, self.role is Role.CLIENT))
         self.moqt.start()
         self.pump()

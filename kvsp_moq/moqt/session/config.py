@@ -36,6 +36,11 @@ class SessionConfig:
     #: INVALID_AUTHORITY). None accepts any well-formed value.
     accept_path: Callable[[str | None], bool] | None = None
     accept_authority: Callable[[str | None], bool] | None = None
+    #: The session runs over WebTransport (set by the driver from its connection): PATH and
+    #: AUTHORITY are not sent, and a peer's are refused with INVALID_PATH /
+    #: INVALID_AUTHORITY (§"PATH", §"AUTHORITY": "MUST NOT be used ... when WebTransport is
+    #: used"); the CONNECT request carries the URL instead.
+    webtransport: bool = False
     implementation: str | None = "kvsp-moq"
     #: MAX_REQUEST_UPDATES we advertise (draft 19+; None: not sent = unlimited).
     max_request_updates: int | None = None

@@ -24,10 +24,10 @@ _AUTHORITY_RE = re.compile(r"^(?:[^@/?#\s]*@)?(?:\[[0-9A-Fa-f:.]+\]|[^:@/?#\s\[\
 
 def build_setup(config: SessionConfig, version: Version, is_client: bool) -> Setup:
     """Our SETUP: every Setup Option the config names (PATH and AUTHORITY from a client
-    only; MAX_REQUEST_UPDATES from draft 19 on)."""
+    on native QUIC only; MAX_REQUEST_UPDATES from draft 19 on)."""
     return Setup(
-        path=config.path if is_client else None,
-        authority=config.authority if is_client else None,
+        path=config.path if is_client and not config.webtransport else None,
+        authority=config.authority if is_client and not config.webtransport else None,
         moqt_implementation=config.implementation,
         max_request_updates=(config.max_request_updates
                              if version.has_range_filters else None),
@@ -44,6 +44,11 @@ def check_peer_setup(setup: Setup, config: SessionConfig, is_client: bool) -> No
         if setup.path is not None or setup.authority is not None:
             raise violation("server sent PATH or AUTHORITY")
         return
+    if config.webtransport:  # §"PATH", §"AUTHORITY": not used over WebTransport
+        if setup.path is not None:
+            raise WireError(SessionErrorCode.INVALID_PATH, "PATH over WebTransport")
+        if setup.authority is not None:
+            raise WireError(SessionErrorCode.INVALID_AUTHORITY, "AUTHORITY over WebTransport")
     if setup.path is not None and not _PATH_RE.match(setup.path):
         raise WireError(SessionErrorCode.MALFORMED_PATH, f"malformed PATH {setup.path!r}")
     if setup.authority is not None and not _AUTHORITY_RE.match(setup.authority):
