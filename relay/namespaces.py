@@ -34,7 +34,6 @@ NAMESPACE_DONE for a move. The upstream sees our ``upstream_token`` (SETUP).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Protocol
 
@@ -45,13 +44,13 @@ from kvsp_moq.moqt.messages import (
     RequestError,
     RequestOk,
 )
-from kvsp_moq.transport import ConnectError, TransportError
 
 from .deadline import Deadline
 from .limits import is_reserved_namespace
 from .logs import event
 from .names import Namespace, format_namespace
 from .peer import PeerSession, RequestHandler
+from .uplink import UNREACHABLE
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ports import RelayContext
@@ -60,7 +59,6 @@ __all__ = ["NamespacePropagation", "NamespaceWatcher", "UpstreamAnnouncement",
            "UpstreamInterest"]
 
 logger = logging.getLogger(__name__)
-_UNREACHABLE = (ConnectError, TransportError, OSError, asyncio.TimeoutError, ConnectionError)
 
 
 class NamespaceWatcher(Protocol):
@@ -76,7 +74,7 @@ class NamespaceWatcher(Protocol):
 async def _connect(relay: RelayContext) -> PeerSession | None:
     try:
         return await relay.upstream_peer()
-    except _UNREACHABLE as exc:
+    except UNREACHABLE as exc:
         logger.warning("relay: upstream %s unreachable: %s", relay.config.upstream, exc)
         return None
 
