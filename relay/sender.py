@@ -290,8 +290,8 @@ class SessionSender:
             return
         self._handing = True
         try:
-            while self.room() > 0 and not self.closed:
-                got = self.schedule.next(self.room())
+            while not self.closed and (room := self.room()) > 0:
+                got = self.schedule.next(room)
                 if got is None:
                     return
                 flow, sid, data, fin = got
@@ -311,10 +311,11 @@ class SessionSender:
     async def _drain(self) -> None:
         try:
             while not self.closed:
-                if self.room() <= 0:
+                room = self.room()
+                if room <= 0:
                     await self._wait_room()
                     continue
-                got = self.schedule.next(self.room())
+                got = self.schedule.next(room)
                 if got is None:
                     break
                 flow, sid, data, fin = got
