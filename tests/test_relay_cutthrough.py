@@ -6,8 +6,8 @@ first chunks of an object while the origin still holds the rest; several FETCHes
 share ONE upstream FETCH; a late joiner gets what arrived so far, then the rest live; an
 upstream reset mid-object, and the upstream session lost mid-range, reach the downstream
 FETCHes as stream resets with the draft's codes; after a cut-through the range is served from
-the cache with no upstream request. Also: a subscription's objects are forwarded chunk by
-chunk (no store-and-forward of an object). ``within`` only turns a hang into a failure;
+the cache with no upstream request; a fill fetch stream is cut through the same way. Also: a
+subscription's objects are forwarded chunk by chunk (no store-and-forward of an object). ``within`` only turns a hang into a failure;
 ``until`` polls relay state with a bound that fails loudly.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from kvsp_moq.moqt.data import FetchStreamEncoder
-from kvsp_moq.moqt.errors import StreamResetCode
-from kvsp_moq.moqt.messages import Fetch, Message, StandaloneFetch
+from kvsp_moq.moqt.errors import PublishDoneCode, StreamResetCode
+from kvsp_moq.moqt.messages import Fetch, Message, MessageParameters, StandaloneFetch
 from kvsp_moq.moqt.session import Role, SessionConfig
 from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from kvsp_moq.transport import TransportConfig, parse_moqt_url
@@ -60,7 +60,8 @@ def payload(obj: int, size: int) -> bytes:
 
 
 class Origin(MoqtSession):
-    """A real publisher session whose FETCHes the test answers by hand."""
+    """A real publisher session whose FETCHes the test answers by hand (its SUBSCRIBEs are
+    served from its catalog as usual)."""
 
     def __init__(self, role: Role, **kw) -> None:
         super().__init__(role, **kw)
@@ -105,6 +106,7 @@ class Net:
     def __init__(self) -> None:
         self.relay: Relay | None = None
         self.origin: Origin | None = None
+        self.catalog = Catalog()
         self.sessions: list[MoqtSession] = []
 
     async def start(self) -> None:
@@ -115,7 +117,7 @@ class Net:
         made: list[Origin] = []
 
         def factory() -> Origin:
-            s = Origin(Role.CLIENT, catalog=Catalog(),
+            s = Origin(Role.CLIENT, catalog=self.catalog,
                        session_config=SessionConfig(path="/moq", authority="127.0.0.1"))
             made.append(s)
             return s
@@ -325,3 +327,35 @@ async def test_subscription_objects_are_forwarded_chunk_by_chunk(net: Net) -> No
     await within(writer.close())
     got = await within(sub.__anext__())
     assert bytes(got.payload) == data
+
+
+async def test_fill_stream_is_cut_through_and_counted_in_publish_done(net: Net) -> None:
+    """A SUBSCRIBE with FILL_PARAMETERS (the whole track so far): the relay's upstream FETCH
+    of the fill range is cut through, so the subscriber has the first fill object and a chunk
+    of the second while the origin holds the rest; the origin's PUBLISH_DONE arrives while
+    the fill stream still waits for bytes, and the subscriber still gets the whole fill and a
+    Stream Count that counts it."""
+    track = net.catalog.create(NS, "t")
+    objs = [payload(0, 96 << 10), payload(1, 300 << 10)]
+    for o, data in enumerate(objs):
+        await within(track.write_object(0, o, data))  # stored: the Largest Object is (0, 1)
+    progress = Progress()
+    client = await net.client()
+    sub_task = asyncio.ensure_future(client.subscribe(
+        NS, "t", parameters=MessageParameters(fill_parameters=MessageParameters()),
+        on_object_progress=progress))
+    ans = await net.answer((0, 1))  # the fill range, FETCHed upstream after SUBSCRIBE_OK
+    sub = await within(sub_task)
+    ans.obj(0, 0, objs[0])
+    ans.header(0, 1, len(objs[1]))
+    ans.send(objs[1][:CHUNK])
+    await progress.reached((0, 1), CHUNK)
+    await within(track.finish())  # PUBLISH_DONE upstream while the fill is not done
+    ans.send(objs[1][CHUNK:], fin=True)
+    got = await within(sub.collect())
+    assert [(o.group_id, o.object_id, bytes(o.payload)) for o in got] == \
+        [(0, 0, objs[0]), (0, 1, objs[1])]
+    done = sub.publish_done
+    assert done is not None and done.status_code == PublishDoneCode.TRACK_ENDED
+    assert done.stream_count == sub.stats.data_streams == 1  # the fill fetch stream
+    assert stats(net)[0] == 1
