@@ -3,6 +3,7 @@
 :func:`run_case` runs ``python -m interop.cases`` in its own process group — inside
 ``unshare -n`` (loopback only) when asked — with a wall-clock limit, kills the whole group
 afterwards, and returns the case's ``RESULT`` as a dict. Certificates come from our TLS helper.
+:func:`run_matrix` runs ``python -m interop.matrix`` the same way and returns its JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from . import peers
 from .harness import ROOT, aiomoqt_counted, kill_group, payload, sha256
 
 __all__ = ["KnownGap", "aiomoqt_counted", "describe", "expected_objects", "make_certs",
-           "payload", "peer_bin", "run_case", "sha256"]
+           "payload", "peer_bin", "run_case", "run_matrix", "sha256"]
 
 class KnownGap(AssertionError):
     """Raised by a test when it observed exactly a documented gap (docs/interop.md); such tests
@@ -110,3 +111,25 @@ def describe(result: dict[str, Any]) -> str:
     return (json.dumps(slim, indent=1) + "\n--- peer log ---\n" +
             "\n".join(result.get("peer_log") or []) + "\n--- case output ---\n" +
             result.get("_output", ""))
+
+
+def run_matrix(args: list[str], out: Path, limit: float) -> tuple[dict[str, Any], str, int]:
+    """``python -m interop.matrix ARGS --json OUT`` in its own process group within ``limit``
+    seconds (the whole group killed afterwards); (its JSON, its output's tail, its exit
+    status). Fails the test when it does not finish or writes no JSON."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen([sys.executable, "-m", "interop.matrix", *args, "--json", str(out)],
+                            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"interop.matrix {' '.join(args)} did not finish within {limit:.0f} s\n"
+                    f"{output[-4000:]}")
+    finally:
+        kill_group(proc.pid, signal.SIGKILL)
+    assert out.exists(), output[-4000:]
+    return json.loads(out.read_text()), output[-4000:], proc.returncode

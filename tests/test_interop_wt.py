@@ -10,19 +10,11 @@ the same cases over both transports), and match its own baseline. See docs/inter
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from interop import peers
-from interop.harness import ROOT, kill_group
 from interop.matrix import QUIC_COLUMNS, RELAY_COLUMN, WT, load_baseline
-from interop.testing import peer_bin
+from interop.testing import peer_bin, run_matrix
 
 pytestmark = pytest.mark.interop
 
@@ -35,25 +27,9 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     peer_bin(peers.AIOMOQT)  # installs them, or skips loudly
     peer_bin(peers.MOQ_RS)
     out = tmp_path_factory.mktemp("matrix-wt") / "matrix.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen([sys.executable, "-m", "interop.matrix", "--drafts",
-                             ",".join(map(str, DRAFTS)), "--transport", "webtransport",
-                             "--json", str(out)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        kill_group(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the WebTransport matrix did not finish within {LIMIT:.0f} s\n"
-                    f"{output[-4000:]}")
-    finally:
-        kill_group(proc.pid, signal.SIGKILL)
-    assert out.exists(), output[-4000:]
-    result = json.loads(out.read_text())
-    result["_output"] = output[-4000:]
+    result, output, _ = run_matrix(["--drafts", ",".join(map(str, DRAFTS)), "--transport",
+                                    "webtransport"], out, LIMIT)
+    result["_output"] = output
     return result
 
 

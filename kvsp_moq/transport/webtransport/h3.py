@@ -218,26 +218,32 @@ class FrameReader:
 
     def feed(self, data: bytes | memoryview) -> list[tuple[int, bytes]]:
         self._buf += data
-        frames: list[tuple[int, bytes]] = []
-        buf = self._buf
-        pos = 0
-        while True:
-            try:
-                ftype, n1 = read_quic_varint(buf, pos)
-                length, n2 = read_quic_varint(buf, pos + n1)
-            except BufferUnderflow:
-                break
-            if length > self._max:
-                raise H3Error(H3ErrorCode.H3_EXCESSIVE_LOAD,
-                              f"frame 0x{ftype:x} of {length} bytes (limit {self._max})")
-            start = pos + n1 + n2
-            if start + length > len(buf):
-                break
-            frames.append((ftype, bytes(buf[start:start + length])))
-            pos = start + length
-        if pos:
-            del buf[:pos]
-        return frames
+        return take_tlvs(self._buf, self._max, "frame")
+
+
+def take_tlvs(buf: bytearray, max_value: int, what: str) -> list[tuple[int, bytes]]:
+    """The complete Type (i), Length (i), Value units at the start of ``buf`` (removed from
+    it): HTTP/3 frames (RFC 9114 §7.1) and capsules (RFC 9297 §3.2) alike. One whose
+    declared length exceeds ``max_value`` raises H3_EXCESSIVE_LOAD before it is buffered."""
+    out: list[tuple[int, bytes]] = []
+    pos = 0
+    while True:
+        try:
+            utype, n1 = read_quic_varint(buf, pos)
+            length, n2 = read_quic_varint(buf, pos + n1)
+        except BufferUnderflow:
+            break
+        if length > max_value:
+            raise H3Error(H3ErrorCode.H3_EXCESSIVE_LOAD,
+                          f"{what} 0x{utype:x} of {length} bytes (limit {max_value})")
+        start = pos + n1 + n2
+        if start + length > len(buf):
+            break
+        out.append((utype, bytes(buf[start:start + length])))
+        pos = start + length
+    if pos:
+        del buf[:pos]
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -262,25 +268,7 @@ def encode_close_capsule(code: int, message: str) -> bytes:
 def parse_capsules(buf: bytearray, max_value: int) -> list[tuple[int, bytes]]:
     """The complete capsules at the start of ``buf`` (removed from it); a capsule longer
     than ``max_value`` raises H3_EXCESSIVE_LOAD before it is buffered."""
-    out: list[tuple[int, bytes]] = []
-    pos = 0
-    while True:
-        try:
-            ctype, n1 = read_quic_varint(buf, pos)
-            length, n2 = read_quic_varint(buf, pos + n1)
-        except BufferUnderflow:
-            break
-        if length > max_value:
-            raise H3Error(H3ErrorCode.H3_EXCESSIVE_LOAD,
-                          f"capsule 0x{ctype:x} of {length} bytes (limit {max_value})")
-        start = pos + n1 + n2
-        if start + length > len(buf):
-            break
-        out.append((ctype, bytes(buf[start:start + length])))
-        pos = start + length
-    if pos:
-        del buf[:pos]
-    return out
+    return take_tlvs(buf, max_value, "capsule")
 
 
 def decode_close_capsule(value: bytes) -> tuple[int, str]:
