@@ -32,6 +32,7 @@ from ..pubsub import Catalog, ReceivedObject, MoqtSession, TrackPublisher, conne
 from ..transport import TransportConfig, run
 from ..transport.tls import make_self_signed
 from .errors import UsageError
+from .viewer import register_view
 from .moq_args import (Names, add_name_options, add_token_options, names, request_parameters,
                        tokens)
 
@@ -333,3 +334,5 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     _common(q)
     add_token_options(q)
     q.set_defaults(handler=_runner(_publish))
+
+    register_view(msub)
