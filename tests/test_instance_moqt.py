@@ -156,3 +156,33 @@ async def test_every_replica_failing_reports_each_attempt() -> None:
             assert (await asyncio.wait_for(retriever([at(record, empty.url), record]), GUARD)).attempts[0].outcome == "miss"
         finally:
             await retriever.close()
+
+
+def lookups(w: World) -> float:
+    return sum(s.value for m in w.is_service.metrics.lookups.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+async def test_a_directive_reads_its_records_in_one_lookup_and_lands_its_blocks() -> None:
+    from kvsp_moq.control.common.config import ControlConfig, InstanceConfig, TierConfig
+    from kvsp_moq.control.instance.serve import serve_instance
+    from test_instance_support import AUTH, TOKENS
+
+    async with world(holders=0) as w, moqt_holder(5, 6, 7) as holder:
+        for i in (5, 6, 7):
+            await w.publish(holder.replica_record(key(i)))
+        retriever = MoqtBlockRetriever(TRUST.transport())  # has land(): blocks go straight to the store
+        ic = InstanceConfig(index_url=w.index.url, pc_url=w.pc.url, token=TOKENS["inst"], links=(),
+                            tiers=(TierConfig("host", 1 << 20),))
+        ii = await w.stack.enter_async_context(await serve_instance(
+            ControlConfig(auth=AUTH, instance=ic, tls=TRUST), clock=w.clock, epoch=1, report=False,
+            moqt_retriever=retriever))
+        w.stack.push_async_callback(retriever.close)
+        before = lookups(w)
+        done = await run_directive(w, ii, directive([(i, [holder.url]) for i in (5, 6, 7)]))
+        assert done["state"] == "complete" and done["loaded"] == [bkey(i).hex() for i in (5, 6, 7)]
+        assert lookups(w) == before + 1  # one §6.2 lookup for the three blocks' records
+        store = instance_service(ii).store
+        for i in (5, 6, 7):
+            assert stored_bytes(store, key(i)) == container(i)
+            assert sorted(r.holder for r in await instance_service(ii).prefetch.replicas.replicas(key(i))) == \
+                sorted([holder.url, ii.url])  # published (§6.5)

@@ -10,7 +10,8 @@ For each block in the directive's order that the instance does not already hold 
 the IS lookups, leases and publications run beside them), and a block another directive is
 loading awaited rather than loaded twice:
 
-1. the Replica Records of the block are read from the IS (:class:`ReplicaSource`), and the
+1. the Replica Records of the block are read from the IS (:class:`ReplicaSource`: one
+   ``lookup`` for the directive's blocks when the client has it, else per block), and the
    directive's sources are tried in their order, each with its record (digests to verify);
    a source the IS has no record of cannot be verified and is skipped;
 2. a lease of ``lease_ms`` is taken at that source (§6.6, ``POST leases``) *before* the
@@ -47,7 +48,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ...kvsp.errors import ContainerError
-from ...kvsp.records import LeaseGrant, LeaseRequest, PrefetchDirective, PrefetchStatus, ReplicaRecord
+from ...kvsp.records import (
+    LeaseGrant,
+    LeaseRequest,
+    LookupRequest,
+    LookupResponse,
+    PrefetchDirective,
+    PrefetchStatus,
+    ReplicaRecord,
+)
 from ...kvsp.records.prefetch import COMPLETE, FAILED, PARTIAL, PENDING
 from ...storage import BlockStore, RecordKey, ReplicaExists, StorageError
 from ..client.publisher import ReplicaPublisher
@@ -217,6 +226,7 @@ class PrefetchExecutor:
         already hold"), ``blocks_in_flight`` at a time; ``run.loaded`` keeps directive order."""
         d = run.directive
         gate = asyncio.Semaphore(self.blocks_in_flight)
+        known = await self._records_of(d)
 
         async def one(block_key: bytes, sources: Sequence[str]) -> str | None:
             key = RecordKey(d.compat_id, d.scope_id, block_key)
@@ -226,7 +236,8 @@ class PrefetchExecutor:
                 if error is not None:
                     return error
             elif self.store.get(key) is None:
-                error = await self._load_once(key, lambda: self._load_block(d, key, sources, gate))
+                error = await self._load_once(key, lambda: self._load_block(d, key, sources, gate,
+                                                                            known.get(block_key)))
                 if error is not None:
                     return error
             run.loaded.append(block_key)  # progress, visible in the directive's status
@@ -236,6 +247,26 @@ class PrefetchExecutor:
         order = {b.block_key: i for i, b in enumerate(d.blocks)}
         run.loaded.sort(key=order.__getitem__)
         return [f"{b.block_key.hex()}: {e}" for b, e in zip(d.blocks, errors) if e is not None]
+
+    async def _records_of(self, d: PrefetchDirective) -> dict[bytes, list[ReplicaRecord]]:
+        """The records of the directive's blocks from ONE IS lookup (§6.2: the leading blocks
+        with a replica, in order) when the IS client has ``lookup``; the blocks it does not
+        cover (after the first miss, or when it fails) are read one by one (``replicas``)."""
+        lookup = getattr(self.replicas, "lookup", None)
+        keys = tuple(dict.fromkeys(b.block_key for b in d.blocks
+                                   if self.store.get(RecordKey(d.compat_id, d.scope_id, b.block_key)) is None))
+        if lookup is None or len(keys) < 2:
+            return {}
+        request = LookupRequest(scope_id=d.scope_id, compat_id=d.compat_id, block_keys=keys)
+        try:
+            answer = await lookup(request)
+        except Exception as exc:  # the per-block reads say what is wrong, block by block
+            log.info("directive %s: one lookup for its blocks failed (%s); reading them one by one",
+                     d.directive, exc)
+            return {}
+        if not isinstance(answer, LookupResponse) or not answer.answers(request):
+            return {}
+        return {block.block_key: list(block.replicas) for block in answer.blocks}
 
     async def _load_once(self, key: RecordKey, load: Callable[[], Awaitable[str | None]]) -> str | None:
         """``load()``, known to other directives while it runs (a block landing over MOQT is in
@@ -251,11 +282,12 @@ class PrefetchExecutor:
             outcome.set_result(error)
 
     async def _load_block(self, d: PrefetchDirective, key: RecordKey, sources: Sequence[str],
-                          gate: asyncio.Semaphore) -> str | None:
+                          gate: asyncio.Semaphore, known: list[ReplicaRecord] | None = None) -> str | None:
         """Load one block from the first source that works; ``None`` or why it failed. Only
         the transfer holds a place of ``gate`` (the directive's window of blocks in flight):
         the IS lookup, the lease and the publication of the new replica run beside it."""
-        records = {r.holder: r for r in await self.replicas.replicas(key)}
+        found = known if known is not None else await self.replicas.replicas(key)
+        records = {r.holder: r for r in found}
         reasons: list[str] = []
         for source in sources:
             record = records.get(source)
