@@ -251,9 +251,21 @@ async def test_malformed_and_refused_requests(server: MoqtServer) -> None:
 
 async def test_request_waits_for_the_clients_settings(server: MoqtServer) -> None:
     conn, h = await raw_h3(server)
-    sid = h.connect_request(conn)  # before our SETTINGS: held (draft §3.1), then answered
+    # before our SETTINGS: held (draft §3.1), as many as the session bound, then answered
+    held = [h.connect_request(conn) for _ in range(MAX_SESSIONS)]
+    extra = h.connect_request(conn)
+    assert await within(h.status(extra)) == b"429"
     h.settings(conn)
-    assert await within(h.status(sid)) == b"200"
+    assert [await within(h.status(sid)) for sid in held] == [b"200"] * MAX_SESSIONS
+
+
+async def test_unknown_stream_types_are_stopped(server: MoqtServer) -> None:
+    conn, h = await raw_h3(server)
+    h.settings(conn)
+    sid = conn.open_uni()
+    conn.send(sid, v(0x21) + b"a reserved stream type")  # RFC 9114 §6.2.3: ignored
+    assert await within(h.stops.get()) == (sid, H3ErrorCode.H3_STREAM_CREATION_ERROR)
+    assert not conn.is_closed
 
 
 async def test_streams_for_unknown_sessions_are_bounded(server: MoqtServer) -> None:

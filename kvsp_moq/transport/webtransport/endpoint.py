@@ -210,7 +210,9 @@ class H3Endpoint(BaseConnectionHandler):
                 fut.exception()
         self._responses.clear()
         if self.conn is not None:
-            asyncio.ensure_future(self._end_all())
+            task = asyncio.ensure_future(self._end_all())
+            self._closing_tasks.add(task)
+            task.add_done_callback(self._closing_tasks.discard)
 
     async def _end_all(self) -> None:
         assert self.conn is not None
@@ -265,7 +267,8 @@ class H3Endpoint(BaseConnectionHandler):
                                   "bad QPACK decoder stream") from None
         elif kind in ("request", "connect"):
             self._message_data(sid, st, data, end)
-        # "ignored": dropped
+        elif end:  # "ignored": its bytes dropped; forgotten once it ends
+            self._streams.pop(sid, None)
 
     def _parse_prefix(self, sid: int, st: _Stream, end: bool) -> bool:
         """Read the stream's type (and a WebTransport stream's session ID); True once its
@@ -375,6 +378,9 @@ class H3Endpoint(BaseConnectionHandler):
                 headers = self._decode_headers(sid, payload)
                 if st.kind == "request":
                     if self._peer_settings is None:
+                        if len(self._deferred) >= self._config.webtransport_max_sessions:
+                            self._respond(sid, 429)  # more than a session's worth waiting
+                            return
                         self._deferred.append((sid, headers))  # §3.1: wait for SETTINGS
                     else:
                         self._handle_request(sid, headers)
