@@ -4,8 +4,8 @@
 holding bytes back at the origin, never by timing: a downstream FETCH gets FETCH_OK and the
 first chunks of an object while the origin still holds the rest; several FETCHes of a range
 share ONE upstream FETCH; a late joiner gets what arrived so far, then the rest live; an
-upstream reset mid-object, and the upstream session lost mid-range, reach the downstream
-FETCHes as stream resets with the draft's codes; after a cut-through the range is served from
+upstream reset mid-object, the upstream cancelling the FETCH and the upstream session lost
+mid-range reach the downstream FETCHes as stream resets with the draft's codes; after a cut-through the range is served from
 the cache with no upstream request; a fill fetch stream is cut through the same way. Also: a
 subscription's objects are forwarded chunk by chunk (no store-and-forward of an object). ``within`` only turns a hang into a failure;
 ``until`` polls relay state with a bound that fails loudly.
@@ -304,6 +304,30 @@ async def test_upstream_session_lost_mid_range_resets_with_internal_error(net: N
         await within(stream.collect())
     assert exc.value.code == StreamResetCode.INTERNAL_ERROR
     assert net.relay is not None and net.relay.cache.reserved == 0
+
+
+async def test_upstream_cancels_the_fetch_mid_range(net: Net) -> None:
+    """The origin cancels the FETCH (RESET_STREAM / STOP_SENDING CANCELLED on its request
+    stream, §"Request Cancellation") after FETCH_OK and object 0: the downstream FETCH's fetch
+    stream is reset CANCELLED (0x1, "The stream was cancelled by either endpoint")."""
+    client = await net.client()
+    progress = Progress()
+    fetch = asyncio.ensure_future(client.fetch(NS, "t", start=(0, 0), end=(0, 1),
+                                               on_object_progress=progress))
+    ans = await net.answer((0, 1))
+    ans.obj(0, 0, payload(0, 2000))
+    stream = await within(fetch)
+    await progress.reached((0, 0), 2000)
+    assert net.origin is not None and net.origin.moqt is not None
+    net.origin.moqt.cancel(ans.rid)
+    net.origin.pump()
+    with pytest.raises(MoqtError) as exc:
+        await within(stream.collect())
+    assert exc.value.code == StreamResetCode.CANCELLED
+    relay = net.relay
+    assert relay is not None
+    await until(lambda: not relay.fetches.inflight, "the upstream FETCH forgotten")
+    assert relay.cache.reserved == 0
 
 
 async def test_subscription_objects_are_forwarded_chunk_by_chunk(net: Net) -> None:
