@@ -172,6 +172,20 @@ async def test_a_source_of_another_section_size_is_refused(node: HolderNode) -> 
         await retriever.close()
 
 
+async def test_a_block_stored_meanwhile_is_left_as_it_is(node: HolderNode) -> None:
+    store = BlockStore([HostTier(1 << 20)])
+    first = store.put_layers(key(4), [(bytes(node.store.layer_payload(key(4), i))[:2048],
+                                       bytes(node.store.layer_payload(key(4), i))[2048:]) for i in range(4)],
+                             token_count=16)
+    retriever = MoqtBlockRetriever(client_config())
+    try:
+        landed = await within(retriever.land([node.holder.replica_record(key(4))], store, key(4)))
+        assert landed.info is None and landed.attempts == ()
+        assert store.info(key(4)).replica_id == first.replica_id  # the copy already held is kept
+    finally:
+        await retriever.close()
+
+
 def test_an_object_that_overtakes_fetch_ok_is_staged_then_committed() -> None:
     layers = make_layers(2, tokens=4, kv_heads=1, head_dim=8, dtype="fp32", seed=5)
     source = BlockStore([HostTier(1 << 16)])

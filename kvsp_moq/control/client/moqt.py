@@ -121,9 +121,12 @@ class MoqtBlockRetriever:
                 digests, section = _verifiable(record)
                 landing = StoreLanding(store, key, digests, section)
                 try:
-                    await self._fetch(record, landing, landing.on_response, landing.check)
-                    if landing.exists:
-                        return Landed(record, None, tuple(attempts))
+                    try:
+                        await self._fetch(record, landing, landing.on_response, landing.check)
+                    except _Reject:
+                        if landing.exists:  # stored meanwhile by another load: nothing to do
+                            return Landed(record, None, tuple(attempts))
+                        raise
                     try:
                         info = landing.finish()
                     except StorageError as exc:
