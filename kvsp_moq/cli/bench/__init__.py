@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...bench import report
+from ..errors import UsageError
 from ..progress import Ticker, add_progress_option, wanted
 
 
@@ -39,7 +40,12 @@ def _moqt(args: argparse.Namespace) -> int:
     from ...bench import moqt
 
     sizes = tuple(args.datagram_size) if args.datagram_size else moqt.DATAGRAM_SIZES
-    report.emit(moqt.run(block_bytes=args.block_mib << 20, datagram_sizes=sizes, repeat=args.repeat))
+    try:
+        moqt.listen_url(args.url)
+    except ValueError as exc:
+        raise UsageError(f"--url: {exc}") from None
+    report.emit(moqt.run(block_bytes=args.block_mib << 20, datagram_sizes=sizes, repeat=args.repeat,
+                         url=args.url))
     return 0
 
 
@@ -137,6 +143,10 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--datagram-size", type=int, action="append", metavar="BYTES",
                    help="QUIC max datagram size (repeatable; default 1200 1452 8952 16384)")
     q.add_argument("--repeat", type=int, default=1)
+    q.add_argument("--url", default="moqt://127.0.0.1:0/bench", metavar="URL",
+                   help="where the bench's server listens (port 0: any); https://...: also MOQT "
+                        "over WebTransport to it, alternated with raw QUIC (moqt_wt_* figures, "
+                        "baseline the raw-QUIC figure of the same run)")
     q.set_defaults(handler=_moqt)
     q = bsub.add_parser("relay", help="publisher -> relay -> 1/4/8 subscribers MB/s vs direct; "
                                       "FETCH warm vs cold cache")
