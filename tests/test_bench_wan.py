@@ -201,24 +201,34 @@ def test_shaper_delays_loses_and_keeps_order_both_ways(namespaces: tuple[str, st
 
 @needs_tun
 def test_bench_wan_through_the_tun_shaper_leaves_nothing_behind() -> None:
-    """``--shaper tun``: the MOQT figures against HTTP over TCP on the same shaped path, with
-    the shaper's counters and TCP's congestion control (here one set for the run) in the
+    """``--shaper tun``: the MOQT figures against HTTP over TCP on the same shaped path, once
+    per QUIC congestion controller (``--congestion-control reno,bbr``), with the shaper's
+    counters, TCP's congestion control (here one set for the run) and the QUIC one in the
     params; afterwards no namespace and no TUN device of the run remain."""
     pytest.importorskip("torch")
-    proc = kvsp("bench", "wan", "--shaper", "tun", "--layers", "2", "--delay-ms", "5",
-                "--loss", "0.5", "--repeat", "1", "--tcp-cc", "reno")
-    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
-    assert list(figures) == ["wan_moqt_first_layer", "wan_moqt_block", "wan_moqt_rate"]
-    for name, fig in figures.items():
-        assert fig["baseline_name"] == name.replace("moqt", "http") and fig["value"] > 0
-        params = fig["params"]
-        assert params["shaper"] == "tun" and params["delay_ms_each_way"] == 5.0
-        assert params["tcp_congestion_control"] == "reno"  # set in the namespaces only
-    counters = figures["wan_moqt_block"]["params"]["shaper_counters"]
+    proc = kvsp("bench", "wan", "--shaper", "tun", "--layers", "1", "--delay-ms", "5",
+                "--loss", "0.5", "--repeat", "1", "--tcp-cc", "reno",
+                "--congestion-control", "reno,bbr")
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    by_cc: dict[str, dict[str, Any]] = {}
+    for fig in lines:  # one set of figures per QUIC controller, on the same path
+        by_cc.setdefault(fig["params"]["congestion_control"], {})[fig["name"]] = fig
+    assert list(by_cc) == ["reno", "bbr"]
+    for figures in by_cc.values():
+        assert list(figures) == ["wan_moqt_first_layer", "wan_moqt_block", "wan_moqt_rate"]
+        for name, fig in figures.items():
+            assert fig["baseline_name"] == name.replace("moqt", "http") and fig["value"] > 0
+            params = fig["params"]
+            assert params["shaper"] == "tun" and params["delay_ms_each_way"] == 5.0
+            assert params["tcp_congestion_control"] == "reno"  # set in the namespaces only
+    # one HTTP load per path: both controllers' figures have the same baseline
+    assert by_cc["reno"]["wan_moqt_rate"]["baseline_value"] == by_cc["bbr"]["wan_moqt_rate"]["baseline_value"]
+    counters = by_cc["bbr"]["wan_moqt_block"]["params"]["shaper_counters"]
     for c in counters.values():  # every packet accounted for
         assert c["packets_in"] == c["forwarded"] + c["dropped_loss"] + c["dropped_limit"]
-    # both transfers (a 2 MiB block, twice: warm-up and the timed run) crossed the shaper
-    assert counters["holder_to_loader"]["bytes_forwarded"] > 2 * 2 * (2 << 20)
+    # every transfer (a 1 MiB block, twice per controller: warm-up and the timed run, and
+    # twice over HTTP) crossed the shaper
+    assert counters["holder_to_loader"]["bytes_forwarded"] > (2 * 2 + 2) * (1 << 20)
     assert not set(_namespaces_named(proc.stderr)) & _netns()
     assert not _tun_devices()
 

@@ -8,7 +8,10 @@ MOQT and HTTP on the same store) runs in one namespace, the loader (``kv.loader`
 FETCH into a torch sink with every layer verified, and the HTTP GET of the same container with
 its Repr-Digest) in the other. Figures: time to the first layer and to the whole block over
 MOQT, each against the same figure over HTTP/TCP on the same path in the same run; the params
-say which shaper was used (and, for the TUN shaper, its counters).
+say which shaper was used (and, for the TUN shaper, its counters) and which QUIC congestion
+controller the MOQT endpoints ran (``congestion_control``). Several losses (``--loss
+0.5,0``): one path each, in turn; several controllers (``--congestion-control
+reno,cubic,bbr``): one MOQT load each on every path, all against that path's one HTTP load.
 
 Needs root and iproute2, and netem or ``/dev/net/tun``; otherwise it skips with a message
 saying why. The namespaces, devices and processes are removed on every exit path, SIGTERM
