@@ -220,6 +220,12 @@ def test_registered_in_aioquic_and_paced_at_the_model_rate() -> None:
     assert quic._loss._pacer.packet_time == pytest.approx(
         qc.max_datagram_size / (10e6 * (1 - bbr.PACING_MARGIN)))
     assert (LIBRARY.congestion_state(quic) or {}).get("algorithm") == "bbr"
+    reno = QuicConfiguration(is_client=True)
+    LIBRARY.configure(reno, TransportConfig())  # None: aioquic's Reno, its own pacer
+    plain = QuicConnection(configuration=reno)
+    LIBRARY.prepare_connection(plain)
+    assert not isinstance(plain._loss._pacer, BbrPacer)
+    assert (LIBRARY.congestion_state(plain) or {}).get("algorithm") == "reno"
     with pytest.raises(ValueError, match="unknown congestion control"):
         LIBRARY.configure(QuicConfiguration(is_client=True),
                           TransportConfig(congestion_control_algorithm="vegas"))

@@ -126,7 +126,8 @@ class AioquicLibrary(QuicLibrary):
         cc = quic._loss._cc
         if isinstance(cc, BbrCongestionControl):
             return cc.snapshot()
-        return {"algorithm": type(cc).__name__, "congestion_window": cc.congestion_window,
+        return {"algorithm": quic.configuration.congestion_control_algorithm,
+                "congestion_window": cc.congestion_window,
                 "bytes_in_flight": cc.bytes_in_flight, "ssthresh": cc.ssthresh}
 
     def open_stream(self, quic: Any, unidirectional: bool) -> int:
