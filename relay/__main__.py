@@ -100,8 +100,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                    help="seconds an upstream request may wait for its answer (a FETCH: "
                         "between objects) before it is cancelled and answered TIMEOUT")
     p.add_argument("--upstream-keepalive", type=float, default=5.0, metavar="S",
-                   help="seconds between liveness PINGs on the upstream session; one not "
-                        "acknowledged within as many seconds closes it as lost (0: no PINGs)")
+                   help="seconds between liveness PINGs on the upstream session (0: none)")
+    p.add_argument("--upstream-liveness-timeout", type=float, default=5.0, metavar="S",
+                   help="a PING not acknowledged within this many seconds closes the upstream "
+                        "session as lost (a killed or restarted upstream relay)")
     p.add_argument("--upstream-reconnect-initial", type=float, default=0.1, metavar="S",
                    help="first wait before reconnecting a lost upstream session")
     p.add_argument("--upstream-reconnect-max", type=float, default=5.0, metavar="S",
@@ -194,7 +196,7 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
                        solicit_namespaces=getattr(args, "solicit_namespaces", True),
                        solicit_prefix=getattr(args, "solicit_prefix", ()),
                        upstream_keepalive=getattr(args, "upstream_keepalive", 5.0),
-                       upstream_liveness_timeout=getattr(args, "upstream_keepalive", 5.0) or 5.0,
+                       upstream_liveness_timeout=getattr(args, "upstream_liveness_timeout", 5.0),
                        upstream_reconnect_initial=getattr(args, "upstream_reconnect_initial", 0.1),
                        upstream_reconnect_max=getattr(args, "upstream_reconnect_max", 5.0),
                        goaway_uri=getattr(args, "goaway_uri", ""))

@@ -69,7 +69,8 @@ class RelayConfig:
     solicit_prefix: tuple[bytes, ...] = ()
     #: The upstream link (:mod:`relay.uplink`): a PING every ``upstream_keepalive`` seconds
     #: (``--upstream-keepalive``; 0: none); one not acknowledged within
-    #: ``upstream_liveness_timeout`` closes the session as lost (a killed / restarted upstream).
+    #: ``upstream_liveness_timeout`` (``--upstream-liveness-timeout``) closes the session as
+    #: lost (a killed / restarted upstream).
     upstream_keepalive: float = 5.0
     upstream_liveness_timeout: float = 5.0
     #: After the upstream session is lost, reconnect after ``upstream_reconnect_initial``

@@ -28,11 +28,13 @@ from kvsp_moq.transport import TransportConfig
 from relay import RelayConfig
 from relay.__main__ import build_config, parse_args
 from relay_restart_support import GUARD, RelayProcess, within
-#: The chained relay's liveness PING period and reconnect backoff cap (seconds).
+#: The chained relay's liveness PING period and deadline, and its reconnect backoff cap
+#: (seconds; the deadline leaves room for a loaded 2-core machine's event loops).
 KEEPALIVE = 0.3
+LIVENESS = 1.0
 BACKOFF_MAX = 0.5
-#: A dead upstream is found within KEEPALIVE + KEEPALIVE (the PING's own deadline), the
-#: restarted one reached within BACKOFF_MAX more: everything below must happen well inside.
+#: A dead upstream is found within KEEPALIVE + LIVENESS, the restarted one reached within
+#: BACKOFF_MAX more: everything below must happen well inside.
 BOUND = 10.0
 RENDEZVOUS = MessageParameters(rendezvous_timeout=int(BOUND * 1000))
 
@@ -52,6 +54,7 @@ async def procs(tmp_path: Path) -> AsyncIterator[list[RelayProcess]]:
 def chained(tmp_path: Path, name: str, upstream: str) -> RelayProcess:
     return RelayProcess(tmp_path / f"{name}.log", "--upstream", upstream, "--insecure-upstream",
                         "--upstream-keepalive", str(KEEPALIVE),
+                        "--upstream-liveness-timeout", str(LIVENESS),
                         "--upstream-reconnect-max", str(BACKOFF_MAX))
 
 
@@ -247,6 +250,7 @@ def test_reconnect_backoff_and_its_settings() -> None:
 def test_cli_flags_of_the_upstream_link() -> None:
     cfg = build_config(parse_args([
         "--upstream", "moqt://up:4443/moq", "--upstream-keepalive", "0.5",
+        "--upstream-liveness-timeout", "0.5",
         "--upstream-reconnect-initial", "0.2", "--upstream-reconnect-max", "3",
         "--goaway-uri", "moqt://next:4443/moq"]))
     assert (cfg.upstream_keepalive, cfg.upstream_liveness_timeout) == (0.5, 0.5)
