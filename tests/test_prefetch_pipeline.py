@@ -16,7 +16,7 @@ import pytest
 from bridge_support import HolderNode, client_config, make_key, make_layers, record_at, start_relay, within
 from kvsp_moq.bridge.landing import StoreLanding
 from kvsp_moq.control.client.moqt import MoqtBlockRetriever
-from kvsp_moq.control.client.retrieval import RetrievalFailed
+from kvsp_moq.control.client.retrieval import Attempt, RetrievalFailed
 from kvsp_moq.kvsp.container import replica_digest
 from kvsp_moq.kvsp.records import ReplicaRecord
 from kvsp_moq.moqt.messages import FetchOk
@@ -113,20 +113,28 @@ async def test_a_disk_tier_lands_through_a_staging_buffer(node: HolderNode, tmp_
         await retriever.close()
 
 
-async def test_a_bad_layer_digest_is_rejected_and_nothing_is_kept(node: HolderNode) -> None:
+@pytest.fixture
+async def retriever() -> AsyncIterator[MoqtBlockRetriever]:
+    got = MoqtBlockRetriever(client_config())
+    yield got
+    await got.close()
+
+
+async def rejected(retriever: MoqtBlockRetriever, record: ReplicaRecord, k: RecordKey, store: BlockStore) -> Attempt:
+    """The one attempt of a land() that must fail; nothing of it may stay in ``store``."""
+    with pytest.raises(RetrievalFailed) as failed:
+        await within(retriever.land([record], store, k))
+    attempt, = failed.value.attempts
+    assert store.get(k) is None and store.stats().tiers[0].used == 0
+    return attempt
+
+
+async def test_a_bad_layer_digest_is_rejected_and_nothing_is_kept(node: HolderNode, retriever: MoqtBlockRetriever) -> None:
     record = node.holder.replica_record(key(1))
     tier = node.store.layer_payload(key(1), 2, touch=False).obj  # the host tier's own array
     tier[7] ^= 0x01  # a bit flips in the holder's RAM: only the per-layer check can catch it
-    store = BlockStore([HostTier(1 << 20)])
-    retriever = MoqtBlockRetriever(client_config())
-    try:
-        with pytest.raises(RetrievalFailed) as failed:
-            await within(retriever.land([record], store, key(1)))
-        attempt, = failed.value.attempts
-        assert attempt.outcome == "rejected" and "digest" in attempt.detail
-        assert store.get(key(1)) is None and store.stats().tiers[0].used == 0
-    finally:
-        await retriever.close()
+    attempt = await rejected(retriever, record, key(1), BlockStore([HostTier(1 << 20)]))
+    assert attempt.outcome == "rejected" and "digest" in attempt.detail
 
 
 def lying(record: ReplicaRecord, layers: int) -> ReplicaRecord:
@@ -139,37 +147,24 @@ def lying(record: ReplicaRecord, layers: int) -> ReplicaRecord:
         "residency": [{"tier": "host", "layers": [0, layers - 1]}]})
 
 
-async def test_a_record_that_lies_about_the_layers_is_rejected(node: HolderNode) -> None:
+async def test_a_record_that_lies_about_the_layers_is_rejected(node: HolderNode, retriever: MoqtBlockRetriever) -> None:
     honest = node.holder.replica_record(key(2))
     liar = lying(honest, 3)  # says 3 layers; the track (FETCH_OK) holds 4
     store = BlockStore([HostTier(1 << 20)])
-    retriever = MoqtBlockRetriever(client_config())
-    try:
-        with pytest.raises(RetrievalFailed) as failed:
-            await within(retriever.land([liar], store, key(2)))
-        attempt, = failed.value.attempts
-        assert attempt.outcome == "rejected" and "layers" in attempt.detail
-        assert store.get(key(2)) is None
-        # The next record is tried: the honest one lands.
-        landed = await within(retriever.land([liar, honest], store, key(2)))
-        assert landed.info is not None and [a.outcome for a in landed.attempts] == ["rejected"]
-    finally:
-        await retriever.close()
+    attempt = await rejected(retriever, liar, key(2), store)
+    assert attempt.outcome == "rejected" and "layers" in attempt.detail
+    # The next record is tried: the honest one lands.
+    landed = await within(retriever.land([liar, honest], store, key(2)))
+    assert landed.info is not None and [a.outcome for a in landed.attempts] == ["rejected"]
 
 
-async def test_a_source_of_another_section_size_is_refused(node: HolderNode) -> None:
+async def test_a_source_of_another_section_size_is_refused(node: HolderNode, retriever: MoqtBlockRetriever) -> None:
     honest = node.holder.replica_record(key(3))
     # The same digests, but a size that makes every layer 16 octets longer: the payloads the
     # holder sends are not the record's layer size and are refused before anything lands.
     bigger = ReplicaRecord.from_json({**honest.to_json(), "size": honest.size + 4 * 32})
-    store = BlockStore([HostTier(1 << 20)])
-    retriever = MoqtBlockRetriever(client_config())
-    try:
-        with pytest.raises(RetrievalFailed):
-            await within(retriever.land([record_at(bigger, node.url)], store, key(3)))
-        assert store.get(key(3)) is None
-    finally:
-        await retriever.close()
+    attempt = await rejected(retriever, record_at(bigger, node.url), key(3), BlockStore([HostTier(1 << 20)]))
+    assert attempt.outcome == "rejected" and "payload length" in attempt.detail
 
 
 async def test_a_block_stored_meanwhile_is_left_as_it_is(node: HolderNode) -> None:

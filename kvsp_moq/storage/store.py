@@ -362,13 +362,7 @@ class BlockStore:
     def _write_layer(
         self, replica: StoredReplica, layer: int, k: object, v: object, digest: bytes | None = None
     ) -> bytes:
-        if replica.dead or not replica.writing:
-            raise StorageError(f"{replica.key}: the writer is closed")
-        if not isinstance(layer, int) or layer not in replica.layers:
-            raise ContainerError("layers", f"layer {layer!r} is not in {replica.layers}")
-        i = layer - replica.first_layer
-        if replica.digests[i] is not None:
-            raise ValueError(f"layer {layer} was already written")
+        i = self._unwritten_slot(replica, layer)
         k_sec, v_sec = as_section(k, "K"), as_section(v, "V")
         k_len, v_len = replica.lengths[i]
         if section_nbytes(k_sec) != k_len or section_nbytes(v_sec) != v_len:

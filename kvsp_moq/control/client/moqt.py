@@ -200,7 +200,8 @@ class MoqtBlockRetriever:
         if f"{RequestErrorCode.DOES_NOT_EXIST:#x}" in error.split(":", 1)[0]:
             raise _Reject("miss", f"FETCH: {error}")  # binding §5: a cache miss, like HTTP 404
         failed = [sink.failure_reason(layer) or "" for layer in sink.failed_layers]
-        outcome = "rejected" if problems or any("digest" in r for r in failed) else "error"
+        # rejected: the Track Properties, a layer digest or a layer's size disagreed with the record
+        outcome = "rejected" if problems or any("digest" in r or "payload length" in r for r in failed) else "error"
         raise _Reject(outcome, f"layers 0-{last} not delivered: {error}"[:2000])
 
 

@@ -32,12 +32,10 @@ import numpy as np
 
 from ....bench.baseline import tcp_copy
 from ....bench.report import Figure
-from ....bridge import MoqtHolder
 from ....kvsp.records import ReplicaRecord
 from ....storage import BlockStore, HostTier, RecordKey
 from ....transport import TransportConfig, new_event_loop
-from .holder import freeze_heap
-from .relayed import stop_process
+from .relayed import publish_through_relay, stop_process
 
 __all__ = ["measure_prefetch", "prefetch_figures"]
 
@@ -150,19 +148,7 @@ async def _holder(args: argparse.Namespace, stop: asyncio.Future[None]) -> None:
         half = layer_bytes // 2
         store.put_layers(key, [(rng.bytes(half), rng.bytes(half)) for _ in range(args.layers)],
                          token_count=1, geometry=geo)
-    holder = MoqtHolder(store)
-    try:
-        for key in keys:
-            holder.publish(key)
-        await holder.attach_relay(args.relay, TransportConfig(
-            backend=args.backend, insecure=True, max_datagram_size=args.datagram_size))
-        await holder.wait_announced()
-        records = [holder.replica_record(k, holder=args.relay).to_json() for k in keys]
-        freeze_heap()
-        print(json.dumps({"records": records}, separators=(",", ":")), flush=True)
-        await stop
-    finally:
-        await holder.close()
+    await publish_through_relay(store, keys, args, stop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,16 +27,17 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 from ....bridge import MoqtHolder, MoqtPool
 from ....kvsp.records import ReplicaRecord
-from ....storage import BlockStore, HostTier
+from ....storage import BlockStore, HostTier, RecordKey
 from ....transport import TransportConfig, new_event_loop
 from ....transport.tls import make_self_signed
 from .holder import KEY, freeze_heap, geometry, make_block
 from .loader import Timing, timed_load
 
-__all__ = ["main", "measure_relay", "serve_until_stdin_closes", "stop_process"]
+__all__ = ["main", "measure_relay", "publish_through_relay", "serve_until_stdin_closes", "stop_process"]
 
 _MODULE = "kvsp_moq.cli.bench.kv.relayed"
 
@@ -150,6 +151,14 @@ async def _holder(args: argparse.Namespace, stop: asyncio.Future[None]) -> None:
     for key in keys:
         store.put_layers(key, arrays, token_count=tokens, geometry=geo)
     del arrays
+    await publish_through_relay(store, keys, args, stop, tokens=tokens)
+
+
+async def publish_through_relay(store: BlockStore, keys: list[RecordKey], args: argparse.Namespace,
+                                stop: asyncio.Future[None], **line: Any) -> None:
+    """A holder role: publish ``keys`` of ``store`` through ``args.relay`` (a MoqtHolder
+    attached as a publisher), print one JSON line ``{"records": [...], **line}`` and serve
+    until ``stop``."""
     holder = MoqtHolder(store)
     try:
         for key in keys:
@@ -159,8 +168,7 @@ async def _holder(args: argparse.Namespace, stop: asyncio.Future[None]) -> None:
         await holder.wait_announced()
         records = [holder.replica_record(k, holder=args.relay).to_json() for k in keys]
         freeze_heap()
-        print(json.dumps({"records": records, "tokens": tokens}, separators=(",", ":")),
-              flush=True)
+        print(json.dumps({"records": records, **line}, separators=(",", ":")), flush=True)
         await stop
     finally:
         await holder.close()
