@@ -566,7 +566,8 @@ class H3Endpoint(BaseConnectionHandler):
             self.bind_stream(sid, session, local=False)
             if end:
                 self._recv_side_done(sid)
-            session.deliver("stream_data", sid, data, end)
+            if data or end:  # the prefix alone: the session learns of it with its bytes
+                session.deliver("stream_data", sid, data, end)
         elif st.kind == "pending":
             self._buffer_pending(sid, st, data, end)
 
@@ -593,9 +594,8 @@ class H3Endpoint(BaseConnectionHandler):
         for data, end in chunks:
             if end:
                 self._recv_side_done(sid)
-            session.deliver("stream_data", sid, data, end)
-        if not chunks:
-            session.deliver("stream_data", sid, b"", False)
+            if data or end:
+                session.deliver("stream_data", sid, data, end)
 
     def _reject_buffered(self, session_id: int) -> None:
         """The request on ``session_id`` is no session: refuse the streams waiting for it."""
