@@ -10,8 +10,12 @@ FETCHes its layers (binding v1: one object per layer), hashes each with ``crypto
 compares it with the record's layer digest. The test waits for ``body[data-done="1"]``
 (bounded), reads the results from the page and checks every digest against the record and the
 store. A second block is published through the relay by a publisher that flips one byte of
-layer 2 (a record naming that replica): the page must show ✗ for layer 2 only. Screenshots go
-to the test's tmp dir (and docs/img/browser-wt.png with KVSP_UPDATE_SCREENSHOTS=1).
+layer 2 (a record naming that replica): the page must show ✗ for layer 2 only. A third block
+is still being computed (``MoqtHolder.begin``, binding §6): layers 0-2 exist when the page
+subscribes and come by FETCH, each later one is written only after the page showed the one
+before it verified, so it can only have come live on the subscription (a subgroup stream).
+Screenshots go to the test's tmp dir (and the third one to docs/img/browser-wt.png with
+KVSP_UPDATE_SCREENSHOTS=1).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 import pytest
 
 from bridge_support import HolderNode, make_key, make_layers
+from kvsp_moq.storage import BlockStore, HostTier
 from kvsp_moq.bridge import LAYER_DIGEST
 from kvsp_moq.kvsp.naming import BlockName
 from kvsp_moq.kvsp.records import ReplicaRecord
@@ -82,13 +87,19 @@ async def start_viewer(records: list[Path], wt_url: str, cert_sha256: str) -> tu
     return proc, line.split(": ", 1)[1].strip()
 
 
-async def view(browser: Any, url: str, shot: Path) -> dict[str, Any]:
-    page = await browser.new_page(viewport={"width": 1200, "height": 640})
+async def open_page(browser: Any, url: str) -> tuple[Any, list[str]]:
+    page = await browser.new_page(viewport={"width": 1200, "height": 700})
     console: list[str] = []
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
     page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    await page.goto(url)
+    return page, console
+
+
+async def view(browser: Any, url: str, shot: Path, page: Any = None, console: list[str] | None = None) -> dict[str, Any]:
+    if page is None:
+        page, console = await open_page(browser, url)
     try:
-        await page.goto(url)
         try:
             await page.wait_for_selector('body[data-done="1"]', timeout=GUARD * 1e3)
         except playwright_api.TimeoutError:
@@ -131,8 +142,21 @@ async def test_chromium_receives_and_verifies_a_block_through_the_relay(tmp_path
         bad_record = ReplicaRecord.from_json({**record.to_json(), "moqt_namespace": bad_name.moqt_namespace()})
         liar = await tampering_publisher(moqt_url, bad_name, payloads, list(record.layer_digests))
 
-        files = [tmp_path / "record.json", tmp_path / "tampered.json"]
-        for path, rec in zip(files, (record, bad_record)):
+        # The block being computed: its record is the one the replica will have (made by
+        # another store from the same layers, under the replica id begin() chose).
+        skey, slayers = make_key(21), make_layers(LAYERS, tokens=64, seed=5)
+        writer = holder.holder.begin(skey, slayers.geometry, LAYERS, slayers.tokens)
+        assert await holder.holder.wait_announced(GUARD)
+        twin = BlockStore([HostTier(64 << 20)])
+        twin.put_layers(skey, slayers.arrays, token_count=slayers.tokens, geometry=slayers.geometry)
+        twin_record = twin.info(skey).replica_record(moqt_url, 600_000)
+        live_name = BlockName(twin_record.compat_id, twin_record.scope_id, twin_record.block_key, writer.replica_id)
+        live_record = ReplicaRecord.from_json({**twin_record.to_json(), "moqt_namespace": live_name.moqt_namespace()})
+        for layer in range(3):
+            writer.write_layer(layer, *slayers.arrays[layer])
+
+        files = [tmp_path / "record.json", tmp_path / "tampered.json", tmp_path / "streaming.json"]
+        for path, rec in zip(files, (record, bad_record, live_record)):
             path.write_text(json.dumps(rec.to_json()))
         viewer, page_url = await start_viewer(files, wt_url, cert.sha256)
 
@@ -141,12 +165,21 @@ async def test_chromium_receives_and_verifies_a_block_through_the_relay(tmp_path
             try:
                 good = await view(browser, f"{page_url}?block=0", tmp_path / "browser-wt.png")
                 bad = await view(browser, f"{page_url}?block=1", tmp_path / "browser-wt-tampered.png")
+                page, console = await open_page(browser, f"{page_url}?block=2")
+                await page.wait_for_selector('body[data-subscribed="1"]', timeout=GUARD * 1e3)
+                for layer in range(3, LAYERS):  # each after the page verified the one before
+                    await page.wait_for_selector(f'tr.layer[data-layer="{layer - 1}"][data-verified="1"]',
+                                                 timeout=GUARD * 1e3)
+                    writer.write_layer(layer, *slayers.arrays[layer])
+                writer.finish()
+                live = await view(browser, "", tmp_path / "browser-wt-streaming.png", page, console)
             finally:
                 await browser.close()
         if os.environ.get("KVSP_UPDATE_SCREENSHOTS") == "1":  # refresh the docs' picture on purpose
             (ROOT / "docs" / "img").mkdir(exist_ok=True)
-            shutil.copyfile(tmp_path / "browser-wt.png", ROOT / "docs" / "img" / "browser-wt.png")
+            shutil.copyfile(tmp_path / "browser-wt-streaming.png", ROOT / "docs" / "img" / "browser-wt.png")
         stats = relay.stats.snapshot()
+        live_stored = holder.store.info(skey).layer_digests
     finally:
         if viewer is not None:
             viewer.terminate()
@@ -174,5 +207,12 @@ async def test_chromium_receives_and_verifies_a_block_through_the_relay(tmp_path
     assert bad["layers"][BAD_LAYER]["digest"] == hashlib.sha256(flipped).hexdigest()
     assert bad["layers"][BAD_LAYER]["expected"] == record.layer_digests[BAD_LAYER].hex()
     assert any("layer 2: SHA-256 differs" in p for p in bad["problems"])
-    # The relay carried both sessions' objects downstream (raw QUIC in, WebTransport out).
-    assert stats["objects_out"] >= 2 * LAYERS
+    # The block being computed: the layers before the subscription by FETCH, the rest live.
+    assert live["error"] is None, live
+    assert all(r["verified"] for r in live["layers"]), live
+    assert [r["via"] for r in live["layers"]] == ["FETCH"] * 3 + ["SUBSCRIBE"] * (LAYERS - 3)
+    assert [bytes.fromhex(r["digest"]) for r in live["layers"]] == list(live_stored) == \
+        list(twin_record.layer_digests or ())
+    assert [r["mark"] for r in live["rows"]] == ["✓"] * LAYERS
+    # The relay carried the sessions' objects downstream (raw QUIC in, WebTransport out).
+    assert stats["objects_out"] >= 3 * LAYERS

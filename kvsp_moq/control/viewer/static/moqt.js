@@ -275,6 +275,52 @@ export async function readFetch(s, { onObject }) {
   }
 }
 
+// -- the control messages this client sends and reads (§"SUBSCRIBE", §"FETCH", ...) --------
+
+/** SUBSCRIBE: Request ID, Track Namespace, Track Name, 1 parameter: LOCATION_FILTER
+ * Next Object (draft-22 typed filter, no length: ``21 05``). */
+export function encodeSubscribe(requestId, namespace, name) {
+  return message(0x03, new Writer().vi(requestId).namespace(namespace).bytes(name)
+    .vi(1).vi(0x21).vi(0x05).finish());
+}
+
+/** Standalone FETCH (draft 20+: no Fetch Type, the range is LOCATION_FILTER): objects
+ * ``{group, first}``..``{group, last}`` inclusive (draft-22 filter type 0x04: StartGroup,
+ * StartObject, EndGroupDelta 0, EndObject). */
+export function encodeFetch(requestId, namespace, name, group, first, last) {
+  return message(0x16, new Writer().vi(requestId).namespace(namespace).bytes(name)
+    .vi(1).vi(0x21).vi(0x04).vi(group).vi(first).vi(0).vi(last).finish());
+}
+
+/** SUBSCRIBE_OK: Track Alias, Parameters, Track Properties (to the end). */
+export function decodeSubscribeOk(r) {
+  const alias = r.vi("Track Alias");
+  const params = readParameters(r, new Set([EXPIRES, LARGEST_OBJECT]));
+  return { alias, largest: params.get(LARGEST_OBJECT) || null, expires: params.get(EXPIRES) ?? null,
+           properties: readKvps(r) };
+}
+
+/** FETCH_OK: End Of Track (8), End Location, Parameters, Track Properties. */
+export function decodeFetchOk(r) {
+  const endOfTrack = r.u8("End Of Track");
+  if (endOfTrack > 1) throw violation(`End Of Track ${endOfTrack}`);
+  const end = r.location();
+  readParameters(r, new Set([EXPIRES, LARGEST_OBJECT]));
+  return { endOfTrack, end, properties: readKvps(r) };
+}
+
+/** REQUEST_ERROR: Error Code, Retry Interval, Reason Phrase (a Redirect, if any, ignored). */
+export function decodeRequestError(r) {
+  return { code: r.vi("Error Code"), retry: r.vi("Retry Interval"), reason: r.reason() };
+}
+
+/** PUBLISH_DONE: Status Code, Stream Count (2^64-1 = unknown: Infinity), Reason Phrase. */
+export function decodePublishDone(r) {
+  const done = { status: r.vi("Status Code"), streams: r.vi("Stream Count"), reason: r.reason() };
+  r.end("PUBLISH_DONE");
+  return done;
+}
+
 function withDeadline(promise, ms, what) {
   let timer;
   const deadline = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms); });
@@ -402,60 +448,47 @@ export class MoqtSession {
   requestId() { const id = this.nextRequestId; this.nextRequestId += 2; return id; }
 
   static answerError(m) {
-    const code = m.body.vi("Error Code"), retry = m.body.vi("Retry Interval"), reason = m.body.reason();
-    const err = new Error(`REQUEST_ERROR 0x${code.toString(16)}: ${reason}`);
-    err.requestError = { code, retry, reason };
+    const e = decodeRequestError(m.body);
+    const err = new Error(`REQUEST_ERROR 0x${e.code.toString(16)}: ${e.reason}`);
+    err.requestError = e;
     return err;
   }
 
-  /** SUBSCRIBE (§"SUBSCRIBE") with LOCATION_FILTER Next Object (draft-22: ``21 05``).
-   * Returns {alias, largest, properties, done}; ``done`` resolves to PUBLISH_DONE. */
+  /** SUBSCRIBE with LOCATION_FILTER Next Object. Returns {alias, largest, properties, done,
+   * streamsEnded}; ``done`` resolves to PUBLISH_DONE (null: the stream ended without one). */
   async subscribe(namespace, name, onObject) {
-    const body = new Writer().vi(this.requestId()).namespace(namespace).bytes(name)
-      .vi(1).vi(0x21).vi(0x05).finish();
-    const { reader } = await this.request(message(0x03, body));
+    const { reader } = await this.request(encodeSubscribe(this.requestId(), namespace, name));
     const m = await withDeadline(reader.message(), this.timeoutMs, "SUBSCRIBE's answer");
     if (m === null) throw new Error("SUBSCRIBE's stream ended without an answer");
     if (m.type === 0x05) throw MoqtSession.answerError(m);
     if (m.type !== 0x04) throw violation(`answer 0x${m.type.toString(16)} to SUBSCRIBE`);
-    const alias = m.body.vi("Track Alias");
-    const params = readParameters(m.body, new Set([EXPIRES, LARGEST_OBJECT]));
-    const properties = readKvps(m.body);
+    const ok = decodeSubscribeOk(m.body);
     const handler = new DataHandler(onObject);
-    this.register(this.aliases, this.aliasWaiters, alias, handler);
+    this.register(this.aliases, this.aliasWaiters, ok.alias, handler);
     const done = (async () => {
       for (;;) {
         const next = await reader.message();
         if (next === null) return null;
-        if (next.type === 0x0b) {
-          const status = next.body.vi("Status Code"), streams = next.body.vi("Stream Count"), reason = next.body.reason();
-          return { status, streams, reason };
-        }
+        if (next.type === 0x0b) return decodePublishDone(next.body);
         if (next.type !== 0x22) throw violation(`message 0x${next.type.toString(16)} on a subscription`);
       }
     })();
     done.catch((err) => this.fail(err));
-    return { alias, largest: params.get(LARGEST_OBJECT) || null, properties, done,
-             streamsEnded: (count) => handler.ended(count) };
+    return { ...ok, done, streamsEnded: (count) => handler.ended(count) };
   }
 
-  /** Standalone FETCH (§"FETCH", draft 20+: the range is LOCATION_FILTER) of group
-   * ``group``'s objects ``first``..``last`` (inclusive; draft-22 filter type 0x04). */
+  /** FETCH of group ``group``'s objects ``first``..``last``; resolves at FETCH_OK to
+   * {endOfTrack, end, properties, streamEnded} (``streamEnded``: its fetch stream ended). */
   async fetch(namespace, name, group, first, last, onObject) {
     const id = this.requestId();
     const handler = new DataHandler(onObject);
     this.register(this.fetches, this.fetchWaiters, id, handler);
-    const body = new Writer().vi(id).namespace(namespace).bytes(name)
-      .vi(1).vi(0x21).vi(0x04).vi(group).vi(first).vi(0).vi(last).finish();
-    const { reader } = await this.request(message(0x16, body));
+    const { reader } = await this.request(encodeFetch(id, namespace, name, group, first, last));
     const m = await withDeadline(reader.message(), this.timeoutMs, "FETCH's answer");
     if (m === null) throw new Error("FETCH's stream ended without an answer");
     if (m.type === 0x05) throw MoqtSession.answerError(m);
     if (m.type !== 0x18) throw violation(`answer 0x${m.type.toString(16)} to FETCH`);
-    const endOfTrack = m.body.u8("End Of Track");
-    const end = m.body.location();
-    readParameters(m.body, new Set([EXPIRES, LARGEST_OBJECT]));
-    return { endOfTrack, end, properties: readKvps(m.body), streamEnded: handler.ended(1) };
+    return { ...decodeFetchOk(m.body), streamEnded: handler.ended(1) };
   }
 
   close() { try { this.wt.close({ closeCode: 0, reason: "" }); } catch (_) { /* closed */ } }
