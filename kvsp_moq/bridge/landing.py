@@ -101,7 +101,7 @@ class StoreLanding(LayerSink[memoryview]):
             return
         tokens = info.token_count
         geometry = Geometry(1, self.section // tokens, _OCTET) if tokens else OCTET_GEOMETRY
-        if self.store.get(self.key) is not None:
+        if self.key in self.store:
             self.exists = True
             self._refuse("the store holds this block already")
             return

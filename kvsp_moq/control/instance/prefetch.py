@@ -235,7 +235,7 @@ class PrefetchExecutor:
                 error = await asyncio.shield(loading)
                 if error is not None:
                     return error
-            elif self.store.get(key) is None:
+            elif key not in self.store:
                 error = await self._load_once(key, lambda: self._load_block(d, key, sources, gate,
                                                                             known.get(block_key)))
                 if error is not None:
@@ -254,7 +254,7 @@ class PrefetchExecutor:
         cover (after the first miss, or when it fails) are read one by one (``replicas``)."""
         lookup = getattr(self.replicas, "lookup", None)
         keys = tuple(dict.fromkeys(b.block_key for b in d.blocks
-                                   if self.store.get(RecordKey(d.compat_id, d.scope_id, b.block_key)) is None))
+                                   if RecordKey(d.compat_id, d.scope_id, b.block_key) not in self.store))
         if lookup is None or len(keys) < 2:
             return {}
         request = LookupRequest(scope_id=d.scope_id, compat_id=d.compat_id, block_keys=keys)
