@@ -171,9 +171,8 @@ class H3Endpoint(BaseConnectionHandler):
         elif st.kind in ("control", "qpack-enc", "qpack-dec"):
             self._fail(H3Error(H3ErrorCode.H3_CLOSED_CRITICAL_STREAM,
                                f"critical stream {stream_id} reset"))
-        elif st.kind == "pending":
-            self._drop_pending(stream_id, st)
         else:
+            self._drop_pending(stream_id, st)  # a no-op unless it waited for its session
             self._streams.pop(stream_id, None)
 
     def stop_sending(self, stream_id: int, error_code: int) -> None:
