@@ -227,3 +227,18 @@ async def test_viewer_routes_and_what_it_refuses(block: ViewerBlock) -> None:
         ViewerBlock.from_record(block.record, certificate_sha256="AB" * 32)
     with pytest.raises(ViewerError, match="codec raw"):
         ViewerBlock.from_record(ReplicaRecord.from_json({**doc, "size": doc["size"] + 1}))
+
+
+def test_kvsp_moq_view_refuses_what_it_cannot_show(tmp_path, block: ViewerBlock) -> None:
+    import subprocess
+    import sys
+
+    doc = {k: v for k, v in block.record.to_json().items() if k != "layer_digests"}
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    (tmp_path / "ok.json").write_text(json.dumps(block.record.to_json()))
+    for args, says in (([str(tmp_path / "r.json")], "layer_digests"),
+                       ([str(tmp_path / "ok.json"), "--url", "moqt://127.0.0.1:1/moq"], "https://"),
+                       ([str(tmp_path / "missing.json")], "missing.json")):
+        proc = subprocess.run([sys.executable, "-m", "kvsp_moq", "moq", "view", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr and proc.stdout == "", (args, proc.stderr)

@@ -1,4 +1,5 @@
-"""``kvsp moq subscribe|fetch|publish``: a MOQT client/server on the command line.
+"""``kvsp moq subscribe|fetch|publish``: a MOQT client/server on the command line
+(``kvsp moq view``, the browser block viewer, is :mod:`.viewer`).
 
 NAMESPACE is the Track Namespace fields joined by ``/`` (``kvsp-1/demo``; a field ``hex:ab01``
 is binary), or ``--block COMPAT/SCOPE/KEY/REPLICA`` names a binding-v1 block (.moq_args).
