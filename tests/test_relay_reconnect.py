@@ -180,6 +180,7 @@ async def test_upstream_goaway_moves_to_the_new_session_uri(
     await within(live.write_object(0, 0, b"live-0"))
     assert await next_object(moving) == b"live-0"
     live.subscribed.clear()
+    live.unsubscribed.clear()  # set again once A cancels its subscription through D1
 
     # D1 drains (SIGTERM): GOAWAY with D2's URI to A, the publisher and the watcher.
     assert d1.proc is not None
@@ -195,7 +196,6 @@ async def test_upstream_goaway_moves_to_the_new_session_uri(
     # reaches the publisher through D2; while both carry the track every object reaches
     # the subscriber at A once, and then A cancels the old one.
     await within(live.subscribed.wait())
-    live.unsubscribed.clear()
     await within(live.write_object(0, 1, b"live-1"))
     assert await next_object(moving) == b"live-1"
     await within(live.unsubscribed.wait())  # A cancelled its subscription through D1
