@@ -221,6 +221,18 @@ def test_pubsub_and_relay_under_aiopquic(venv_python: Path, tmp_path: Path) -> N
     assert got["rc"] == 0, got["log"]
 
 
+def test_webtransport_under_aiopquic(venv_python: Path, tmp_path: Path) -> None:
+    """MOQT over WebTransport (tests/test_webtransport.py, its aiopquic cases: our HTTP/3
+    layer on picoquic's streams) and the relay between raw QUIC and WebTransport on aiopquic;
+    the ``kvsp moq`` process test is left to the main venv (the CLI's own dependencies)."""
+    got = _run_recorded(venv_python, ["tests/test_webtransport.py", "-k",
+                                      "aiopquic or relay"], tmp_path, "webtransport")
+    outcomes = {nodeid: o["outcome"] for nodeid, o in got["outcomes"].items()}
+    assert sum("aiopquic" in n for n in outcomes) >= 3, got["log"]
+    assert set(outcomes.values()) == {"passed"}, got["outcomes"]
+    assert got["rc"] == 0, got["log"]
+
+
 # ------------------------------------------------------------------------------------------
 # in process, with aiopquic
 
