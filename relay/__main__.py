@@ -77,8 +77,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                                 formatter_class=_HelpFormatter)
     p.add_argument("--listen", type=_host_port, default="127.0.0.1:4443",
                    help="HOST:PORT to listen on (port 0: any free port)")
-    p.add_argument("--upstream", help="moqt:// URL of the relay to ask when no route matches (local "
-                        "namespaces are announced to it, namespace interest forwarded)")
+    p.add_argument("--upstream", help="moqt:// (raw QUIC) or https:// (WebTransport) URL of the "
+                        "relay to ask when no route matches (local namespaces are announced "
+                        "to it, namespace interest forwarded)")
     p.add_argument("--cert", help="certificate PEM file (default: self-signed, EC P-256, valid "
                                   f"{SELF_SIGNED_DAYS} days: usable by a browser's WebTransport "
                                   "serverCertificateHashes)")
