@@ -1,8 +1,8 @@
 """A real browser receives a KV block over WebTransport through the relay (issue 20,
 docs/viewer.md).
 
-The relay (``relay.core.Relay``, WebTransport on, a 13-day ECDSA P-256 certificate made here)
-takes a holder (``MoqtHolder``) over raw QUIC as the block's publisher; ``kvsp moq view`` runs
+The relay (``python -m relay`` as a process, WebTransport on, a 13-day ECDSA P-256 certificate
+made here, whose SHA-256 it prints) takes a holder (``MoqtHolder``) over raw QUIC as the block's publisher; ``kvsp moq view`` runs
 as a process and serves the page for the holder's Replica Record; Debian's Chromium, driven by
 Playwright, opens it: the page connects to the relay over WebTransport with
 ``serverCertificateHashes``, does MOQT SETUP (draft 22), SUBSCRIBEs to the block's track and
@@ -32,6 +32,9 @@ from typing import Any
 import pytest
 
 from bridge_support import HolderNode, make_key, make_layers
+from relay_restart_support import RelayProcess
+from kvsp_moq.cli.demo.cluster import http_request
+from kvsp_moq.control.dashboard.collect import parse_metrics
 from kvsp_moq.storage import BlockStore, HostTier
 from kvsp_moq.bridge import LAYER_DIGEST
 from kvsp_moq.kvsp.naming import BlockName
@@ -39,7 +42,6 @@ from kvsp_moq.kvsp.records import ReplicaRecord
 from kvsp_moq.pubsub import Catalog, MoqtSession, connect
 from kvsp_moq.transport import TransportConfig
 from kvsp_moq.transport.tls import WEBTRANSPORT_HASH_MAX_DAYS, make_self_signed
-from relay import Relay, RelayConfig
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -118,10 +120,13 @@ async def view(browser: Any, url: str, shot: Path, page: Any = None, console: li
 
 async def test_chromium_receives_and_verifies_a_block_through_the_relay(tmp_path: Path) -> None:
     cert = make_self_signed(days=WEBTRANSPORT_HASH_MAX_DAYS - 1)
-    relay = await Relay(RelayConfig(
-        server_transport=TransportConfig(certificate_pem=cert.cert_pem, private_key_pem=cert.key_pem,
-                                         webtransport=True),
-        upstream_transport=TransportConfig(insecure=True))).start()
+    cert_file, key_file = cert.write(tmp_path / "relay.crt", tmp_path / "relay.key")
+    relay = await RelayProcess(tmp_path / "relay.log", "--cert", str(cert_file), "--key", str(key_file),
+                               "--metrics", "0").start()
+    assert relay.proc is not None and relay.proc.stdout is not None
+    wt_line = (await within(relay.proc.stdout.readline())).decode().strip()
+    assert wt_line == f"relay webtransport on https://127.0.0.1:{relay.port}/moq (certificate sha-256 {cert.sha256})"
+    metrics_url = (await within(relay.proc.stdout.readline())).decode().split(" on ", 1)[1].strip()
     holder = await HolderNode().start()
     liar: MoqtSession | None = None
     viewer: asyncio.subprocess.Process | None = None
@@ -178,7 +183,7 @@ async def test_chromium_receives_and_verifies_a_block_through_the_relay(tmp_path
         if os.environ.get("KVSP_UPDATE_SCREENSHOTS") == "1":  # refresh the docs' picture on purpose
             (ROOT / "docs" / "img").mkdir(exist_ok=True)
             shutil.copyfile(tmp_path / "browser-wt-streaming.png", ROOT / "docs" / "img" / "browser-wt.png")
-        stats = relay.stats.snapshot()
+        metrics = await within(http_request(metrics_url))
         live_stored = holder.store.info(skey).layer_digests
     finally:
         if viewer is not None:
@@ -187,7 +192,8 @@ async def test_chromium_receives_and_verifies_a_block_through_the_relay(tmp_path
         if liar is not None:
             await within(liar.close())
         await holder.close()
-        await within(relay.close())
+        relay.proc.terminate()
+        assert await relay.wait() == 0, (tmp_path / "relay.log").read_text()[-2000:]
 
     # Every layer arrived in the browser and its SHA-256 is the record's (and the store's).
     assert good["error"] is None, good
@@ -215,4 +221,5 @@ async def test_chromium_receives_and_verifies_a_block_through_the_relay(tmp_path
         list(twin_record.layer_digests or ())
     assert [r["mark"] for r in live["rows"]] == ["✓"] * LAYERS
     # The relay carried the sessions' objects downstream (raw QUIC in, WebTransport out).
-    assert stats["objects_out"] >= 3 * LAYERS
+    assert metrics.status == 200
+    assert parse_metrics(metrics.body.decode()).get("relay_objects_out_total") >= 3 * LAYERS

@@ -15,6 +15,7 @@ import json
 import signal
 from pathlib import Path
 
+from ..control.common.cli import parse_listen
 from ..control.viewer import ViewerBlock, ViewerError, serve_viewer
 from ..kvsp.errors import KvspError
 from ..kvsp.records import ReplicaRecord
@@ -22,13 +23,6 @@ from ..transport import run
 from .errors import UsageError
 
 __all__ = ["register_view"]
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise UsageError(f"--listen {text!r} must be HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 def _blocks(args: argparse.Namespace) -> list[ViewerBlock]:
@@ -45,7 +39,10 @@ def _blocks(args: argparse.Namespace) -> list[ViewerBlock]:
 
 async def _view(args: argparse.Namespace) -> int:
     blocks = _blocks(args)
-    host, port = _host_port(args.listen)
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     server = await serve_viewer(blocks, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
