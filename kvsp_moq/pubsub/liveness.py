@@ -14,6 +14,11 @@ delays grow from :attr:`Reconnect.backoff_initial` by :attr:`Reconnect.backoff_f
 :attr:`Reconnect.backoff_max`, each shortened by a random part of up to
 :attr:`Reconnect.jitter` of itself (many clients of one relay do not come back in step).
 
+Backends: aioquic and qh3 send a real PING frame. aiopquic's ``ping`` waits until picoquic has
+no bytes in flight, so on a connection that *sends* without a pause for longer than
+``liveness_timeout`` a live peer is taken for gone: with that backend raise
+``liveness_timeout`` above the longest transfer, or set ``keepalive`` to 0.
+
 Users: the instance's session pool (``bridge/pool.py``), the holder's relay links
 (``bridge/holder.py``) and the relay's own upstream link (``relay/uplink.py``).
 """
@@ -25,7 +30,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..transport import Connection
+from ..transport import Connection, TransportError
 
 __all__ = ["Reconnect", "probe_liveness"]
 
@@ -87,6 +92,6 @@ async def probe_liveness(connection: Connection, reconnect: Reconnect) -> str | 
             await asyncio.wait_for(connection.ping(), reconnect.liveness_timeout)
         except asyncio.TimeoutError:
             return f"no acknowledgement of a PING within {reconnect.liveness_timeout:g} s"
-        except ConnectionError:
-            return None
+        except (ConnectionError, TransportError):
+            return None  # it ended meanwhile (a WebTransport session raises when closed)
     return None
