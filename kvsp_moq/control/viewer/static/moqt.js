@@ -327,6 +327,9 @@ function withDeadline(promise, ms, what) {
   return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
 }
 
+/** A data stream's request or Track Alias did not become known within the timeout. */
+class Unclaimed extends Error {}
+
 /** Where a request's data streams go, and how many of them have ended. */
 class DataHandler {
   constructor(onObject) { this.onObject = onObject; this.count = 0; this.waiters = []; }
@@ -369,6 +372,8 @@ export class MoqtSession {
     this.fetches = new Map();        // Request ID -> fetch handler
     this.fetchWaiters = new Map();
     this.serverOptions = null;
+    this.controlSeen = false;
+    this.unclaimed = 0;              // data streams cancelled: no request claimed them in time
     this.setup = new Promise((resolve, reject) => { this.setupDone = resolve; this.setupFailed = reject; });
     this.closed = wt.closed;
   }
@@ -392,23 +397,31 @@ export class MoqtSession {
 
   async uniStream(s) {
     const type = await s.vi("a stream type");
-    if (type === 0x2f00) return this.controlStream(s);
-    if (type === 0x05) {
-      const id = await s.vi("Request ID");
-      const handler = await this.waitFor(this.fetches, this.fetchWaiters, id, "fetch stream's request");
-      await readFetch(s, handler);
-      return handler.streamEnded();
+    if (type === 0x2f00) {
+      if (this.controlSeen) throw violation("a second control stream");
+      this.controlSeen = true;
+      return this.controlStream(s);
     }
     if (type === 0x132b3e28) return s.cancel();  // a PADDING stream
-    if (type >= 0x10 && type <= 0x7d) {
+    if (type !== 0x05 && !(type >= 0x10 && type <= 0x7d)) throw violation(`unknown stream type 0x${type.toString(16)}`);
+    try {
+      if (type === 0x05) {
+        const id = await s.vi("Request ID");
+        const handler = await this.waitFor(this.fetches, this.fetchWaiters, id, "fetch stream's request");
+        await readFetch(s, handler);
+        return handler.streamEnded();
+      }
       const header = {};
       await readSubgroup(s, type, {
         headerReady: async (h) => { header.handler = await this.waitFor(this.aliases, this.aliasWaiters, h.alias, "subgroup's Track Alias"); },
         onObject: (h, o) => header.handler.onObject(o),
       });
       return header.handler.streamEnded();
+    } catch (err) {
+      if (!(err instanceof Unclaimed)) throw err;
+      this.unclaimed++;  // a data stream no request of ours claimed in time: cancel it alone
+      s.cancel();
     }
-    throw violation(`unknown stream type 0x${type.toString(16)}`);
   }
 
   /** A data stream may come before the answer that names it: wait (bounded) for it. */
@@ -416,7 +429,8 @@ export class MoqtSession {
     if (map.has(key)) return Promise.resolve(map.get(key));
     let list = waiters.get(key);
     if (!list) waiters.set(key, list = []);
-    return withDeadline(new Promise((resolve) => list.push(resolve)), this.timeoutMs, what);
+    return withDeadline(new Promise((resolve) => list.push(resolve)), this.timeoutMs, what)
+      .catch((err) => { throw new Unclaimed(err.message); });
   }
 
   register(map, waiters, key, handler) {
