@@ -133,8 +133,11 @@ def test_bbr_backs_off_on_a_real_bottleneck(namespaces: tuple[str, str]) -> None
     # make one sample over-read by a few per cent
     assert 0.6 * rate <= state["max_bw"] <= 1.25 * rate
     bdp = rate * 2 * delay_ms / 1e3
+    assert state["min_rtt"] >= 2 * delay_ms / 1e3  # the path's delay is a floor
     assert state["max_congestion_window"] <= 8 * bdp < 1000 * 1480 / 4
-    assert state["congestion_window"] <= 3 * bdp + state["extra_acked"] + 3 * 1452
+    # at the end the window is the model's (ProbeBW: 2 x its BDP + the ACK aggregation it
+    # measured), not the path's: on a loaded machine min_rtt carries scheduling delay
+    assert state["congestion_window"] <= 2 * state["bdp"] + state["extra_acked"] + 3 * 1452 + 1
     assert forward["queue_ms_max"] <= 0.25 * 1000 * 1480 / rate * 1e3
 
 
