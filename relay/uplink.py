@@ -10,8 +10,8 @@ session when the upstream sends GOAWAY.
   session would look open until the QUIC idle timeout; an unacknowledged PING closes it at
   once (``upstream_dead``), which ends what rode on it as a session loss does.
 * **Reconnect with backoff** (``upstream_reconnect_initial`` .. ``upstream_reconnect_max``):
-  when the session is lost (closed by the upstream, unresponsive, or the GOAWAY move failed)
-  while something still wants it (a local announcement, namespace interest or PUBLISH), the
+  when the session is lost (closed by the upstream, unresponsive, or the GOAWAY move failed),
+  or a connect failed (an upstream not up yet), while something still wants it (a local announcement, namespace interest or PUBLISH), the
   relay tries again after 0.1 s, 0.2 s, 0.4 s, ... up to the maximum, until it succeeds or
   nothing wants the upstream any more, then the owner re-sends PUBLISH_NAMESPACE,
   SUBSCRIBE_NAMESPACE and PUBLISH there (``restored``). Requests from downstream that need
@@ -86,7 +86,12 @@ class Uplink:
             p = self.peer
             if p is not None and p.is_open and not p.goaway_received:
                 return p
-            peer = await asyncio.wait_for(self._open(self.target), self.config.request_timeout)
+            try:
+                peer = await asyncio.wait_for(self._open(self.target),
+                                              self.config.request_timeout)
+            except UNREACHABLE:
+                self.reconnect()  # unreachable when first needed: keep trying in the background
+                raise
             self.peer = peer
             self.stats.upstream_connects += 1
             event("upstream_connect", upstream=peer.address, target=self.target)

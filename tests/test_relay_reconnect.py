@@ -261,3 +261,28 @@ def test_cli_flags_of_the_upstream_link() -> None:
     assert default.upstream_reconnect == Reconnect() and default.goaway_uri == ""
     off = build_config(parse_args(["--upstream-keepalive", "0"]))
     assert off.upstream_keepalive == 0 and off.upstream_liveness_timeout == 5.0
+
+
+async def test_an_upstream_that_comes_up_later(tmp_path: Path, procs: list[RelayProcess]) -> None:
+    # D's port, with nothing listening on it when A first needs it.
+    d = await RelayProcess(tmp_path / "d.log").start()
+    procs.append(d)
+    d.kill()
+    await d.wait()
+    a = chained(tmp_path, "a", d.url)
+    a.args += ("--request-timeout", "2")  # bounds each connect attempt
+    await a.start()
+    procs.append(a)
+    cat = Catalog()
+    pub = await within(connect(a.url, client(), catalog=cat))
+    await within(pub.publish_namespace(("rl", "a")))
+    track = cat.create(("rl", "a"), "t", keep=False)
+    await a.wait_log("unreachable")  # A's first connect to D failed: it keeps trying
+    await d.start()
+    at_d = await within(connect(d.url, client()))
+    from_a = await within(at_d.subscribe(("rl", "a"), "t", parameters=RENDEZVOUS), BOUND)
+    await within(track.subscribed.wait())
+    await within(track.write_object(0, 0, b"late upstream"))
+    assert await next_object(from_a) == b"late upstream"
+    for s in (at_d, pub):
+        await within(s.close())
