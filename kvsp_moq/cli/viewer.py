@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 
 from ..control.common.cli import parse_listen
-from ..control.viewer import ViewerBlock, ViewerError, serve_viewer
+from ..control.viewer import ViewerBlock, serve_viewer
 from ..kvsp.errors import KvspError
 from ..kvsp.records import ReplicaRecord
 from ..transport import run
@@ -32,7 +32,7 @@ def _blocks(args: argparse.Namespace) -> list[ViewerBlock]:
             record = ReplicaRecord.from_json(json.loads(Path(path).read_text()))
             blocks.append(ViewerBlock.from_record(record, args.url, args.cert_sha256,
                                                   int(args.timeout * 1000)))
-        except (OSError, ValueError, KvspError) as exc:  # ViewerError, JSON errors included
+        except (OSError, ValueError, KvspError) as exc:  # ViewerError (a ValueError), JSON errors
             raise UsageError(f"{path}: {exc}") from None
     return blocks
 
