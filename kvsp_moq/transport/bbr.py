@@ -17,8 +17,12 @@ terms below are its names), BBRv1's ProbeBW gain cycle with v2's loss response:
   an interval shorter than ``min_rtt`` is dropped (ACK compression).
 * **BBR.max_bw**: the windowed max of the rate samples over :data:`BW_FILTER_ROUNDS` round
   trips; **BBR.min_rtt**: the min RTT over :data:`MIN_RTT_FILTER_S`; BDP = max_bw x min_rtt.
+* **BBR.extra_acked**: the bytes acknowledged beyond what max_bw explains since an interval
+  began (the ACK aggregation of a receiver that answers a burst with one ACK, as aioquic's
+  does), its max over :data:`BW_FILTER_ROUNDS` round trips.
 * **Pacing** at ``pacing_gain x max_bw x (1 - PACING_MARGIN)``; **cwnd** = ``cwnd_gain x
-  BDP`` (+ a few packets for ACK batching), grown by the bytes acknowledged towards it.
+  BDP + extra_acked`` (+ :data:`CWND_EXTRA_PACKETS`), grown by the bytes acknowledged
+  towards it.
 * **States**: Startup (gain 2.77, until max_bw grew < 25 % in 3 rounds, or the loss of a
   round exceeded :data:`LOSS_THRESH` over at least :data:`STARTUP_FULL_LOSS_COUNT` packets),
   Drain (until inflight <= BDP), ProbeBW (the 8-phase cycle 1.25, 0.75, 1 x 6, one min_rtt
@@ -32,11 +36,11 @@ terms below are its names), BBRv1's ProbeBW gain cycle with v2's loss response:
 
 Not modelled (documented in docs/transport.md): app-limited marking of rate samples (aioquic
 does not tell a controller when the sender ran out of data; the max filter ignores the low
-samples of app-limited phases anyway), ACK-aggregation headroom beyond a fixed few packets,
+samples of app-limited phases anyway, but an application pause in Startup can end it early),
 ECN, ``bw_lo`` / ``inflight_shortterm``.
 
-Per packet the work is one tuple stored on send, and on ACK a subtraction, a division and a
-few comparisons; the filters and the state machine advance once per round trip.
+Per packet the work is one tuple stored on send, and on ACK a division and a few additions
+and comparisons (rate sample, extra_acked, state, cwnd); the filters advance once per round.
 """
 
 from __future__ import annotations
