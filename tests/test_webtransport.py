@@ -20,7 +20,14 @@ import pytest
 from kvsp_moq.moqt.errors import PublishDoneCode, SessionErrorCode
 from kvsp_moq.pubsub import Catalog, MoqtSession, connect, serve
 from kvsp_moq.pubsub.endpoints import MoqtServer
-from kvsp_moq.transport import TransportConfig, available_backends, parse_moqt_url
+from kvsp_moq import transport
+from kvsp_moq.transport import (
+    BaseConnectionHandler,
+    Connection,
+    TransportConfig,
+    available_backends,
+    parse_moqt_url,
+)
 from kvsp_moq.transport.tls import make_self_signed
 from kvsp_moq.transport.webtransport import WebTransportSession
 from relay import Relay, RelayConfig
@@ -275,3 +282,31 @@ async def test_kvsp_moq_fetch_and_subscribe_over_https(tmp_path) -> None:
         if server.returncode is None:
             os.killpg(server.pid, signal.SIGTERM)
             assert await within(server.wait()) == 0
+
+
+async def test_a_session_closed_as_it_is_accepted() -> None:
+    """The server closes the session in connection_made: the CLOSE capsule may come in the
+    same packet as the 200 and is held until the client's session exists, whose handler then
+    learns the code and reason (no hang, no lost close)."""
+    class Refuser(BaseConnectionHandler):
+        def connection_made(self, conn: Connection, alpn: str) -> None:
+            conn.close(7, "not today")
+
+    class Client(BaseConnectionHandler):
+        def __init__(self) -> None:
+            loop = asyncio.get_running_loop()
+            self.lost: asyncio.Future[tuple[int, str]] = loop.create_future()
+
+        def connection_lost(self, error_code: int, reason: str) -> None:
+            self.lost.set_result((error_code, reason))
+
+    server = await transport.serve("127.0.0.1", 0, Refuser, server_config())
+    client = Client()
+    try:
+        conn = await within(transport.connect(f"https://127.0.0.1:{server.port}/moq",
+                                              lambda: client, client_config()))
+        assert await within(client.lost) == (7, "not today")
+        assert (await within(conn.wait_closed())).error_code == 7
+    finally:
+        server.close()
+        await within(server.wait_closed())

@@ -94,6 +94,7 @@ class _Stream:
     chunks: list[tuple[bytes, bool]] = field(default_factory=list)
     headers_done: bool = False
     capsules: bytearray = field(default_factory=bytearray)
+    finished: bool = False  # the peer ended the CONNECT stream before its session began
 
 
 class H3Endpoint(BaseConnectionHandler):
@@ -390,9 +391,12 @@ class H3Endpoint(BaseConnectionHandler):
             elif ftype == FrameType.DATA:
                 if not st.headers_done:
                     raise H3Error(H3ErrorCode.H3_FRAME_UNEXPECTED, "DATA before HEADERS")
+                st.capsules += payload  # held until the session exists (a quick close)
                 if st.session_id is not None:
-                    st.capsules += payload
                     self._capsules(sid, st)
+                elif len(st.capsules) > _CAPSULE_MAX + 16:
+                    raise H3Error(H3ErrorCode.H3_EXCESSIVE_LOAD,
+                                  "capsules before the session over their bound")
             elif ftype == FrameType.PUSH_PROMISE:
                 raise H3Error(H3ErrorCode.H3_FRAME_UNEXPECTED if not self._is_client
                               else H3ErrorCode.H3_ID_ERROR, "PUSH_PROMISE")
@@ -400,6 +404,8 @@ class H3Endpoint(BaseConnectionHandler):
         if end:
             if st.session_id is not None:
                 self._session_stream_ended(sid, "")
+            elif st.headers_done and st.kind == "connect" and sid not in self._responses:
+                st.finished = True  # after the response: the session starts, then ends
             else:
                 fut = self._responses.pop(sid, None)
                 if fut is not None and not fut.done():
@@ -535,6 +541,16 @@ class H3Endpoint(BaseConnectionHandler):
         for sid, st in list(self._streams.items()):
             if st.kind == "pending" and st.session_id == session.session_id:
                 self._bind_pending(sid, st, session)
+        connect = self._streams.get(session.session_id)
+        if connect is None:
+            return
+        try:  # what came on the CONNECT stream before the session existed
+            if connect.capsules:
+                self._capsules(session.session_id, connect)
+            if connect.finished:
+                self._session_stream_ended(session.session_id, "")
+        except H3Error as exc:
+            self._fail(exc)
 
     # -- WebTransport streams ---------------------------------------------------------------
     def _wt_stream_opened(self, sid: int, st: _Stream, session_id: int) -> None:
