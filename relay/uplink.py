@@ -168,7 +168,13 @@ class Uplink:
         if peer is not self.peer or self._closing():
             return
         if new_uri:
-            self.target = new_uri
+            try:
+                parse_moqt_url(new_uri)
+            except ValueError as exc:  # a URI we cannot connect to: keep the current target
+                logger.warning("relay: the upstream's GOAWAY names an unusable New Session "
+                               "URI %r (%s); reconnecting to %s", new_uri[:200], exc, self.target)
+            else:
+                self.target = new_uri
         event("upstream_goaway", upstream=peer.address, new_session_uri=new_uri)
         self._spawn(self._migrate(peer))
 

@@ -286,3 +286,48 @@ async def test_an_upstream_that_comes_up_later(tmp_path: Path, procs: list[Relay
     assert await next_object(from_a) == b"late upstream"
     for s in (at_d, pub):
         await within(s.close())
+
+
+async def test_an_unusable_new_session_uri_keeps_the_target() -> None:
+    # In-process relays: D's GOAWAY names a URI nobody can connect to (hostile or broken).
+    from kvsp_moq.transport.tls import make_self_signed
+    from relay import Relay
+
+    cert = make_self_signed()
+
+    def cfg(**kw) -> RelayConfig:
+        return RelayConfig(server_transport=TransportConfig(certificate_pem=cert.cert_pem,
+                                                            private_key_pem=cert.key_pem),
+                           upstream_transport=client(), **kw)
+
+    d = await Relay(cfg(goaway_uri="not a uri", drain_timeout=0.3)).start()
+    port, d_url = d.port, d.url
+    a = await Relay(cfg(upstream=d_url, upstream_keepalive=KEEPALIVE,
+                        upstream_liveness_timeout=LIVENESS,
+                        upstream_reconnect_max=BACKOFF_MAX)).start()
+    d2: Relay | None = None
+    try:
+        cat = Catalog()
+        pub = await within(connect(a.url, client(), catalog=cat))
+        await within(pub.publish_namespace(("rj", "a")))
+        track = cat.create(("rj", "a"), "t", keep=False)
+        watcher = await within(connect(d_url, client()))
+        await within(watcher.subscribe_namespace(("rj",)))
+        await wait_namespace(watcher, "namespace", (b"a",))
+        drained = asyncio.ensure_future(d.shutdown())
+        await within(watcher.goaway_received)
+        await within(watcher.close())
+        await within(drained)
+        assert a.uplink.target == d_url  # the junk URI was not taken
+        d2 = await Relay(cfg(port=port)).start()
+        at_d2 = await within(connect(d2.url, client()))
+        got = await within(at_d2.subscribe(("rj", "a"), "t", parameters=RENDEZVOUS), BOUND)
+        await within(track.subscribed.wait())
+        await within(track.write_object(0, 0, b"same url"))
+        assert await next_object(got) == b"same url"
+        for s in (at_d2, pub):
+            await within(s.close())
+    finally:
+        await within(a.close())
+        if d2 is not None:
+            await within(d2.close())
