@@ -39,7 +39,7 @@ class LoopbackCluster:
         self.loop = ClientLoop("kvsp-test-cluster")
         self.workdir = Path(tempfile.mkdtemp(prefix="kvsp-vllm-"))
         self.token = secrets.token_urlsafe(32)
-        everything = Grant(everything=True)
+        everything: Grant = Grant(everything=True)
         self.auth = Authorizer.from_tokens({self.token: Principal("all", scopes=everything, holders=everything,
                                                                   instances=everything)})
         self.tls = make_demo_tls(self.workdir)

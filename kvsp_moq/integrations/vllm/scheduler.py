@@ -54,6 +54,7 @@ class _Request:
     load_pending: list[BlockLoad] | None = None
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int | None = None  # blocks below this are computed/loaded/known: not saved
+    frontier: int = 0  # tokens computed once the last scheduled step is done
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -190,6 +191,11 @@ class SchedulerSide:
     def _plan_saves(self, plan: StepPlan, req_id: str, state: _Request, computed: int, scheduled: int) -> None:
         if not self.settings.publish or state.saved_upto is None:
             return
+        if computed < state.frontier:
+            # vLLM rewound the request (a block failed to load): what it computes again is
+            # saved again (the worker discarded the saves of the failed step).
+            state.saved_upto = min(state.saved_upto, computed // self.block_tokens)
+        state.frontier = computed + scheduled
         complete = min((computed + scheduled) // self.block_tokens, len(state.keys), len(state.block_ids))
         if complete <= state.saved_upto:
             return

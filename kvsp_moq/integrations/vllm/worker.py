@@ -118,7 +118,12 @@ class WorkerSide:
         if not self._incoming or layer_name not in self.caches:
             return
         layer = layer_index(layer_name)
-        pending = [b for b in self._incoming if b.failed_from is None or b.failed_from > layer]
+        pending = []
+        for block in self._incoming:
+            if block.failed_from is not None and block.failed_from <= layer:
+                self._errors.add(block.block_id)  # failed before vLLM reached this layer
+            else:
+                pending.append(block)
         if not pending:
             return
         remaining = self._deadline - time.monotonic()
@@ -189,17 +194,27 @@ class WorkerSide:
     async def _settle(self, saving: list[_Saving], incoming: list[Incoming]) -> None:
         assert self.peers is not None
         counts: dict[str, dict[str, int]] = {}
+        failed_requests = set()
         for block in incoming:
             if block.task is not None and not block.task.done():
                 block.task.cancel()  # vLLM is past this step: what did not arrive is recomputed
             c = counts.setdefault(block.req_id, {})
             if block.failed_from is not None:
+                self._errors.add(block.block_id)
+                failed_requests.add(block.req_id)
                 c["blocks_failed"] = c.get("blocks_failed", 0) + 1
             elif block.source is not None:
                 name = "blocks_moqt" if block.source == "moqt" else "blocks_http"
                 c[name] = c.get(name, 0) + 1
             for via, octets in block.octets.items():
                 c[f"bytes_{via}"] = c.get(f"bytes_{via}", 0) + octets
+        # Blocks computed over a context that failed to load are wrong: never published
+        # (vLLM recomputes the request from its first failed block; the scheduler plans the
+        # saves again).
+        for s in saving:
+            if s.req_id in failed_requests and s.writer.open:
+                s.writer.abort()
+        saving = [s for s in saving if s.req_id not in failed_requests]
         results = await asyncio.gather(*(complete_block(self.peers, s.writer) for s in saving), return_exceptions=True)
         for s, result in zip(saving, results):
             c = counts.setdefault(s.req_id, {})
@@ -211,6 +226,8 @@ class WorkerSide:
     # -- reporting --------------------------------------------------------------------------------
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._errors = self._errors, set()
+        if errors:
+            log.warning("KVSP: blocks %s failed to load: vLLM recomputes them", sorted(errors))
         return errors
 
     def take_counts(self) -> dict[str, dict[str, int]]:
