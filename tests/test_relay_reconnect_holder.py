@@ -24,7 +24,7 @@ from kvsp_moq.bridge import MoqtPool, load_block, sink_for_record, subscribe_blo
 from kvsp_moq.control.common.engine_config import engine_config_from_mapping
 from kvsp_moq.control.common.errors import ConfigError
 from kvsp_moq.kvsp.naming import NAMESPACE_TAG
-from kvsp_moq.pubsub import MoqtSession, connect
+from kvsp_moq.pubsub import MoqtError, MoqtSession, connect
 from kvsp_moq.pubsub.liveness import Reconnect
 from kvsp_moq.sinks import make_sink
 from relay_restart_support import RelayProcess, within
@@ -153,3 +153,30 @@ def test_engine_config_keys_of_the_reconnect(tmp_path: Path) -> None:
                 {"moqt_reconnect_initial_s": 9, "moqt_reconnect_max_s": 1}):
         with pytest.raises(ConfigError, match="instance.engine.moqt_"):
             engine_config_from_mapping(bad, tmp_path)
+
+
+async def test_pool_ignores_an_unusable_new_session_uri(holder: HolderNode) -> None:
+    from bridge_support import server_config
+    from relay import Relay, RelayConfig
+
+    relay = await Relay(RelayConfig(server_transport=server_config(),
+                                    goaway_uri="not a uri", drain_timeout=5.0)).start()
+    pool = MoqtPool(client_config(), reconnect=RECONNECT)
+    drain = None
+    try:
+        old = await within(pool.get(relay.url))
+        drain = asyncio.ensure_future(relay.shutdown())
+        assert await within(old.goaway_received) == "not a uri"
+        assert pool.target(relay.url) == relay.url  # the same URL is reused
+        try:  # a connect to the same URL (no ValueError), which the draining relay may refuse
+            new = await within(pool.get(relay.url))
+        except (MoqtError, OSError, TimeoutError):
+            pass
+        else:
+            assert new is not old and new.connection.url is not None
+            assert new.connection.url.port == relay.port
+    finally:
+        await within(pool.close())
+        if drain is not None:
+            await within(drain)
+        await within(relay.close())

@@ -37,7 +37,7 @@ from ..moqt.messages import Token
 from ..moqt.session import SessionConfig
 from ..pubsub import DEFAULT_RECEIVE_LIMITS, ErrorKind, MoqtError, MoqtSession, ReceiveLimits, connect
 from ..pubsub.liveness import Reconnect, probe_liveness
-from ..transport import TransportConfig
+from ..transport import TransportConfig, parse_moqt_url
 
 __all__ = ["MoqtPool", "refused_by_goaway"]
 
@@ -158,7 +158,14 @@ class MoqtPool:
         self.goaways += 1
         new_uri = goaway.result()
         if new_uri:
-            self._targets[url] = new_uri
+            try:
+                parse_moqt_url(new_uri)
+            except ValueError as exc:  # unusable: the current target is reused
+                log.warning("%s: GOAWAY with an unusable New Session URI %r (%s)", url,
+                            new_uri[:200], exc)
+                new_uri = ""
+            else:
+                self._targets[url] = new_uri
         log.info("%s: GOAWAY%s; new requests go to a new session", url,
                  f" (New Session URI {new_uri})" if new_uri else "")
         current = self._sessions.get(url)
