@@ -79,13 +79,18 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             workload = Workload(cluster, client=client, front_end=front_end, expected=expected, seed=args.seed,
                                 live_instances=chaos.live_instances)
             watch = EngineWatch(cluster)
+            chaos_error: str | None = None
             done = asyncio.Event()
             watcher = asyncio.create_task(watch.run(done))
             until = time.monotonic() + args.minutes * 60
             _progress(f"traffic for {args.minutes:g} min: {args.clients} clients, a fault every ~{args.chaos_every:g} s "
                       f"(seed {args.seed})")
             traffic = asyncio.create_task(workload.run(args.clients, until))
-            await chaos.run(until)
+            try:
+                await chaos.run(until)
+            except Exception as exc:  # a fault of the schedule itself: reported, the run is not ok
+                chaos_error = f"{type(exc).__name__}: {exc}"
+                _progress(f"chaos schedule failed: {chaos_error}")
             try:
                 async with asyncio.timeout(max(0.0, until - time.monotonic()) + DRAIN_S):
                     await traffic
@@ -106,9 +111,11 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 
     t = workload.tally
     kinds = {e["fault"] for e in chaos.events if not e["what"].startswith("skipped")}
+    not_back = [e["role"] for e in chaos.events if e.get("not_back")]
     must_be_zero = {"tokens_lost": t.tokens_lost, "tokens_repeated": t.tokens_repeated, "tokens_wrong": t.tokens_wrong,
                     "blocks_wrong_digest": digests["wrong_digest"]}
-    ok = all(v == 0 for v in must_be_zero.values()) and kinds == set(FAULTS) and t.sessions_finished > 0
+    ok = (all(v == 0 for v in must_be_zero.values()) and kinds == set(FAULTS) and t.sessions_finished > 0
+          and chaos_error is None and not not_back)
     return {
         "minutes": args.minutes, "seed": args.seed, "instances": args.instances, "clients": args.clients,
         "sessions": {"started": t.sessions_started, "finished": t.sessions_finished, "failed": t.sessions_failed,
@@ -122,6 +129,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "ttft_ms": {"p50": percentile(t.ttft_ms, 50), "p99": percentile(t.ttft_ms, 99), "n": len(t.ttft_ms)},
         "chaos": chaos.events,
         "chaos_kinds": sorted(kinds),
+        "chaos_restart_failures": sum(len(e.get("restart_failures", [])) for e in chaos.events),
+        "roles_not_back": not_back,
+        "chaos_error": chaos_error,
         "rss_mib": {name: {"start": rss_start.get(name), "end": rss_end.get(name)} for name in rss_start},
         "lossy_link": lossy,
         "failures": t.failures,

@@ -6,7 +6,7 @@ new shuffle once all were used, so each kind comes round) is done to a role; a k
 restarted in the background, and a role that is down is not chosen again until it is back:
 
 * ``kill-instance``: SIGKILL an instance (never the last live one), restart it on its port
-  after ``down_s``; the PC moves its sessions (§6.8), readers of its blocks fall over;
+  after ``down_s`` (tried :data:`RESTART_ATTEMPTS` times, the failures reported); the PC moves its sessions (§6.8), readers of its blocks fall over;
 * ``kill-relay``: SIGKILL relay A or relay B, restart it on its port: instances and the chained
   relay reconnect;
 * ``kill-holder``: SIGKILL the holder, restart it (its disk tier survives, its host tier not);
@@ -31,6 +31,9 @@ from .roles import Role, SoakCluster
 __all__ = ["FAULTS", "Chaos"]
 
 FAULTS = ("kill-instance", "kill-relay", "kill-holder", "stall-holder")
+#: Starts tried after a kill (each ``down_s`` × 2^attempt after the last): a role whose start
+#: fails (its relay is down at that moment, say) is tried again, and reported if it never came back.
+RESTART_ATTEMPTS = 4
 
 
 @dataclass
@@ -114,9 +117,17 @@ class Chaos:
         async def restart() -> None:
             try:
                 await role.wait_dead()
-                await asyncio.sleep(self.down_s)
-                await role.start()
-                event["back_after_s"] = round(time.monotonic() - t0, 3)
+                for attempt in range(RESTART_ATTEMPTS):
+                    await asyncio.sleep(self.down_s * 2 ** attempt)
+                    try:
+                        await role.start()
+                    except RuntimeError as exc:  # e.g. its relay is down too: counted, tried again
+                        event.setdefault("restart_failures", []).append(str(exc)[:300])
+                        self.progress(f"chaos: restart of {role.name} failed (attempt {attempt + 1}): {str(exc)[:200]}")
+                        continue
+                    event["back_after_s"] = round(time.monotonic() - t0, 3)
+                    return
+                event["not_back"] = True
             finally:
                 self.down.discard(role.name)
 
