@@ -137,6 +137,8 @@ async def test_json_logs_and_metrics_of_python_m_relay(tmp_path: Path) -> None:
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         url = (await within(proc.stdout.readline())).decode().split()[-1]
+        wt_line = (await within(proc.stdout.readline())).decode()  # WebTransport on the same port (on by default)
+        assert wt_line.startswith("relay webtransport on https://127.0.0.1:"), wt_line
         metrics_line = (await within(proc.stdout.readline())).decode()
         assert metrics_line.startswith("relay metrics on http://127.0.0.1:")
         mport = int(metrics_line.rsplit(":", 1)[1].split("/")[0])
