@@ -52,9 +52,14 @@ class SendBuffer:
         return self
 
     def __getitem__(self, index: slice) -> bytes | memoryview:
-        start, stop, step = index.indices(len(self))
-        if step != 1:
+        # aioquic slices [start:stop] within the buffer (no step, no negative index): the
+        # common case goes without slice.indices().
+        if index.step not in (None, 1):
             raise ValueError("SendBuffer slices have step 1")
+        size = self._end - self._base
+        start, stop = index.start, index.stop
+        if start is None or start < 0 or stop is None or stop < 0 or stop > size:
+            start, stop, _ = index.indices(size)
         if stop <= start:
             return b""
         a, b = self._base + start, self._base + stop
@@ -72,9 +77,12 @@ class SendBuffer:
         return b"".join(parts)
 
     def __delitem__(self, index: slice) -> None:
-        start, stop, _ = index.indices(len(self))
-        if start != 0:
-            raise ValueError("SendBuffer drops bytes from its front only")
+        stop = index.stop
+        if index.start not in (None, 0) or index.step not in (None, 1) or stop is None \
+                or not 0 <= stop <= self._end - self._base:
+            start, stop, _ = index.indices(self._end - self._base)
+            if start != 0:
+                raise ValueError("SendBuffer drops bytes from its front only")
         self._base += stop
         chunks, starts = self._chunks, self._starts
         head = self._head
