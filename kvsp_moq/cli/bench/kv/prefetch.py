@@ -43,6 +43,8 @@ _MODULE = "kvsp_moq.cli.bench.kv.prefetch"
 _RELAYED = "kvsp_moq.cli.bench.kv.relayed"
 #: The demo's system prompt: 12 blocks of 64 tokens, 4 layers of 2 KV heads x 32 dims, fp32.
 BLOCKS, LAYERS, LAYER_KIB = 12, 4, 32
+#: Namespaces one publisher session keeps announced at once here (below aioquic's 128 streams).
+ANNOUNCED = 120
 
 
 def _spawn(module: str, args: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -90,7 +92,10 @@ async def measure_prefetch(blocks: int, layers: int, layer_bytes: int, window: i
     retriever = MoqtBlockRetriever(TransportConfig(backend=backend, insecure=True,
                                                    max_datagram_size=datagram_size))
     try:
-        runs = 2 * (repeat + 1)  # a warm-up of each path, then repeat of each, alternated
+        # A warm-up of each path, then repeat of each, alternated; every run on new blocks. At
+        # most ANNOUNCED blocks: each PUBLISH_NAMESPACE holds one QUIC bidi stream of the
+        # holder's relay session for as long as it is announced, and aioquic grants 128.
+        runs = min(2 * (repeat + 1), max(4, ANNOUNCED // blocks // 2 * 2))
         holder, line = _spawn(_MODULE, ["holder", "--relay", url, "--blocks", str(runs * blocks),
                                         "--layers", str(layers), "--layer-kib", str(layer_bytes >> 10),
                                         *common])
