@@ -3,7 +3,8 @@
 The benchmarks that need only the layers below the control plane are in ``kvsp_moq.bench``;
 those that start control-plane servers or the relay are here: :mod:`.index` (``kvsp bench
 index``), :mod:`.kv` (``kvsp bench kv``: holder and loader processes) and :mod:`.wan`
-(``kvsp bench wan``: the same across a shaped link between network namespaces).
+(``kvsp bench wan``: the same across a shaped link between network namespaces) and :mod:`.vllm`
+(``kvsp bench vllm``: vLLM engine processes, docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -125,6 +126,12 @@ def _index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vllm(args: argparse.Namespace) -> int:
+    from . import vllm
+
+    return vllm.cmd(args)
+
+
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("bench", help="benchmarks: JSON figures on stdout, a table on stderr")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
@@ -235,6 +242,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--refresh-records", type=int, default=100_000, help="records refreshed (--store redis)")
     q.add_argument("--single-puts", type=int, default=5_000, help="records of the single-PUT baseline")
     q.set_defaults(handler=_index)
+    q = bsub.add_parser("vllm", help="vLLM engine B's time to first token for an N-token shared prefix: KVSP "
+                                     "over MOQT vs recomputing vs vLLM's ExampleConnector (the vllm extra)")
+    from .vllm import register_arguments as vllm_arguments
+
+    vllm_arguments(q)
+    q.set_defaults(handler=_vllm)
     for name, parser in bsub.choices.items():
         add_progress_option(parser)
         parser.set_defaults(handler=_with_progress(name, parser.get_default("handler")))

@@ -56,6 +56,7 @@ from ...kvsp import compat, scope
 from ...kvsp.records import LookupRequest
 from ...transport import new_event_loop
 from ..dashboard import keep_up_with_dashboard
+from ..errors import UsageError
 from ..progress import add_progress_option
 from .cluster import Cluster, http_request, start_cluster
 from .router import SessionClient, Streamed
@@ -434,6 +435,12 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        from .vllm import cmd_demo_vllm  # imports no vLLM: the engines are child processes
+
+        if args.dashboard:
+            raise UsageError("--dashboard needs the reference engine (--engine reference)")
+        return cmd_demo_vllm(args)
     loop = new_event_loop(use_uvloop=True)
     interrupted = False
     shown: list[dict[str, Any]] = []
@@ -496,9 +503,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("demo", help="run the main job end to end on loopback with embedded defaults")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--engine", choices=("reference", "vllm"), default="reference",
+                   help="reference: the project's model in two `kvsp instance` processes behind the PC and the "
+                        "front end (default); vllm: two vLLM engine processes with the KVSP connector "
+                        "(the vllm extra, docs/vllm.md)")
     p.add_argument("--model-dir", metavar="DIR", default=None,
                    help="the reference model's files (generated there once; default: $KVSP_MODEL_DIR/<name>, "
-                        "else ~/.cache/kvsp/model/<name>)")
+                        "else ~/.cache/kvsp/model/<name>); with --engine vllm: a local Hugging Face model "
+                        "directory to serve instead of the tiny Llama written for the run")
     p.add_argument("--dashboard", action="store_true",
                    help="after the report, keep the cluster up with the live dashboard (docs/dashboard.md) and print "
                         "its URL; Ctrl-C stops everything")

@@ -26,6 +26,9 @@ cross plain HTTP without ``[tls] allow_plain_http`` (docs/security.md).
 The PC and the front end run in this process, so the demo can read their figures directly
 (the directives the PC sent, the front end's delivery tally).
 
+:func:`start_kv_plane` starts only the first three (IS, relay, holder): ``kvsp demo --engine
+vllm`` runs vLLM engines instead of the rest (``.vllm``).
+
 Everything is entered into one :class:`contextlib.AsyncExitStack`, so leaving it (normally,
 on an error or on cancellation by Ctrl-C) closes the servers in reverse order and stops the
 child processes (SIGTERM, then SIGKILL after 10 s). The HTTP calls the demo itself makes go
@@ -72,7 +75,8 @@ from ...control.index.serve import serve_index
 from ...control.pc.service import PlacementController
 from ...transport.tls import make_self_signed
 
-__all__ = ["Cluster", "HttpReply", "InstanceProcess", "http_request", "start_cluster"]
+__all__ = ["Cluster", "HttpReply", "InstanceProcess", "KvPlane", "demo_authorizer", "http_request", "start_cluster",
+           "start_kv_plane"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding kvsp_moq/ and relay/
 ROLES = ("holder", "instance-1", "instance-2", "pc", "frontend", "client")
@@ -318,26 +322,36 @@ class Cluster:
         return self.frontend.app[FRONTEND_SERVICE]
 
 
-async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any], model_dir: str, scope_key: bytes,
-                        progress: Callable[[str], None]) -> Cluster:
-    """Start every role (module notes); the instances run the model of ``model_dir`` with
-    ``descriptor``'s block size and know ``scope_key``."""
-    tokens = {role: secrets.token_urlsafe(32) for role in ROLES}
-    # One principal per role. They may act for every scope, holder and instance: the URLs are
-    # only known once the servers are bound (a deployment lists them, docs/deploy.md).
+def demo_authorizer(tokens: Mapping[str, str]) -> Authorizer:
+    """One principal per role (name -> token). They may act for every scope, holder and
+    instance: the URLs are only known once the servers are bound (a deployment lists them,
+    docs/deploy.md)."""
     everything: Grant = Grant(everything=True)
-    auth = Authorizer.from_tokens({
+    return Authorizer.from_tokens({
         tok: Principal(role, scopes=everything, holders=everything, instances=everything)
         for role, tok in tokens.items()
     })
-    clock = MonotonicClock()
-    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvsp-demo-")))
-    key_file = workdir / "scope.key"
-    key_file.write_text(scope_key.hex() + "\n")
-    key_file.chmod(0o600)
 
+
+@dataclass
+class KvPlane:
+    """The roles every demo has: the IS, the relay (a child process, ``tls`` its certificate)
+    and the HTTP holder."""
+
+    tls: DemoTls
+    index: RunningServer
+    relay: RelayProcess
+    holder: RunningServer
+
+
+async def start_kv_plane(stack: AsyncExitStack, *, auth: Authorizer, holder_token: str, workdir: Path,
+                         descriptors: tuple[Mapping[str, Any], ...], progress: Callable[[str], None],
+                         clock: MonotonicClock | None = None) -> KvPlane:
+    """Start the IS (knowing ``descriptors``), the relay and the holder (which publishes its
+    records to the IS with ``holder_token``), all entered into ``stack``."""
+    clock = clock or MonotonicClock()
     index = await stack.enter_async_context(await serve_index(
-        ControlConfig(auth=auth, index=IndexConfig(descriptors=(descriptor,))), clock=clock))
+        ControlConfig(auth=auth, index=IndexConfig(descriptors=descriptors)), clock=clock))
     progress(f"index service  {index.url}")
 
     tls = make_demo_tls(workdir)
@@ -345,10 +359,28 @@ async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
     progress(f"relay          {relay.url} (pid {relay.process.pid}, metrics {relay.metrics_url}; "
              "no authorization config: open, loopback only)")
 
-    hc = HolderConfig(index_url=index.url, index_token=tokens["holder"], tiers=(TierConfig("host", 256 * MiB),))
+    hc = HolderConfig(index_url=index.url, index_token=holder_token, tiers=(TierConfig("host", 256 * MiB),))
     holder = await stack.enter_async_context(
         await serve_holder(ControlConfig(auth=auth, holder=hc), clock=clock, store=build_store(hc.tiers, clock)))
     progress(f"holder         {holder.url} (HTTP blocks and leases)")
+    return KvPlane(tls, index, relay, holder)
+
+
+async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any], model_dir: str, scope_key: bytes,
+                        progress: Callable[[str], None]) -> Cluster:
+    """Start every role (module notes); the instances run the model of ``model_dir`` with
+    ``descriptor``'s block size and know ``scope_key``."""
+    tokens = {role: secrets.token_urlsafe(32) for role in ROLES}
+    auth = demo_authorizer(tokens)
+    clock = MonotonicClock()
+    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvsp-demo-")))
+    key_file = workdir / "scope.key"
+    key_file.write_text(scope_key.hex() + "\n")
+    key_file.chmod(0o600)
+
+    plane = await start_kv_plane(stack, auth=auth, holder_token=tokens["holder"], workdir=workdir,
+                                 descriptors=(descriptor,), progress=progress, clock=clock)
+    index, tls, relay, holder = plane.index, plane.tls, plane.relay, plane.holder
 
     pcc = PcConfig(index_url=index.url, index_token=tokens["pc"], instance_token=tokens["pc"],
                    prefetch_deadline_ms=30_000, prefetch_lease_ms=30_000)

