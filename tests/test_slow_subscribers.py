@@ -120,3 +120,49 @@ async def test_slow_subscriber_does_not_slow_the_others(net: Net, where: str) ->
     status, count, n = await within(slow.result)
     assert status == PublishDoneCode.TOO_FAR_BEHIND and count == 1 and n < OBJECTS
     slow.join(10)
+
+
+async def test_a_lone_slow_subscriber_is_backpressure_not_dropped() -> None:
+    """With one subscriber the publisher waits for it (paced by the fastest = the only
+    one): its backlog never holds more than the chunk being written, it is not dropped, and
+    once it reads again it gets every object and TRACK_ENDED."""
+    catalog = Catalog()
+    server = await serve("127.0.0.1", 0, TransportConfig(
+        certificate_pem=CERT.cert_pem, private_key_pem=CERT.key_pem,
+        max_datagram_size=DGRAM, send_buffer_high_water=HIGH_WATER), catalog=catalog)
+    track = catalog.create(NS, "lone", keep=False, subscriber_queue_bytes=QUEUE)
+    slow = SlowSubscriber(f"moqt://127.0.0.1:{server.port}/moq", asyncio.get_running_loop(),
+                          track="lone")
+    try:
+        slow.start()
+        await within(slow.subscribed)
+        await within(track.write_object(0, 0, b"first"))
+        await within(slow.blocked)
+
+        async def write_all() -> None:
+            for o in range(1, OBJECTS + 1):
+                await track.write_object(0, o, payload(0, o, CHUNK))
+            await track.finish()
+
+        writer = asyncio.ensure_future(write_all())
+        (out,) = track.subscriptions()
+        assert out.backlog is not None
+        for _ in range(400):  # until QUIC's buffer for it is full and bytes wait here
+            if out.backlog.blocked:
+                break
+            await asyncio.wait([writer], timeout=0.05)
+            assert not writer.done(), "the writer ran ahead of a stalled lone subscriber"
+        else:
+            pytest.fail("the stalled subscriber's backlog never filled")
+        assert not writer.done()
+        slow.release.set()
+        await within(writer)
+        assert track.too_far_behind == 0
+        assert out.backlog.peak <= CHUNK + 64
+    finally:
+        slow.release.set()
+        server.close()
+        await within(server.wait_closed())
+    status, count, n = await within(slow.result)
+    assert status == PublishDoneCode.TRACK_ENDED and n == OBJECTS + 1 and count == 1
+    slow.join(10)

@@ -154,6 +154,10 @@ class TrackPublisher:
     def subscriber_count(self) -> int:
         return sum(1 for s in self._subs if not s.dead)
 
+    def subscriptions(self) -> list[Outgoing]:
+        """The live subscriptions (each with its :attr:`Outgoing.backlog`)."""
+        return [s for s in self._subs if not s.dead]
+
     # -- subscribers (called by the session's catalog server) ---------------------------------------------------
     def add_subscriber(self, out: Outgoing) -> None:
         session = out.session
