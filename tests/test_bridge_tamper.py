@@ -1,16 +1,20 @@
 """A tampering RELAY (binding §4, §7; issue: "a tampering relay (flips one byte) is detected
 and the load falls back"). The relay is a real ``relay.core.Relay`` on loopback QUIC whose
-FETCH forwarding path is wrapped in this module: when it forwards the objects of a FETCH
-downstream, one layer's payload is copied and one byte of the copy flipped (its cache keeps
-the honest bytes; the object's LAYER_DIGEST property and the Track Properties are forwarded
-unchanged, as a lying or corrupting relay would). The holder publishes through that relay and
-through an honest one; the instance loads with both records, the tampering relay first.
+FETCH forwarding path is wrapped in this module: a cold FETCH is a cache miss, cut through
+from the single upstream FETCH (``relay.inflight.UpstreamFetch.pieces``, docs/relay.md "Cache
+and FETCH"); as it forwards that fetch stream downstream, one payload chunk of one layer is
+copied and one byte of the copy flipped (the upstream's chunks, shared with the cache, stay
+honest; the object's LAYER_DIGEST property and the Track Properties are forwarded unchanged,
+as a lying or corrupting relay would). The holder publishes through that relay and through an
+honest one; the instance loads with both records, the tampering relay first.
 No mocks of the network, no sleeps."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -26,8 +30,9 @@ from kvsp_moq.bridge import MoqtPool, Source, sink_for_record
 from kvsp_moq.bridge.load import BlockLoad
 from kvsp_moq.sinks import LayerState
 from relay import Relay, RelayConfig
-from relay.cache import CachedObject
-from relay.fetch import FetchService
+from relay.fetch import FetchAnswer, FetchService
+from relay.inflight import UpstreamFetch
+from relay.schedule import Piece
 
 torch = pytest.importorskip("torch")
 
@@ -36,26 +41,56 @@ BAD = 3
 
 
 class TamperingFetchService(FetchService):
-    """Forwards every FETCH like the relay's own service, but the payload of object
-    ``(0, bad_layer)`` leaves with one byte flipped (the first time only)."""
+    """Serves every FETCH like the relay's own service, but a cache miss is answered by a
+    :class:`TamperingAnswer`: the first payload chunk of object ``(0, bad_layer)`` that it
+    forwards leaves with one byte flipped (the first time only)."""
 
     def __init__(self, base: FetchService, bad_layer: int) -> None:
-        super().__init__(base.cache, base.stats, base.spawn)
+        super().__init__(base.cache, base.stats, base.spawn, base.request_timeout)
         self.bad_layer = bad_layer
         #: (object id, offset) of each flipped byte.
         self.tampered: list[tuple[int, int]] = []
 
-    def serve(self, down, rid, objects: list[CachedObject], end_of_track, track) -> None:
-        out = []
-        for o in objects:
-            if o.location == (0, self.bad_layer) and not self.tampered:
-                data = bytearray(o.payload())  # a copy: the cached object stays honest
-                at = len(data) // 2
-                data[at] ^= 0x40
-                self.tampered.append((o.object_id, at))
-                o = replace(o, chunks=(memoryview(bytes(data)),))
-            out.append(o)
-        super().serve(down, rid, out, end_of_track, track)
+    def join_or_start(self, down, rid, rng, route) -> None:
+        self.wait_upstream(TamperingAnswer(self, down, rid, rng.track), rng, route)
+
+    def tamper(self, up: UpstreamFetch, pieces: Iterator[Piece]) -> Iterator[Piece]:
+        """``pieces`` (the cut-through fetch stream of ``up``) with one byte flipped in a
+        copy of the first chunk of object ``(0, bad_layer)``."""
+        for piece in pieces:
+            if not self.tampered:
+                bad = next((o for o in (*up.objects, up.arriving) if o is not None
+                            and (o.group_id, o.object_id) == (0, self.bad_layer)), None)
+                # The pieces are the upstream's own memoryviews: found by identity.
+                if bad is not None and any(piece.data is c for c in bad.chunks):
+                    data = bytearray(piece.data)  # a copy: the shared chunk stays honest
+                    at = len(data) // 2
+                    data[at] ^= 0x40
+                    self.tampered.append((bad.object_id, at))
+                    piece = replace(piece, data=memoryview(bytes(data)))
+            yield piece
+
+
+class TamperedUpstream:
+    """``up`` as a downstream FETCH reads it, its fetch stream passed through the tamper."""
+
+    def __init__(self, up: UpstreamFetch, service: TamperingFetchService) -> None:
+        self.up, self.service = up, service
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.up, name)
+
+    def pieces(self, enc, stats, keep=None) -> Iterator[Piece]:
+        return self.service.tamper(self.up, self.up.pieces(enc, stats, keep))
+
+
+class TamperingAnswer(FetchAnswer):
+    """A downstream FETCH answered by cut-through, from the tampered stream."""
+
+    service: TamperingFetchService
+
+    def start(self, up: UpstreamFetch) -> bool:
+        return super().start(TamperedUpstream(up, self.service))  # type: ignore[arg-type]
 
 
 class TamperingRelay(Relay):
@@ -120,8 +155,10 @@ async def test_tampering_relay_detected_and_load_falls_back(holder: HolderNode) 
         await within(liar.close())
         await within(honest.close())
 
-    # The relay did tamper, exactly once, with layer BAD.
+    # The relay did tamper, exactly once, with layer BAD, on the cut-through of a miss.
     assert [layer for layer, _ in liar.fetches.tampered] == [BAD]
+    assert liar.stats.snapshot()["cache_misses"] >= 1
+    assert liar.stats.snapshot()["cache_hits"] == 0
     assert result.complete and result.verified == tuple(range(LAYERS))
     # Which source served which layer: the tampering relay delivered 0..BAD-1 and failed on
     # BAD (digest check of the sink); the honest relay was asked only for BAD..end.
