@@ -12,6 +12,7 @@ Skipped, with the reason, where vLLM is not installed (the ``vllm`` extra).
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import threading
 from collections.abc import Iterator
@@ -20,7 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]', docs/vllm.md)")
+# Only the engine processes import vLLM (importing it here would configure this process).
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed (pip install -e '.[vllm]', docs/vllm.md)", allow_module_level=True)
 
 from kvsp_moq.bridge import MoqtHolder  # noqa: E402
 from kvsp_moq.control.common.tls import TlsConfig  # noqa: E402
@@ -156,6 +159,63 @@ def test_two_scopes_do_not_share(engines: tuple[EngineProcess, EngineProcess]) -
     assert same["token_ids"] == off(b, p)
 
 
+class LyingStore(BlockStore):
+    """A holder's store that serves other octets for layer 2 than it recorded: its records and
+    Track Properties carry the true digests, the wire does not (a corrupted holder)."""
+
+    def layer_payload(self, key: RecordKey, layer: int, *, touch: bool = True) -> memoryview:
+        payload = super().layer_payload(key, layer, touch=touch)
+        if layer != 2:
+            return payload
+        bad = bytearray(payload)
+        bad[100] ^= 0xFF
+        return memoryview(bytes(bad))
+
+
+def random_block(store: BlockStore, cluster: LoopbackCluster, compat: bytes, tokens: list[int]) -> tuple[RecordKey, MoqtHolder]:
+    """A block of random octets for the first block of ``tokens`` in ``store``, served through
+    the relay by a MOQT holder of this process."""
+    key = RecordKey(compat, scope_id(SCOPES["tenant-a"]), block_keys(SCOPES["tenant-a"], compat, tokens, B)[0])
+    geometry = Geometry(SHAPE.kv_heads, SHAPE.head_dim, ELEMENT_TYPES["fp32"])
+    rnd = np.random.default_rng(0)
+    layers = [(rnd.standard_normal((B, SHAPE.kv_heads, SHAPE.head_dim), dtype=np.float32),
+               rnd.standard_normal((B, SHAPE.kv_heads, SHAPE.head_dim), dtype=np.float32))
+              for _ in range(SHAPE.layers)]
+    store.put(key, encode_raw_block(layers, geometry))
+    return key, MoqtHolder(store)
+
+
+async def attach(cluster: LoopbackCluster, holder: MoqtHolder, key: RecordKey) -> ReplicaRecord:
+    transport = TlsConfig().transport(ca_file=str(cluster.tls.ca_file))
+    await holder.attach_relay(cluster.relay_url, transport, setup_tokens=(cluster.token,))
+    holder.publish(key)
+    await holder.wait_announced()
+    return holder.replica_record(key, holder=cluster.relay_url, ttl_ms=60_000)
+
+
+def test_a_layer_tampered_in_transit_is_recomputed(cluster: LoopbackCluster,
+                                                   engines: tuple[EngineProcess, EngineProcess]) -> None:
+    """Layers 0 and 1 verify (random octets, written into B's paged cache), layer 2 fails its
+    digest mid-transfer: the block is reported and vLLM recomputes the request from it."""
+    a, b = engines
+    p = prompt(9, 2 * B + 5)
+    compat = bytes.fromhex(kvsp(a.generate(prompt(7, 40), max_tokens=1))["compat_id"])
+    key, holder = random_block(LyingStore([HostTier(1 << 20)]), cluster, compat, p)
+
+    async def publish() -> None:
+        await cluster.index.publish(await attach(cluster, holder, key))
+
+    try:
+        cluster.run(publish())
+        stats = kvsp(from_b := b.generate(p, max_tokens=8))
+        assert stats["matched_blocks"] == 1 and stats["external_tokens"] == B
+        assert stats["blocks_failed"] == 1 and "blocks_moqt" not in stats
+        assert stats["bytes_moqt"] == 2 * 2 * B * SHAPE.kv_heads * SHAPE.head_dim * 4  # layers 0 and 1 arrived
+        assert from_b["token_ids"] == off(b, p)
+    finally:
+        cluster.run(holder.close())
+
+
 def test_a_tampered_layer_is_recomputed(cluster: LoopbackCluster, engines: tuple[EngineProcess, EngineProcess]) -> None:
     """A replica (random octets) announced under a record whose layer 2 digest is not its
     own: the consumer refuses it (the track's LAYER_DIGESTS differ from the record's, binding
@@ -163,22 +223,10 @@ def test_a_tampered_layer_is_recomputed(cluster: LoopbackCluster, engines: tuple
     a, b = engines
     p = prompt(6, 2 * B + 10)
     compat = bytes.fromhex(kvsp(a.generate(prompt(7, 40), max_tokens=1))["compat_id"])
-    key = RecordKey(compat, scope_id(SCOPES["tenant-a"]), block_keys(SCOPES["tenant-a"], compat, p, B)[0])
-    geometry = Geometry(SHAPE.kv_heads, SHAPE.head_dim, ELEMENT_TYPES["fp32"])
-    rnd = np.random.default_rng(0)
-    layers = [(rnd.standard_normal((B, SHAPE.kv_heads, SHAPE.head_dim), dtype=np.float32),
-               rnd.standard_normal((B, SHAPE.kv_heads, SHAPE.head_dim), dtype=np.float32))
-              for _ in range(SHAPE.layers)]
-    store = BlockStore([HostTier(1 << 20)])
-    store.put(key, encode_raw_block(layers, geometry))
-    holder = MoqtHolder(store)
+    key, holder = random_block(BlockStore([HostTier(1 << 20)]), cluster, compat, p)
 
     async def publish() -> ReplicaRecord:
-        transport = TlsConfig().transport(ca_file=str(cluster.tls.ca_file))
-        await holder.attach_relay(cluster.relay_url, transport, setup_tokens=(cluster.token,))
-        holder.publish(key)
-        await holder.wait_announced()
-        true = holder.replica_record(key, holder=cluster.relay_url, ttl_ms=60_000)
+        true = await attach(cluster, holder, key)
         digests = list(true.layer_digests or ())
         digests[2] = bytes(32)
         doc = true.to_json()
