@@ -97,8 +97,10 @@ THIRD_PARTY_INTERNALS: dict[str, set[str]] = {
     # aioquic 1.x (listed in aioquic_backend.py's docstring): the congestion-control names it
     # knows, a stream's send buffer (drain), its reset state, a close that has begun, the
     # connection's recovery, controller and pacer (BBR paces at its own rate).
+    # The bidi stream credit we grant (aioquic fixes it at 128; TransportConfig.max_streams_bidi).
     "kvsp_moq.transport.aioquic_backend": {"_factories", "_streams", "_reset_error_code", "_buffer",
-                                           "_close_event", "_state", "_loss", "_cc", "_pacer"},
+                                           "_close_event", "_state", "_loss", "_cc", "_pacer",
+                                           "_local_max_streams_bidi"},
     # aioquic and qh3: the peer's max_datagram_frame_size (no public accessor).
     "kvsp_moq.transport.library": {"_remote_max_datagram_frame_size"},
     # qh3 2.1: the Rust core, its stream opening and send-window checks, the close event

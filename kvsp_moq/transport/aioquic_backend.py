@@ -18,6 +18,12 @@ is checked in one place):
   ``"bbr"`` (:meth:`AioquicLibrary.prepare_connection`): aioquic's pacer derives its rate
   from cwnd / smoothed RTT, BBR paces at its own estimate (``transport.bbr``).
 
+* ``QuicConnection._local_max_streams_bidi`` — the bidi stream credit we grant the peer (a
+  ``Limit``: ``value`` advertised as initial_max_streams_bidi, then raised by one per stream
+  that ends; aioquic fixes it at 128, no configuration field): set to
+  ``TransportConfig.max_streams_bidi`` before the transport parameters are written
+  (:meth:`AioquicLibrary.prepare_connection`).
+
 aioquic resets the send side itself when STOP_SENDING arrives (RFC 9000 §3.5).
 
 aioquic 1.7.2 writes the Length field of every STREAM and CRYPTO frame as a two-octet
@@ -117,10 +123,14 @@ class AioquicLibrary(QuicLibrary):
                              f" {sorted(_congestion._factories)}")
         qc.congestion_control_algorithm = algorithm
 
-    def prepare_connection(self, quic: Any) -> None:
+    def prepare_connection(self, quic: Any, config: TransportConfig | None = None) -> None:
         loss = quic._loss
         if isinstance(loss._cc, BbrCongestionControl):
             loss._pacer = BbrPacer(loss._cc, quic.configuration.max_datagram_size)
+        if config is not None:
+            # Before the transport parameters (client: connect; server: the first Initial).
+            limit = quic._local_max_streams_bidi
+            limit.value = limit.sent = config.max_streams_bidi
 
     def congestion_state(self, quic: Any) -> dict[str, Any] | None:
         cc = quic._loss._cc

@@ -133,6 +133,16 @@ class TransportConfig:
     #: one built-in controller that cannot be chosen: leave None (a name is rejected).
     #: aiopquic: picoquic's names (None: ``"bbr1"``).
     congestion_control_algorithm: str | None = None
+    #: Bidirectional streams the peer may have open at once on a connection: the
+    #: initial_max_streams_bidi transport parameter (RFC 9000 §4.6, §18.2), kept at that many
+    #: open at once by MAX_STREAMS as streams end. MOQT (draft 17+) keeps one bidi stream open
+    #: per request — each PUBLISH_NAMESPACE, SUBSCRIBE, SUBSCRIBE_NAMESPACE while it lasts — so
+    #: this caps the requests a peer holds open on one session (a holder's announced replicas
+    #: per relay session; docs/transport.md "Stream limits"). Each open stream costs the QUIC
+    #: library about 1 KiB (aioquic 1.7.2, idle) plus the request's state; credit alone costs
+    #: nothing. aioquic (its own default: 128) and aiopquic (512) apply it; qh3 2.1 cannot
+    #: (it grants 100, hard-coded in its Rust core and transport parameters).
+    max_streams_bidi: int = 4096
     #: Initial RTT estimate, seconds (RFC 9002 uses 0.333; aioquic 0.1).
     initial_rtt: float = 0.1
     #: Close the connection after this many seconds without traffic.
@@ -225,6 +235,8 @@ class TransportConfig:
                      "max_datagram_frame_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if not 1 <= self.max_streams_bidi <= 1 << 60:  # RFC 9000 §4.6: at most 2^60
+            raise ValueError(f"max_streams_bidi must be in [1, 2^60], got {self.max_streams_bidi}")
         if self.send_buffer_low_water is not None and not (
                 0 <= self.send_buffer_low_water <= self.send_buffer_high_water):
             raise ValueError("send_buffer_low_water must be in [0, send_buffer_high_water]")

@@ -189,6 +189,11 @@ class ConnectionCore(Connection):
         return self._url
 
     @property
+    def transport_config(self) -> TransportConfig:
+        """Transport-internal: the configuration the connection was made with."""
+        return self._config
+
+    @property
     def close_info(self) -> CloseInfo | None:
         return self._close_info
 

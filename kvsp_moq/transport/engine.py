@@ -100,7 +100,7 @@ class EngineProtocol(asyncio.DatagramProtocol):
         self._connection_id_issued_handler: Callable[[bytes], None] = lambda cid: None
         self._connection_id_retired_handler: Callable[[bytes], None] = lambda cid: None
         self._connection_terminated_handler: Callable[[], None] = lambda: None
-        self._library.prepare_connection(quic)
+        self._library.prepare_connection(quic, conn.transport_config)
         conn.attach(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

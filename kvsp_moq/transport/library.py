@@ -96,10 +96,11 @@ class QuicLibrary(abc.ABC):
         """Library-only settings (congestion control, path-MTU probing); ``ValueError`` for
         what the library cannot honour."""
 
-    def prepare_connection(self, quic: Any) -> None:
-        """Called once per connection before it sends (client and server side): where a
-        library's connection needs wiring the configuration cannot express (aioquic: the BBR
-        pacer). Default: nothing."""
+    def prepare_connection(self, quic: Any, config: TransportConfig | None = None) -> None:
+        """Called once per connection before it sends or reads its peer's first packet
+        (client and server side): where a library's connection needs wiring its configuration
+        cannot express (aioquic: the BBR pacer, ``config.max_streams_bidi``). ``config``: the
+        connection's :class:`TransportConfig` (None: only what needs none). Default: nothing."""
 
     def congestion_state(self, quic: Any) -> dict[str, Any] | None:
         """The congestion controller's state (algorithm, window, BBR's model), or None where

@@ -15,6 +15,10 @@ sources), and what this module does:
 * ``_close_event`` is set for a close in progress as in aioquic, but ``_state`` does not say
   who began it; the core's ``local_error`` does (set when this endpoint closed or failed).
 * No selectable congestion controller (``congestion_control_algorithm`` must stay None).
+* A fixed stream credit: qh3 grants a peer 100 bidirectional and 103 unidirectional streams
+  (literals in ``QuicConnection._create_core``, passed to the Rust core, and in its transport
+  parameters; no configuration field, no core setter), so ``max_streams_bidi`` is not applied:
+  a qh3 endpoint holds at most 100 of a peer's MOQT requests open at once.
 * Path-MTU discovery (``probe_datagram_size``) is on by default in qh3; it is off here so
   that ``max_datagram_size`` means what it means on aioquic. ``TransportConfig.extra``
   ``{"probe_datagram_size": True}`` turns it on.

@@ -16,6 +16,9 @@ What picoquic does not let us set, and what happens instead:
   aiopquic's own 1200-octet ceiling).
 * ``initial_rtt``, ``udp_gso``/``udp_gro`` (picoquic uses GSO on Linux by itself):
   not settable; ignored.
+* ``max_streams_bidi`` is aiopquic's ``max_streams_bidi`` (picoquic's
+  initial_max_stream_id_bidir transport parameter; aiopquic's own default 512); the
+  unidirectional credit stays aiopquic's 512.
 * ``udp_buffer_size`` None means aiopquic's 64 MiB request, not the kernel default.
 * ``congestion_control_algorithm`` None means aiopquic's default (``"bbr1"``); any name
   picoquic knows is accepted (``newreno``/``reno``, ``cubic``, ``dcubic``, ``fast``,
@@ -97,6 +100,7 @@ def quic_configuration(config: TransportConfig, *, is_client: bool, files: TlsFi
         datagram_max_payload=DATAGRAM_CEILING,
         socket_buffer_size=config.udp_buffer_size,
         stream_ring_cap=stream_ring_cap(config),
+        max_streams_bidi=config.max_streams_bidi,
         server_name=server_name,
         ip_family=family,
         pmtud=pmtud,
