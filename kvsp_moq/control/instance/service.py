@@ -145,13 +145,15 @@ class InstanceService:
 
     def admit(self, principal: Principal, request: SessionRequest) -> SessionAdmitted:
         """Admit a session; ``NotActive`` when draining or sleeping (§6.3 MUST NOT accept).
-        ``resident`` is the number of leading blocks of its prompt held here (§6.5: the
-        request is served with the loaded prefix, the rest recomputed)."""
+        ``resident`` is the number of leading blocks of its prompt held here complete (§6.5:
+        the request is served with the loaded prefix, the rest recomputed); a block still
+        landing (a prefetch or load writing its layers) ends the run."""
         require_scope(principal, request.scope_id)
         self.lifecycle.admit(request.session, request.scope_id)
         resident = 0
         for key in request.block_keys:
-            if self.store.get(RecordKey(request.compat_id, request.scope_id, key)) is None:
+            info = self.store.get(RecordKey(request.compat_id, request.scope_id, key))
+            if info is None or not info.complete:
                 break
             resident += 1
         return SessionAdmitted(session=request.session, resident=resident)
