@@ -2,7 +2,8 @@
 KV through KVSP over MOQT through the relay; the report's numbers agree with each other and with
 the relay's own counters, reused KV gives the same greedy output, and nothing the demo started
 is left running after it exits (it runs in a session of its own: every process of that session
-must be gone). One engine pair for the module (about 2-3 minutes on 2 busy cores).
+must be gone), also when SIGTERM comes while the engines start. One engine pair runs to the end
+(6 minutes on 2 busy cores, nearly all of it the engines' start); the SIGTERM case about 30 s.
 
 Skipped, with the reason, where vLLM is not installed (the ``vllm`` extra).
 """
@@ -11,8 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +99,33 @@ def test_progress_and_shutdown(demo: tuple[dict[str, Any], str, int]) -> None:
     assert lines[-1] == "[demo] all servers stopped, relay and engines exited"
     assert {s["role"] for s in report["servers"]} >= {"index", "relay", "holder", "engine A", "engine B"}
     assert _session_members(pid) == []  # the engines, vLLM's engine cores, the relay: all gone
+
+
+def test_sigterm_while_the_engines_start_stops_everything() -> None:
+    """SIGTERM to the demo alone (the engines get no signal): 130, and nothing of its session left
+    (engines still loading are given 10 s after their stdin closed, then killed with what they
+    started)."""
+    proc = subprocess.Popen(CMD, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # until both engine processes are started
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None and time.monotonic() < deadline, "the demo ended before starting its engines"
+            if line.startswith("[demo] engines "):
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(10)
+    assert _session_members(proc.pid) == []

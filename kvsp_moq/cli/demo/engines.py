@@ -12,9 +12,10 @@ bearer token per engine, one scope ``demo`` with a Scope Key drawn for the run (
 The model is the connector's tiny random-weight Llama (``integrations.vllm.tiny_model``),
 written into the run's directory, unless a local Hugging Face model directory is given.
 vLLM's logs go to one file per engine in that directory (their tails are shown when an engine
-fails). :meth:`VllmPlane.close` stops the engines (stdin closed, then killed after a grace
-period, with what they started), the holder, the relay and the IS, and removes the directory; it runs on every exit,
-Ctrl-C and SIGTERM (:func:`interrupts_as_keyboard_interrupt`) included.
+fails). :meth:`VllmPlane.close` stops the engines in parallel (stdin closed, then killed after
+a grace period, with what they started), the holder, the relay and the IS, and removes the
+directory; it runs on every exit, Ctrl-C and SIGTERM
+(:func:`interrupts_as_keyboard_interrupt`) included.
 """
 
 from __future__ import annotations
@@ -218,19 +219,38 @@ class VllmPlane:
     # -- the end ------------------------------------------------------------------------------------
     def close(self, *, interrupted: bool = False) -> None:
         """Stop everything (module notes); safe to call twice."""
-        for engine in self.engines:
+        def stop(engine: EngineProcess) -> None:
             children = _children(engine.process.pid)
             engine.close(timeout=10.0 if interrupted else ENGINE_STOP_S)
             for child in children:  # vLLM's engine core, left behind if the engine was killed
                 with contextlib.suppress(Exception):
                     child.kill()
+
+        def stop_plane() -> None:
+            if self._loop is not None:
+                with contextlib.suppress(Exception):
+                    self._loop.run(self._stack.aclose(), PLANE_S)
+                self._loop.close()
+                self._loop = None
+
+        def stop_all() -> None:  # the engines in parallel (each may wait out its grace period)
+            stoppers = [threading.Thread(target=stop, args=(e,), name=f"stop {e.name}") for e in self.engines]
+            for t in stoppers:
+                t.start()
+            for t in stoppers:
+                t.join()
+            stop_plane()
+
+        # On a thread of its own, so that a second Ctrl-C or SIGTERM does not cut it short.
+        worker = threading.Thread(target=stop_all, name="kvsp-demo-stop")
+        worker.start()
+        while worker.is_alive():
+            try:
+                worker.join()
+            except KeyboardInterrupt:
+                self.progress("already shutting down")
         for _, log in self._logs.values():
             log.close()
-        if self._loop is not None:
-            with contextlib.suppress(Exception):
-                self._loop.run(self._stack.aclose(), PLANE_S)
-            self._loop.close()
-            self._loop = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
