@@ -127,6 +127,8 @@ async def http_request(url: str, method: str = "GET", *, token: str | None = Non
                 await writer.wait_closed()
     head, _, payload = raw.partition(b"\r\n\r\n")
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    if len(status_line.split()) < 2:  # the peer closed without an answer (it died mid-request, say)
+        raise ConnectionError(f"{method} {url}: the connection closed without an HTTP response")
     out_headers = {}
     for line in header_lines:
         name, _, value = line.partition(":")

@@ -9,7 +9,8 @@ prefixes, prefetches and plain generations (``.workload``) while the seeded chao
 After ``--minutes`` the traffic stops (the sessions in flight are read to their end), the
 replicas the IS lists are verified (``.report``) and one JSON object is printed on stdout:
 
-``sessions`` (started, finished, failed, refused), ``generations``, ``prefetches`` (by directive
+``sessions`` (started at the front end, resubmissions included; finished, failed, refused,
+resubmitted), ``generations``, ``prefetches`` (by directive
 state), ``tokens_delivered``, **``tokens_lost``, ``tokens_repeated``, ``tokens_wrong``,
 ``blocks_wrong_digest``** (each must be 0), ``digests`` (the replica check), ``fallbacks`` (the
 instances' engine counters summed over their incarnations: MOQT fallbacks, blocks by source,
@@ -119,7 +120,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "minutes": args.minutes, "seed": args.seed, "instances": args.instances, "clients": args.clients,
         "sessions": {"started": t.sessions_started, "finished": t.sessions_finished, "failed": t.sessions_failed,
-                     "refused": t.sessions_refused},
+                     "refused": t.sessions_refused, "resubmitted": t.sessions_resubmitted},
         "generations": {"ok": t.generations_ok, "retried": t.generations_retried, "failed": t.generations_failed},
         "prefetches": dict(t.prefetches),
         "tokens_delivered": t.tokens_delivered,

@@ -20,8 +20,10 @@ that was started (the front end answered 201) and every generation that answered
 * **tokens wrong**: a delivered token that differs from the expected one at its index (KV that
   was not the prompt's, or a wrong token after a resume).
 
-A session the front end refused (no instance could take it) is counted as refused: none of its
-tokens was promised. Each wait is bounded (``session_timeout_s``); the last failure reasons are
+A session that failed before its first token (the blocks it named by key could be loaded nowhere:
+it carries no tokens to recompute them from, §6.8) is started again once with every prompt token,
+as a client would, and counted as resubmitted; a session the front end refused (no instance could
+take it) is counted as refused: none of its tokens was promised. Each wait is bounded (``session_timeout_s``); the last failure reasons are
 kept for the report.
 """
 
@@ -78,6 +80,7 @@ class Tally:
     sessions_finished: int = 0
     sessions_failed: int = 0
     sessions_refused: int = 0
+    sessions_resubmitted: int = 0
     generations_ok: int = 0
     generations_retried: int = 0
     generations_failed: int = 0
@@ -131,6 +134,9 @@ class Workload:
                 self.tally.note(f"{kind}: unexpected {type(exc).__name__}: {exc}")
 
     async def session(self, prompt: str) -> None:
+        """One session; resubmitted once with every prompt token when it failed before its first
+        token (what a client does when the blocks it named by key cannot be loaded anywhere any
+        more: a session that names blocks carries no tokens to recompute them from, §6.8)."""
         t = self.tally
         client = self.client
         ids, keys = client.keys(prompt)
@@ -139,28 +145,45 @@ class Workload:
         except Exception as exc:  # the IS unreachable: start without naming cached blocks
             t.note(f"lookup: {exc}")
             cached = 0
-        request = ClientSessionRequest(
-            compat_id=client.compat_id, scope_id=client.scope_id, prompt_blocks=tuple(keys[:cached]),
-            prompt_tail=tuple(ids[cached * client.block_tokens:]), tokens=len(ids), sampler=GREEDY, max_tokens=MAX_TOKENS)
+        delivered: dict[int, int] = {}
+        for attempt in (1, 2):
+            named = cached if attempt == 1 else 0
+            request = ClientSessionRequest(
+                compat_id=client.compat_id, scope_id=client.scope_id, prompt_blocks=tuple(keys[:named]),
+                prompt_tail=tuple(ids[named * client.block_tokens:]), tokens=len(ids), sampler=GREEDY,
+                max_tokens=MAX_TOKENS)
+            outcome = await self._one_session(request, delivered)
+            if outcome == "refused":
+                return
+            if outcome == "ended" or delivered or named == 0:
+                break
+            t.sessions_resubmitted += 1  # failed before its first token: again, with every token
+        if outcome == "ended":
+            t.sessions_finished += 1
+        else:
+            t.sessions_failed += 1
+        t.score(self.expected[prompt], delivered)
+
+    async def _one_session(self, request: ClientSessionRequest, delivered: dict[int, int]) -> str:
+        """``refused`` (never started), ``ended`` (the stream's end came) or ``failed``;
+        the tokens read go to ``delivered`` (index -> token)."""
+        t = self.tally
         started = time.perf_counter()
         try:
             session = await self.front_end.start(self.cluster.url(self.cluster.frontend), request)
         except Exception as exc:
             t.sessions_refused += 1
             t.note(f"session refused: {exc}")
-            return
+            return "refused"
         t.sessions_started += 1
-        delivered: dict[int, int] = {}
-        ended = False
         try:
             async with asyncio.timeout(self.session_timeout_s):
                 async for item in self.front_end.tokens(self.cluster.url(self.cluster.frontend), session.session):
                     if isinstance(item, StreamEnd):
-                        ended = True
-                        break
+                        return "ended"
                     if isinstance(item, StreamFailed):
                         t.note(f"session {session.session} failed after {item.next} tokens: {item.reason}")
-                        break
+                        return "failed"
                     if not delivered:
                         t.ttft_ms.append((time.perf_counter() - started) * 1e3)
                     if item.index in delivered:
@@ -168,11 +191,7 @@ class Workload:
                     delivered[item.index] = item.token
         except Exception as exc:
             t.note(f"session {session.session}: stream {type(exc).__name__}: {exc}")
-        if ended:
-            t.sessions_finished += 1
-        else:
-            t.sessions_failed += 1
-        t.score(self.expected[prompt], delivered)
+        return "failed"
 
     async def prefetch(self, prompt: str) -> None:
         ids, keys = self.client.keys(prompt)
