@@ -16,6 +16,8 @@ tracks, each under its own five-field namespace:
   is connected again with backoff (``Reconnect.backoff_initial`` doubling up to
   ``backoff_max``) to the same target, and every replica still held is PUBLISH_NAMESPACEd there
   (issue 19: a restarted relay gets the holder's namespaces back).
+  :meth:`MoqtHolder.attach_relay_soon` attaches in the background with the same backoff, for
+  a relay that may be down when the holder starts.
 
 FETCH is served straight from the store's tier buffers (:class:`~.track.BlockTrack`); a block
 still being computed (:meth:`MoqtHolder.begin`) is published layer by layer as it is written.
@@ -168,7 +170,7 @@ class MoqtHolder:
         self.reconnects = 0
         self.dead = 0
         #: Liveness probes and reconnect loops of the relay links.
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         store.add_evict_listener(self._on_evict)
         self._listening = True
 
@@ -215,6 +217,41 @@ class MoqtHolder:
             await session.publish_namespace(track.namespace)
             link.announced.add((track.key, track.replica_id))
         return session
+
+    def attach_relay_soon(self, url: str, config: TransportConfig | None = None, *,
+                          session_config: SessionConfig | None = None,
+                          setup_tokens: Sequence[Token | bytes | str] = (),
+                          receive_limits: ReceiveLimits = DEFAULT_RECEIVE_LIMITS,
+                          reconnect: Reconnect | None = None) -> asyncio.Task[MoqtSession | None]:
+        """:meth:`attach_relay` in the background, for a relay that may be down now (an
+        instance starting while its relay restarts): tried at once, then again after each
+        wait of ``reconnect``'s backoff (``backoff_initial`` doubling up to ``backoff_max``)
+        until it succeeds or the holder closes. Each try is bounded by the transport's
+        ``handshake_timeout``. Until then nothing is announced at that relay
+        (:meth:`is_announced` is False). The task's result: the session (None: closed first)."""
+        reconnect = reconnect or Reconnect()
+
+        async def attach() -> MoqtSession | None:
+            delays, attempt = reconnect.delays(), 0
+            while self._listening:
+                attempt += 1
+                try:
+                    return await self.attach_relay(url, config, session_config=session_config,
+                                                   setup_tokens=setup_tokens,
+                                                   receive_limits=receive_limits, reconnect=reconnect)
+                except Exception as exc:  # unreachable, refused: the next attempt waits longer
+                    link = self._relays.get(url)
+                    if link is not None:  # connected, then an announcement failed: it stays
+                        return link.session
+                    (log.warning if attempt == 1 else log.info)(
+                        "relay %s: cannot attach (attempt %d): %r; trying again", url, attempt, exc)
+                await asyncio.sleep(next(delays))  # the backoff schedule, not a wait for a state
+            return None
+
+        task = asyncio.ensure_future(attach())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def _connect(self, url: str, config: TransportConfig, session_config: SessionConfig | None,
                        setup_tokens: tuple[Token | bytes | str, ...],

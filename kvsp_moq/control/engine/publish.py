@@ -12,7 +12,7 @@ Each new block (a KVB1 container, codec raw, §4.3) goes, independently of the o
   record naming the relay and the replica's namespace goes to the IS (§4.4), so consumers
   FETCH it through the relay, which caches it (binding §7). Those records have a
   :class:`~.client.publisher.ReplicaPublisher` of their own (``moqt_records``: holder = the
-  relay URL, only the replicas the MoqtHolder publishes): refreshed a third of
+  relay URL, only the replicas the relay accepted, so none while it is not attached): refreshed a third of
   ``record_ttl_ms`` before they expire, and withdrawn (DELETE with the namespace) when the
   store evicts the block, as the MoqtHolder withdraws the namespace at the relay (§6.1); so
   no lookup keeps sending readers to a replica that is gone.
@@ -85,7 +85,7 @@ class ComputedBlockPublisher:
             holder = moqt_holder
             self.moqt_records = ReplicaPublisher(
                 store, index, holder_url=relay_url, clock=clock or MonotonicClock(), ttl_ms=record_ttl_ms,
-                refresh_ms=max(1, record_ttl_ms // 3), include=lambda key: holder.track(key) is not None)
+                refresh_ms=max(1, record_ttl_ms // 3), include=lambda key: holder.is_announced(relay_url, key))
         self._refresher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -116,10 +116,14 @@ class ComputedBlockPublisher:
             except Exception as exc:
                 self.counters.publish_errors += 1
                 log.warning("PUT of block %s at %s failed: %s", key.block_key.hex()[:12], self.holder_url, exc)
-        if held and self.moqt_holder is not None and self.moqt_records is not None:
+        if held and self.moqt_holder is not None and self.moqt_records is not None and self.relay_url is not None:
             try:
                 self.moqt_holder.publish(key)
                 await self.moqt_holder.wait_announced()
+                if not self.moqt_holder.is_announced(self.relay_url, key):
+                    # Binding §10: the record names a relay that serves the replica; the
+                    # refresh publishes it once the relay is attached and accepted it.
+                    raise RuntimeError("the relay has not accepted the namespace (not attached yet?)")
                 # Sets the replica's expiry at the holder (MAX_CACHE_DURATION, binding §7).
                 self.moqt_holder.replica_record(key, holder=self.relay_url, ttl_ms=self.record_ttl_ms)
                 if await self._bounded(self.moqt_records, key) is None:

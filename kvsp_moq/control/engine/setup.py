@@ -6,14 +6,24 @@ replica publisher and HTTP clients; this module adds what is MOQT: a
 :class:`~kvsp_moq.bridge.MoqtHolder` on the instance's store attached to the relay as a
 publisher (binding v1), both presenting the instance's token (binding §9) and bounded by
 ``[instance.engine.moqt_limits]`` (``EngineConfig.moqt_limits``, docs/security.md).
+
+The holder attaches to the relay in the background (:class:`RelayAttachment`); the start
+waits for it at most ``moqt_timeout_s``. So an instance whose relay is down at start-up
+(restarting at the same moment) starts and serves — loads over HTTP, recomputes, publishes to
+its store and HTTP holder — and attaches once the relay is back, tried again with the
+``moqt_reconnect_*`` backoff. Its ``moqt://`` records name the relay only
+for replicas the relay accepted (``engine.publish``): none before the attach, then all of them
+at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 from ...bridge import MoqtHolder, MoqtPool
+from ...pubsub import MoqtSession
 from ...storage import BlockStore
 from ...transport import TransportConfig
 from ..client.publisher import IndexClient, ReplicaPublisher
@@ -27,7 +37,9 @@ from .engine import Closeable, DirectiveFinder, InferenceEngine, load_model
 from .loader import Lookup
 from .publish import BlockStorer, ComputedBlockPublisher
 
-__all__ = ["engine_transport", "start_engine"]
+__all__ = ["RelayAttachment", "engine_transport", "start_engine"]
+
+log = logging.getLogger(__name__)
 
 
 def engine_transport(config: EngineConfig, tls: TlsConfig) -> TransportConfig:
@@ -35,6 +47,41 @@ def engine_transport(config: EngineConfig, tls: TlsConfig) -> TransportConfig:
     ``[instance.engine] ca_file`` / ``insecure``, else ``[tls]``'s; verified by default."""
     return tls.transport(ca_file=config.ca_file, insecure=config.insecure,
                          purpose="the MOQT relay and holders of [instance.engine]")
+
+
+class RelayAttachment:
+    """The instance's MoqtHolder attaching to ``[instance.engine] relay_url`` in the
+    background (:meth:`MoqtHolder.attach_relay_soon`: at once, then with the reconnect
+    backoff), then the ``moqt://`` records of every replica it announced there published
+    (the refresh would find them within ``record_ttl_ms / 12``; this does not wait).
+    Closed with the engine."""
+
+    def __init__(self, attaching: asyncio.Task[MoqtSession | None], publisher: ComputedBlockPublisher,
+                 url: str) -> None:
+        self.url = url
+        self.publisher = publisher
+        self.task: asyncio.Task[None] = asyncio.ensure_future(self._run(attaching))
+
+    async def _run(self, attaching: asyncio.Task[MoqtSession | None]) -> None:
+        if await attaching is None:
+            return  # the holder closed first
+        log.info("attached to relay %s: publishing its moqt:// records", self.url)
+        records = self.publisher.moqt_records
+        if records is not None:
+            try:
+                await records.refresh()
+            except Exception as exc:  # the IS: its own refresh loop retries
+                log.warning("moqt:// records after attaching to %s: %r (retried by the refresh)", self.url, exc)
+
+    async def wait(self, timeout: float) -> bool:
+        """Until attached and its records published, at most ``timeout`` seconds (the start's
+        wait for a relay that is up); False: not yet (it goes on in the background)."""
+        done, _ = await asyncio.wait({self.task}, timeout=timeout)
+        return bool(done)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def start_engine(
@@ -56,7 +103,7 @@ async def start_engine(
     clock: Clock | None = None,
 ) -> InferenceEngine:
     """Load the model (in a thread: reading the weights and importing torch take a while)
-    and connect to the relay when one is configured. ``owned`` are closed with the engine
+    and attach to the relay in the background when one is configured. ``owned`` are closed with the engine
     (the prefetch executor's counting MOQT retriever and its session pool). ``tls``: the
     process's ``[tls]`` section, for what ``[instance.engine]`` does not set. ``clock``: the
     instance's, for the TTLs of the ``moqt://`` records (default: the monotonic clock)."""
@@ -65,28 +112,38 @@ async def start_engine(
     transport = engine_transport(config, tls or TlsConfig())
     pool: MoqtPool | None = None
     moqt_holder: MoqtHolder | None = None
+    tokens = (token,) if token else ()
     if config.relay_url is not None:
-        tokens = (token,) if token else ()
         pool = MoqtPool(transport, connect_timeout=config.moqt_timeout_s, setup_tokens=tokens,
                         receive_limits=config.moqt_limits, reconnect=config.moqt_reconnect)
         moqt_holder = MoqtHolder(store, ttl_ms=config.record_ttl_ms)
-        try:
-            await moqt_holder.attach_relay(config.relay_url, transport, setup_tokens=tokens,
-                                           receive_limits=config.moqt_limits,
-                                           reconnect=config.moqt_reconnect)
-        except BaseException:
-            await moqt_holder.close()
-            await pool.close()
-            raise
     publisher = ComputedBlockPublisher(
         store=store, counters=counters, publisher=replica_publisher, holder_url=config.holder_url, storer=storer,
         moqt_holder=moqt_holder, relay_url=config.relay_url, index=index_publisher, record_ttl_ms=config.record_ttl_ms,
         clock=clock, index_timeout_s=config.index_timeout_s,
     )
     publisher.start()  # the moqt:// records' refresh, stopped when the engine closes
+    attached: tuple[RelayAttachment, ...] = ()
+    if moqt_holder is not None and config.relay_url is not None:
+        attachment = RelayAttachment(moqt_holder.attach_relay_soon(
+            config.relay_url, transport, setup_tokens=tokens, receive_limits=config.moqt_limits,
+            reconnect=config.moqt_reconnect), publisher, config.relay_url)
+        attached = (attachment,)
+        try:
+            up = await attachment.wait(config.moqt_timeout_s)
+        except BaseException:  # the start was cancelled: nothing is left running
+            await attachment.close()
+            await publisher.close()
+            await moqt_holder.close()
+            if pool is not None:
+                await pool.close()
+            raise
+        if not up:
+            log.warning("relay %s not attached within moqt_timeout_s (%g s): serving without it, "
+                        "attaching in the background", config.relay_url, config.moqt_timeout_s)
     return InferenceEngine(
         config=config, bundle=bundle, store=store, lifecycle=lifecycle, index=index, fetcher=fetcher,
         publisher=publisher, url=url, pool=pool, moqt_holder=moqt_holder, directives=directives, counters=counters,
-        owned=(*owned, publisher),
+        owned=(*owned, *attached, publisher),
     )
 
