@@ -291,18 +291,24 @@ class SessionSender:
         self._handing = True
         try:
             while not self.closed and (room := self.room()) > 0:
-                got = self.schedule.next(room)
-                if got is None:
+                if not self._hand_next(room):
                     return
-                flow, sid, data, fin = got
-                out = flow.owner
-                assert isinstance(out, RequestOut)
-                self.hand(out, sid, data, fin)
-                if flow.idle:
-                    out.maybe_idle()
         finally:
             self._handing = False
         self.kick()
+
+    def _hand_next(self, room: int) -> bool:
+        """Hand the Schedule's next piece (at most ``room`` octets) to QUIC; False when none waits."""
+        got = self.schedule.next(room)
+        if got is None:
+            return False
+        flow, sid, data, fin = got
+        out = flow.owner
+        assert isinstance(out, RequestOut)
+        self.hand(out, sid, data, fin)
+        if flow.idle:
+            out.maybe_idle()
+        return True
 
     def kick(self) -> None:
         if self._task is None and not self.closed and self.schedule.backlog:
@@ -315,15 +321,8 @@ class SessionSender:
                 if room <= 0:
                     await self._wait_room()
                     continue
-                got = self.schedule.next(room)
-                if got is None:
+                if not self._hand_next(room):
                     break
-                flow, sid, data, fin = got
-                out = flow.owner
-                assert isinstance(out, RequestOut)
-                self.hand(out, sid, data, fin)
-                if flow.idle:
-                    out.maybe_idle()
         except ConnectionClosedError:
             self.close()
         except Exception:  # pragma: no cover - a bug: do not leave the session wedged
