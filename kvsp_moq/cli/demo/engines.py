@@ -85,17 +85,6 @@ def interrupts_as_keyboard_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _children(pid: int) -> list[Any]:
-    """The processes below ``pid`` (``psutil``, which vLLM requires), to kill what a killed
-    engine leaves behind; [] where it cannot tell."""
-    try:
-        psutil: Any = importlib.import_module("psutil")
-        children: list[Any] = psutil.Process(pid).children(recursive=True)
-        return children
-    except Exception:  # no psutil, or the engine has exited
-        return []
-
-
 def model_vocab(model_dir: Path) -> int:
     """``vocab_size`` of a Hugging Face model directory's ``config.json``."""
     try:
@@ -219,12 +208,11 @@ class VllmPlane:
     # -- the end ------------------------------------------------------------------------------------
     def close(self, *, interrupted: bool = False) -> None:
         """Stop everything (module notes); safe to call twice."""
-        def stop(engine: EngineProcess) -> None:
-            children = _children(engine.process.pid)
-            engine.close(timeout=10.0 if interrupted else ENGINE_STOP_S)
-            for child in children:  # vLLM's engine core, left behind if the engine was killed
-                with contextlib.suppress(Exception):
-                    child.kill()
+        def stop(engine: EngineProcess) -> None:  # with vLLM's engine core: its process group
+            try:
+                engine.close(timeout=10.0 if interrupted else ENGINE_STOP_S)
+            except RuntimeError as exc:
+                self.progress(f"{engine.name}: {exc}")
 
         def stop_plane() -> None:
             if self._loop is not None:

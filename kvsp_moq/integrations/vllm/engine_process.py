@@ -11,6 +11,12 @@ it many requests. ``python -m kvsp_moq.integrations.vllm.engine_process SPEC_JSO
 
 Greedy decoding (temperature 0, ``ignore_eos``). vLLM's own logs go to stderr.
 :class:`EngineProcess` starts and drives one from the parent, every wait bounded.
+
+Each engine runs in a process group of its own: vLLM starts its engine core (and, on some
+builds, workers) as child processes, which outlive an engine that is killed while it starts.
+:meth:`EngineProcess.close` therefore ends the whole group, and waits (bounded) until none of
+its processes is left, zombies aside. A terminal's Ctrl-C reaches only the parent, which closes
+each engine's stdin: the engine's own way to stop.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -87,7 +95,8 @@ class EngineProcess:
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(spec.kv_cache_gib), **spec.env)
         self.process = subprocess.Popen(
             [python, "-m", "kvsp_moq.integrations.vllm.engine_process", json.dumps(asdict(spec))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, bufsize=1)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, bufsize=1,
+            process_group=0)  # its own group (module notes)
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
         self._reader.start()
@@ -133,6 +142,8 @@ class EngineProcess:
         return answer
 
     def close(self, timeout: float = 60.0) -> None:
+        """Close stdin and give the engine ``timeout`` s to exit, then kill it; then kill what is
+        left of its process group (module notes). Safe to call twice."""
         if self.process.poll() is None:
             assert self.process.stdin is not None
             try:
@@ -141,6 +152,56 @@ class EngineProcess:
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait(10)
+        _end_group(self.process.pid, GROUP_EXIT_S)
+
+
+#: Bound (s) on the exit of the processes left in an engine's group once they are sent SIGKILL.
+GROUP_EXIT_S = 10.0
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from ``/proc`` (Linux: vLLM's
+    CPU and CUDA builds both run there); [] where ``/proc`` cannot be read."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(name))
+    return members
+
+
+def _end_group(pgid: int, timeout: float) -> None:
+    """SIGKILL to every process left in group ``pgid``, then wait until none is alive (each
+    waited on through a pidfd, readable once it has exited; bounded: RuntimeError after
+    ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while members := _group_members(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:  # the group emptied meanwhile
+            return
+        for pid in members:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # gone already
+                continue
+            try:
+                left = max(0.0, deadline - time.monotonic())
+                select.select([fd], [], [], left)
+            finally:
+                os.close(fd)
+        if time.monotonic() > deadline and _group_members(pgid):
+            raise RuntimeError(f"processes {members} of engine group {pgid} still alive {timeout} s after SIGKILL")
 
 
 def main() -> None:
