@@ -114,9 +114,26 @@ def _netns() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+def _live_shaper_tags() -> set[str]:
+    """The device tags (``pid % 100000``, shaper.py) of the TUN shapers running now."""
+    tags = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"kvsp_moq.cli.bench.wan.shaper" in cmdline:
+            tags.add(str(int(entry.name) % 100_000))
+    return tags
+
+
 def _tun_devices() -> set[str]:
+    """The shapers' TUN devices (``kvtun{tag}a``/``b``) in this namespace, except those of a
+    shaper still running: another test's (tests/test_bbr_transfer.py runs beside this module)."""
     out = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.startswith("kvtun")}
+    devices = {line.split()[0].split("@")[0] for line in out.splitlines() if line.startswith("kvtun")}
+    live = _live_shaper_tags()
+    return {d for d in devices if d.removeprefix("kvtun")[:-1] not in live}
 
 
 @pytest.fixture

@@ -159,8 +159,10 @@ def _run_recorded(python: Path | str, args: list[str], tmp_path: Path, name: str
     out = tmp_path / f"{name}.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), **{BACKEND_ENV: "aiopquic"})
     env.pop("PYTEST_ADDOPTS", None)
+    # "-o addopts=": in one process, without the suite's xdist workers (pyproject.toml), which
+    # the aiopquic venv does not install and whose items the recorder would not see.
     proc = subprocess.run([str(python), "-c", _RECORDER, str(out), "-q", "-p",
-                           "no:cacheprovider", *args], cwd=ROOT, env=env, capture_output=True,
+                           "no:cacheprovider", "-o", "addopts=", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(out.read_text())
