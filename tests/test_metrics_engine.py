@@ -52,3 +52,20 @@ async def test_engine_counters_by_source_fallbacks_and_ttft(cluster: Cluster) ->
     assert mb[("kvsp_engine_ttft_seconds_sum", ())] == pytest.approx(sum(counters.ttft_ms) / 1000)
     # the instance's own metrics are served beside the engine's
     assert mb[("kvsp_instance_state", (("state", "active"),))] == 1
+
+
+def test_ttft_durations_stay_bounded_and_the_histogram_counts_all_of_them() -> None:
+    """A long-lived instance's times to first token: the histogram counts every request (the
+    same buckets as from the whole list, at and under each bound), the JSON keeps the latest."""
+    from kvsp_moq.control.common.metrics import DURATION_BUCKETS
+    from kvsp_moq.control.engine.counters import RECENT_DURATIONS, Durations
+
+    values = [(i * 7919 % 120_001) / 2 for i in range(3 * RECENT_DURATIONS)]  # 0 ... 60 s, bounds included
+    values += [b * 1000 for b in DURATION_BUCKETS] + [90_000.0]
+    d = Durations()
+    for v in values:
+        d.append(v)
+    assert d.count == len(values) and d.sum_ms == pytest.approx(sum(values))
+    assert list(d) == values[-RECENT_DURATIONS:] and len(d) == RECENT_DURATIONS
+    want = [sum(1 for v in values if v / 1000 <= b) for b in DURATION_BUCKETS] + [len(values)]
+    assert d.cumulative() == want

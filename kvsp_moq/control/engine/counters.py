@@ -12,8 +12,10 @@ retriever and HTTP fetcher to count what directives load.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +24,13 @@ from ...kvsp.records import ReplicaRecord
 from ...pubsub.limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from ...storage import BlockStore, RecordKey
 from ...transport import TransportConfig
+from ..common.metrics import DURATION_BUCKETS
 from ..client.retrieval import BlockFetcher, Landed, MoqtRetriever, Retrieved, retrieve_via_moqt
 
-__all__ = ["CountingFetcher", "CountingRetriever", "EngineCounters", "Transfer", "kv_octets"]
+__all__ = ["CountingFetcher", "CountingRetriever", "Durations", "EngineCounters", "Transfer", "kv_octets"]
+
+#: Durations kept one by one (the JSON's list): the latest ones; older ones stay in the totals.
+RECENT_DURATIONS = 1000
 
 
 def kv_octets(retrieved: Retrieved) -> int:
@@ -48,6 +54,40 @@ class Transfer:
 
     def to_json(self) -> dict[str, int]:
         return {"blocks": self.blocks, "octets": self.octets}
+
+
+class Durations:
+    """Durations (ms) of a long-lived instance's requests in bounded memory: the count, the sum
+    and the cumulative counts of :data:`DURATION_BUCKETS` over all of them (the histogram at
+    ``GET {ii}metrics``), and the latest :data:`RECENT_DURATIONS` one by one, oldest first
+    (iterating yields those)."""
+
+    def __init__(self, recent: int = RECENT_DURATIONS) -> None:
+        self.count = 0
+        self.sum_ms = 0.0
+        #: per bucket of DURATION_BUCKETS (seconds), the durations at or under it: not cumulative
+        self._in_bucket = [0] * (len(DURATION_BUCKETS) + 1)
+        self._recent: deque[float] = deque(maxlen=recent)
+
+    def append(self, ms: float) -> None:
+        self.count += 1
+        self.sum_ms += ms
+        self._in_bucket[bisect.bisect_left(DURATION_BUCKETS, ms / 1000)] += 1
+        self._recent.append(ms)
+
+    def cumulative(self) -> list[int]:
+        """For each bound of DURATION_BUCKETS, then +Inf: how many durations were at or under it."""
+        out, total = [], 0
+        for n in self._in_bucket:
+            total += n
+            out.append(total)
+        return out
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._recent)
+
+    def __len__(self) -> int:
+        return len(self._recent)
 
 
 @dataclass
@@ -83,8 +123,8 @@ class EngineCounters:
     published_holder: int = 0
     published_moqt: int = 0
     publish_errors: int = 0
-    #: Time to first token of each request (ms), in order.
-    ttft_ms: list[float] = field(default_factory=list)
+    #: Time to first token of each request (ms): totals, and the latest ones in order.
+    ttft_ms: Durations = field(default_factory=Durations)
     #: Seconds spent in prefill and decode, for the measured rates of the status record (§6.3).
     prefill_s: float = 0.0
     decode_s: float = 0.0

@@ -9,13 +9,12 @@ Served by the instance that runs the engine (``GET {ii}metrics``). Labels take f
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from ..common.metrics import DURATION_BUCKETS, counter_family, gauge_family
-from .counters import EngineCounters
+from .counters import Durations, EngineCounters
 
 __all__ = ["engine_families"]
 
@@ -62,16 +61,16 @@ def engine_families(counters: EngineCounters) -> Iterable[Metric]:
     rate = c.decode_rate()
     yield gauge_family("kvsp_engine_decode_tokens_per_second", "Measured decode rate (§6.3 status)", (),
                        [((), rate if rate is not None else float("nan"))])
-    yield _histogram("kvsp_engine_ttft_seconds", "Time to first token of each request", [t / 1000 for t in c.ttft_ms])
+    yield _histogram("kvsp_engine_ttft_seconds", "Time to first token of each request", c.ttft_ms)
 
 
-def _histogram(name: str, documentation: str, values: list[float]) -> HistogramMetricFamily:
-    """A histogram of ``values`` over :data:`DURATION_BUCKETS` (computed at scrape time)."""
-    ordered = sorted(values)
-    buckets = [(_le(bound), float(bisect.bisect_right(ordered, bound))) for bound in DURATION_BUCKETS]
-    buckets.append(("+Inf", float(len(ordered))))
+def _histogram(name: str, documentation: str, durations: Durations) -> HistogramMetricFamily:
+    """The histogram of ``durations`` over :data:`DURATION_BUCKETS` (kept as it goes, in seconds)."""
+    counts = durations.cumulative()
+    buckets = [(_le(bound), float(n)) for bound, n in zip(DURATION_BUCKETS, counts, strict=False)]
+    buckets.append(("+Inf", float(counts[-1])))
     family = HistogramMetricFamily(name, documentation)
-    family.add_metric([], buckets, sum_value=sum(ordered))
+    family.add_metric([], buckets, sum_value=durations.sum_ms / 1000)
     return family
 
 
