@@ -256,8 +256,10 @@ def _toml(value: Any) -> str:
 
 
 def instance_toml(*, tokens: Mapping[str, str], token: str, index_url: str, pc_url: str, relay_url: str,
-                  holder_url: str, model_dir: str, block_tokens: int, scope_key_file: str, ca_file: str) -> str:
-    """The configuration of one demo instance (docs/http-api.md "Configuration", [instance.engine])."""
+                  holder_url: str, model_dir: str, block_tokens: int, scope_key_file: str, ca_file: str,
+                  records_journal: str | None = None) -> str:
+    """The configuration of one demo instance (docs/http-api.md "Configuration", [instance.engine]);
+    ``records_journal`` for an instance that is restarted (``kvsp soak``: §6.1, client/journal.py)."""
     lines: list[str] = []
     for role, tok in tokens.items():
         lines += ["[[principals]]", f"name = {_toml(role)}", f"token = {_toml(tok)}",
@@ -274,6 +276,7 @@ def instance_toml(*, tokens: Mapping[str, str], token: str, index_url: str, pc_u
         f"pc_url = {_toml(pc_url)}",
         f"token = {_toml(token)}",
         "status_ttl_ms = 3000",
+        *([f"records_journal = {_toml(records_journal)}"] if records_journal else []),
         f"tiers = [{{kind = \"host\", capacity = {256 * MiB}}}]",
         f"links = [{{holder = {_toml(relay_url)}, mbit_per_s = {RELAY_LINK[0]}, rtt_us = {RELAY_LINK[1]}}}, "
         f"{{holder = {_toml(holder_url)}, mbit_per_s = {HTTP_LINK[0]}, rtt_us = {HTTP_LINK[1]}}}]",

@@ -243,7 +243,8 @@ async def start_soak_cluster(workdir: Path, *, descriptor: Mapping[str, Any], mo
     (workdir / "holder-disk").mkdir(exist_ok=True)
     holder = _http_role("holder", "holder", ports["holder"], config("holder", (
         f'[holder]\nindex_url = "{base["index"]}"\nindex_token = "{tokens["holder"]}"\n'
-        f'tiers = [{{kind = "disk", capacity = {256 * MiB}, path = "holder-disk"}}]\n')),
+        f'tiers = [{{kind = "disk", capacity = {256 * MiB}, path = "holder-disk"}}]\n'
+        'records_journal = "holder-records.jsonl"\n')),
         workdir)
     frontend = _http_role("frontend", "frontend", ports["frontend"], config("frontend", (
         f'[frontend]\npc_url = "{base["pc"]}"\npc_token = "{tokens["frontend"]}"\n')), workdir)
@@ -263,7 +264,9 @@ async def start_soak_cluster(workdir: Path, *, descriptor: Mapping[str, Any], mo
         text = instance_toml(tokens={}, token=tokens[name], index_url=base["index"], pc_url=base["pc"],
                              relay_url=relay_urls[(n - 1) % 2], holder_url=base["holder"], model_dir=model_dir,
                              block_tokens=int(descriptor["block_tokens"]), scope_key_file=str(key_file),
-                             ca_file=str(tls.ca_file))
+                             ca_file=str(tls.ca_file),
+                             # a killed instance's next run withdraws the records of what it lost (§6.1)
+                             records_journal=f"{name}-records.jsonl")
         roles.append(Role(name, [sys.executable, "-m", "kvsp_moq", "instance", "--listen", f"127.0.0.1:{free_port()}",
                                  "--config", str(config(name, text))],
                           {"url": r"kvsp instance: listening on (\S+)"}, workdir))

@@ -30,6 +30,10 @@ record with DELETE before or immediately after evicting the replica" (§6.1).
 - One asyncio lock per block key orders a publication and a withdrawal of the same key: an
   HTTP holder's replicas of one block share one record identity (its holder URL), so a
   pending DELETE must not overtake, or be overtaken by, a PUT of the next replica.
+- Withdrawal after a restart: with a :class:`~.journal.RecordJournal`, every record is listed
+  in a file from its first PUT until its withdrawal; :meth:`~ReplicaPublisher.withdraw_previous`,
+  run at start, withdraws what the last run listed and this store no longer holds (a memory
+  tier's replicas are all gone after a restart; a disk tier's recovered ones stay published).
 
 The IS is reached through :class:`IndexClient`, a small transport-neutral interface
 (``client.http.HttpIndexClient`` implements it over HTTP).
@@ -48,8 +52,14 @@ from typing import Protocol
 from ...kvsp.records import ReplicaRecord
 from ...storage import BlockStore, RecordKey, ReplicaInfo
 from ..common.clock import Clock
+from .journal import JournalEntry, RecordJournal
 
-__all__ = ["DEFAULT_BATCH", "IndexClient", "IndexRefused", "IndexUnreachable", "ReplicaPublisher"]
+__all__ = ["DEFAULT_BATCH", "IndexClient", "IndexRefused", "IndexUnreachable", "PREVIOUS_WAIT_S", "ReplicaPublisher",
+           "start_withdrawing_previous", "withdraw_previous_logged"]
+
+#: How long a role's start waits for the withdrawal of the last run's records before it serves
+#: (the rest goes on in the background: an unreachable IS must not hold up the start).
+PREVIOUS_WAIT_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +116,11 @@ class ReplicaPublisher:
         retry_max_ms: int = 10_000,
         batch_size: int = DEFAULT_BATCH,
         include: Callable[[RecordKey], bool] | None = None,
+        journal: RecordJournal | None = None,
     ) -> None:
         self.store = store
+        #: The file listing the records that may be at the IS (module notes), or None.
+        self.journal = journal
         #: Which of the store's replicas this publisher refreshes on its own (None: all). A
         #: publisher of ``moqt://`` records through a relay includes only the replicas its
         #: MoqtHolder publishes (``engine.publish``); an explicit :meth:`publish` is always sent.
@@ -169,6 +182,7 @@ class ReplicaPublisher:
                 entry.published_ms = now
                 return record
             entry.attempted = True
+            self._journal_put(key, info.replica_id)
             try:
                 stored = await self.client.publish(record)
             except (IndexUnreachable, IndexRefused) as exc:
@@ -226,6 +240,7 @@ class ReplicaPublisher:
                     entry = _Published(info.replica_id, now + self.ttl_ms, None, False)
                     self._entries[key] = entry
                 entry.attempted = True
+                self._journal_put(key, info.replica_id)
                 items.append((info, entry))
             if not items:
                 return 0
@@ -312,26 +327,68 @@ class ReplicaPublisher:
         if entry is not None and entry.replica_id == replica_id:
             entry.published_ms = None  # due at the next refresh
 
+    def _identity(self, key: RecordKey, replica_id: bytes) -> tuple[str, str | None]:
+        """The holder and ``moqt_namespace`` naming this replica's record at the IS (§6.1)."""
+        holder = self.holder_url
+        namespace = key.block_name(replica_id).moqt_namespace() if holder.startswith("moqt:") else None
+        return holder, namespace
+
+    def _journal_put(self, key: RecordKey, replica_id: bytes) -> None:
+        if self.journal is not None:
+            self.journal.put(key, *self._identity(key, replica_id), replica_id)
+
     async def _withdraw_until_done(self, key: RecordKey, entry: _Published) -> None:
+        holder, namespace = self._identity(key, entry.replica_id)
+        async with self._lock(key):
+            await self._withdraw_record(key, holder, namespace, entry.expires_ms)
+
+    async def _withdraw_record(self, key: RecordKey, holder: str, namespace: str | None, expires_ms: int) -> None:
+        """DELETE one record, retrying with backoff while the IS is unreachable and the record
+        has not expired there (the caller holds the key's lock); then it leaves the journal."""
         assert self.client is not None
         delay = self.retry_ms
-        holder = self.holder_url
-        namespace = key.block_name(entry.replica_id).moqt_namespace() if holder.startswith("moqt:") else None
-        async with self._lock(key):
-            while True:
-                try:
-                    await self.client.withdraw(key, holder, namespace)
-                    return
-                except IndexRefused as exc:
-                    log.error("the index refused to withdraw %s: %s", key, exc)
-                    return
-                except IndexUnreachable as exc:
-                    if self.clock.now_ms() >= entry.expires_ms:
-                        log.warning("withdrawal of %s abandoned: its record has expired at the index", key)
-                        return
-                    log.warning("withdrawal of %s failed (%s); retrying in %d ms", key, exc, delay)
-                await asyncio.sleep(delay / 1000)
-                delay = min(delay * 2, self.retry_max_ms)
+        while True:
+            try:
+                await self.client.withdraw(key, holder, namespace)
+                break
+            except IndexRefused as exc:
+                log.error("the index refused to withdraw %s: %s", key, exc)
+                break
+            except IndexUnreachable as exc:
+                if self.clock.now_ms() >= expires_ms:
+                    log.warning("withdrawal of %s abandoned: its record has expired at the index", key)
+                    break
+                log.warning("withdrawal of %s failed (%s); retrying in %d ms", key, exc, delay)
+            await asyncio.sleep(delay / 1000)
+            delay = min(delay * 2, self.retry_max_ms)
+        if self.journal is not None:
+            self.journal.delete(key, holder, namespace)
+
+    async def withdraw_previous(self) -> int:
+        """§6.1 after a restart: withdraw every record the journal lists from the last run whose
+        replica this store no longer holds, retrying while the IS is unreachable for up to one
+        record TTL (``ttl_ms``: by then the IS has dropped them anyway). A replica still held
+        (recovered from a disk tier) keeps its record, and so does an HTTP record whose block
+        this store holds another replica of: the two share the record's identity, and the
+        refresh publishes the new one. How many DELETEs were sent."""
+        if self.journal is None or self.client is None:
+            return 0
+        expires_ms = self.clock.now_ms() + self.ttl_ms
+        sent = 0
+        for old in list(self.journal.previous):
+            async with self._lock(old.key):
+                if self._still_held(old):
+                    continue
+                await self._withdraw_record(old.key, old.holder, old.moqt_namespace, expires_ms)
+                sent += 1
+        self.journal.previous = []
+        return sent
+
+    def _still_held(self, old: JournalEntry) -> bool:
+        info = self.store.get(old.key)
+        if info is None:
+            return False
+        return info.replica_id == old.replica_id or (old.moqt_namespace is None and old.holder == self.holder_url)
 
     def _lock(self, key: RecordKey) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -354,3 +411,28 @@ class ReplicaPublisher:
     def close(self) -> None:
         self.store.remove_evict_listener(self._on_evict)
         self.store.remove_residency_listener(self._on_residency)
+
+
+async def withdraw_previous_logged(publisher: ReplicaPublisher) -> None:
+    """:meth:`ReplicaPublisher.withdraw_previous`, said in the log (a warning: the last run ended
+    without withdrawing them, so it was killed or crashed); what a role runs in the background
+    once it serves. A failure is logged (the records expire at the IS anyway)."""
+    try:
+        sent = await publisher.withdraw_previous()
+    except Exception:  # a background step: logged, never raised into the event loop
+        log.exception("withdrawing the records of the last run failed; they expire at the index")
+        return
+    if sent:
+        log.warning("withdrew %d Replica Record(s) left at the index by the last run for replicas "
+                    "this store no longer holds (kvsp-draft 6.1)", sent)
+
+
+async def start_withdrawing_previous(publisher: ReplicaPublisher) -> asyncio.Task[None]:
+    """Start :func:`withdraw_previous_logged` and wait for it up to :data:`PREVIOUS_WAIT_S`:
+    with the IS up, the last run's stale records are gone before the role serves. The task
+    (done, or still retrying), for the caller to cancel at its close."""
+    task = asyncio.create_task(withdraw_previous_logged(publisher), name="withdraw the last run's records")
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), PREVIOUS_WAIT_S)
+    return task
+

@@ -154,6 +154,10 @@ class HolderConfig(StoreSettings):
     index_url: str | None = None
     index_token: str | None = None
     record_ttl_ms: int = 60_000
+    #: §6.1: a file listing the Replica Records the holder may have at the IS, so that a
+    #: restart withdraws those of the replicas it lost (client/journal.py); none: they stay
+    #: listed until their TTL.
+    records_journal: str | None = None
     #: How often records are refreshed; 0: a third of ``record_ttl_ms``.
     refresh_interval_ms: int = 0
     #: First retry delay of a failed withdrawal (doubles up to ``withdraw_retry_max_ms``).
@@ -197,7 +201,7 @@ class HolderConfig(StoreSettings):
         relays = self.moqt_relays
         if not isinstance(relays, tuple) or not all(isinstance(u, str) and u.startswith("moqt://") for u in relays):
             raise ConfigError("holder.moqt_relays", "must be an array of moqt:// URLs")
-        for name in ("moqt_token", "moqt_ca_file"):
+        for name in ("moqt_token", "moqt_ca_file", "records_journal"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(f"holder.{name}", "must be a string")
         if self.moqt_insecure is not None and not isinstance(self.moqt_insecure, bool):
@@ -366,6 +370,10 @@ class InstanceConfig:
     report_interval_ms: int = 0
     #: §6.3 epoch: a file holding a counter incremented at each start; none: start time in ms.
     epoch_file: str | None = None
+    #: §6.1: a file listing the Replica Records this instance may have at the IS, so that a
+    #: restart withdraws those of the replicas it lost (client/journal.py); none: they stay
+    #: listed until their TTL.
+    records_journal: str | None = None
     #: §6.3 "MAY ask to sleep": idle (nothing running or queued) this long; 0 = never ask.
     sleep_after_idle_ms: int = 0
     record_ttl_ms: int = 60_000
@@ -414,6 +422,9 @@ class InstanceConfig:
         for name in ("url", "pc_url", "index_url"):
             _check_url("instance", name, getattr(self, name))
         _check_pc_urls("instance", self)
+        for name in ("epoch_file", "records_journal"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"instance.{name}", "must be a string (a file path)")
         _check_ints("instance", self, (
             ("status_ttl_ms", 3), ("report_interval_ms", 0), ("sleep_after_idle_ms", 0), ("record_ttl_ms", 1),
             ("max_body_octets", 1024), ("max_directives", 1), ("max_running_directives", 1), ("prefetch_blocks_in_flight", 1), ("max_sessions", 1), ("batch_size", 0),
@@ -569,8 +580,9 @@ def _instance_config(section: object, base_dir: Path) -> InstanceConfig:
         if not isinstance(links, list):
             raise ConfigError("instance.links", "must be an array of tables")
         values["links"] = tuple(LinkConfig(**_known(l, f"instance.links[{i}]", LinkConfig)) for i, l in enumerate(links))
-    if isinstance(values.get("epoch_file"), str):
-        values["epoch_file"] = str(base_dir / values["epoch_file"])
+    for name in ("epoch_file", "records_journal"):
+        if isinstance(values.get(name), str):
+            values[name] = str(base_dir / values[name])
     if "engine" in values:
         values["engine"] = engine_config_from_mapping(values["engine"], base_dir)
     return InstanceConfig(**values)
@@ -593,8 +605,9 @@ def _holder_config(section: object, base_dir: Path) -> HolderConfig:
         values["tiers"] = tuple(_tier_config(t, f"holder.tiers[{i}]", base_dir) for i, t in enumerate(tiers))
     if isinstance(values.get("moqt_relays"), list):
         values["moqt_relays"] = tuple(values["moqt_relays"])
-    if isinstance(values.get("moqt_ca_file"), str):
-        values["moqt_ca_file"] = str(base_dir / values["moqt_ca_file"])
+    for name in ("moqt_ca_file", "records_journal"):
+        if isinstance(values.get(name), str):
+            values[name] = str(base_dir / values[name])
     return HolderConfig(**values)
 
 

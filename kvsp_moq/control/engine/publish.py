@@ -85,7 +85,9 @@ class ComputedBlockPublisher:
             holder = moqt_holder
             self.moqt_records = ReplicaPublisher(
                 store, index, holder_url=relay_url, clock=clock or MonotonicClock(), ttl_ms=record_ttl_ms,
-                refresh_ms=max(1, record_ttl_ms // 3), include=lambda key: holder.is_announced(relay_url, key))
+                refresh_ms=max(1, record_ttl_ms // 3), include=lambda key: holder.is_announced(relay_url, key),
+                # the store publisher's journal: its withdraw_previous covers these records too
+                journal=publisher.journal if publisher is not None else None)
         self._refresher: asyncio.Task[None] | None = None
 
     def start(self) -> None:

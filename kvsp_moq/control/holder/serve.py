@@ -12,7 +12,8 @@ from aiohttp import web
 
 from ...storage import BlockStore
 from ..client.http import HttpIndexClient
-from ..client.publisher import IndexClient, ReplicaPublisher
+from ..client.journal import RecordJournal
+from ..client.publisher import IndexClient, ReplicaPublisher, start_withdrawing_previous
 from ..common.clock import Clock, MonotonicClock
 from ..common.config import ControlConfig, HolderConfig
 from ..common.errors import StoreUnavailable
@@ -97,6 +98,7 @@ async def serve_holder(
     publisher = ReplicaPublisher(
         store, index_client, holder_url=url, clock=clock, ttl_ms=hc.record_ttl_ms, refresh_ms=hc.refresh_ms,
         retry_ms=hc.withdraw_retry_ms, retry_max_ms=hc.withdraw_retry_max_ms,
+        journal=RecordJournal(hc.records_journal) if hc.records_journal else None,
     )
     limits = LeaseLimits(hc.max_lease_ttl_ms, hc.max_leased_octets, hc.max_leases, hc.max_lease_keys)
     leases = LeaseManager(store, clock, limits, leases=open_lease_store(hc), lease_clock=lease_clock)
@@ -112,6 +114,8 @@ async def serve_holder(
     app = build_app(auth=config.auth, routes=[*HolderRoutes(service, hc).routes(),
                                               *metrics_routes(hc.base_path, service.metrics, public=hc.metrics_public)])
     app[HOLDER_SERVICE] = service
+
+    previous: list[asyncio.Task[None]] = []  # start_withdrawing_previous, once the URL is known
 
     async def background(app: web.Application) -> AsyncIterator[None]:
         async def loop() -> None:
@@ -134,9 +138,9 @@ async def serve_holder(
 
         task = asyncio.create_task(loop())
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for t in (task, *previous):
+            t.cancel()
+        await asyncio.gather(task, *previous, return_exceptions=True)
         try:  # withdrawals in flight: give them a moment, not the records' whole TTL
             await asyncio.wait_for(publisher.flush(), 5)
         except asyncio.TimeoutError:
@@ -155,4 +159,6 @@ async def serve_holder(
     await publisher.refresh()  # replicas already in the store (recovered from disk)
     if moqt is not None:
         await moqt.refresh()
+    # §6.1: what the last run published and this store lost (a memory tier's) is withdrawn.
+    previous.append(await start_withdrawing_previous(publisher))
     return server

@@ -29,7 +29,8 @@ from ..client.http import (
     HttpPcClient,
     HttpShardFetcher,
 )
-from ..client.publisher import ReplicaPublisher
+from ..client.journal import RecordJournal
+from ..client.publisher import ReplicaPublisher, start_withdrawing_previous
 from ..client.moqt import retrieve_block
 from ..client.retrieval import BlockFetcher, MoqtRetriever
 from ..common.clock import MonotonicClock, Timer
@@ -98,8 +99,9 @@ async def serve_instance(
     fetcher = HttpBlockFetcher(ic.token, read_timeout_s=ic.block_read_timeout_ms / 1000, tls=tls)
     owned.append(leases)
     url = BoundUrl(ic.url)
+    journal = RecordJournal(ic.records_journal) if ic.records_journal else None
     publisher = ReplicaPublisher(store, index_client, holder_url=url, clock=timer, ttl_ms=ic.record_ttl_ms,
-                                 refresh_ms=max(1, ic.record_ttl_ms // 3))
+                                 refresh_ms=max(1, ic.record_ttl_ms // 3), journal=journal)
     replicas = index_client if index_client is not None else _NoIndex()
     # [instance.engine]: what directives load is counted with what requests load (engine/counters.py).
     counters = EngineCounters() if ic.engine is not None else None
@@ -169,6 +171,8 @@ async def serve_instance(
     service.url = url()
     # Background tasks start once the URL is known (the first report names the instance).
     tasks.append(asyncio.create_task(publisher.run()))
+    # §6.1: what the last run published and this (empty or recovered) store lost is withdrawn.
+    tasks.append(await start_withdrawing_previous(publisher))
     if report:
         await service.reporter.report_logged()  # known to the PC before it announces itself
         tasks.append(asyncio.create_task(service.reporter.run()))
