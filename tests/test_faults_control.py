@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from kvsp_moq.bridge.binding import MAX_CACHE_DURATION  # noqa: E402
 from kvsp_moq.control.common.clock import ManualClock  # noqa: E402
 from kvsp_moq.control.common.config import ControlConfig, FrontEndConfig, PcConfig  # noqa: E402
 from kvsp_moq.control.frontend.serve import serve_frontend  # noqa: E402
@@ -167,6 +168,14 @@ async def test_moqt_records_are_refreshed_before_their_ttl_and_withdrawn_on_evic
         assert await within(records.refresh()) == len(keys)
         clock.advance(ttl - ttl // 3)  # past the first TTL: without the refresh they would be gone
         assert moqt_holders(await c.lookup(keys)) == [[relay.url]] * len(keys)
+        # ... and the tracks tell relays the refreshed TTL as their MAX_CACHE_DURATION (binding §7):
+        # the refresh's TTL less the time since (on the manual clock), not the first record's
+        holder = ea.moqt_holder
+        assert holder is not None
+        for key in keys:
+            track = holder.track(key)
+            assert track is not None
+            assert dict(track.response_properties())[MAX_CACHE_DURATION] == ttl - (ttl - ttl // 3)
         # The store evicts a block: its moqt:// record is withdrawn (with the relay namespace)
         victim = keys[1]
         store_of(a).remove(victim)

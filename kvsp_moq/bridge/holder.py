@@ -429,6 +429,12 @@ class MoqtHolder:
         self._expires[track.replica_id] = self._clock() + ttl / 1000
         return self.store.info(key).replica_record(url, ttl)
 
+    def records_published_by(self, ttl_of: Callable[[RecordKey, bytes], int | None]) -> None:
+        """From now on the replicas' records are published (and refreshed) by someone else:
+        ``ttl_of`` as in the constructor. A refresh of a record then extends its track's
+        MAX_CACHE_DURATION (binding §7), which :meth:`replica_record` alone would not see."""
+        self._ttl_of = ttl_of
+
     def _remaining_ttl_ms(self, key: RecordKey, replica_id: bytes) -> int | None:
         if self._ttl_of is not None:
             return self._ttl_of(key, replica_id)

@@ -88,6 +88,9 @@ class ComputedBlockPublisher:
                 refresh_ms=max(1, record_ttl_ms // 3), include=lambda key: holder.is_announced(relay_url, key),
                 # the store publisher's journal: its withdraw_previous covers these records too
                 journal=publisher.journal if publisher is not None else None)
+            records = self.moqt_records
+            # binding §7: a track's MAX_CACHE_DURATION is its record's remaining TTL, refreshes included
+            holder.records_published_by(lambda key, rid: records.remaining_ms(key, rid) or None)
         self._refresher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
