@@ -174,7 +174,8 @@ async def test_the_relay_sigkilled_mid_block_the_instance_falls_over_to_http(clu
     assert_bound(warm)
 
 
-async def test_a_holder_evicting_mid_fetch_withdraws_first_and_the_reader_falls_over(cluster: Cluster) -> None:
+async def test_a_holder_evicting_mid_fetch_withdraws_first_and_the_reader_falls_over(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     relay = await cluster.relay()
     store = FaultyStore()
     a, keys, cold = await cold_run(cluster, relay=relay, store=store)
@@ -197,6 +198,10 @@ async def test_a_holder_evicting_mid_fetch_withdraws_first_and_the_reader_falls_
     warm = await within(eb.generate(everyone(), request()))
     assert evicted
     assert sources(warm)[1] == "http" and eb.counters.moqt_fallbacks >= 1
+    # the holder's FETCH server reset the stream with one warning, no traceback (an eviction is routine)
+    served = [r for r in caplog.records if r.name == "kvsp_moq.pubsub.fetch_server"]
+    assert [r.levelname for r in served] == ["WARNING"] and served[0].exc_info is None
+    assert "no longer stored" in served[0].getMessage()
     assert [t.token for t in warm.tokens] == [t.token for t in cold.tokens]  # type: ignore[attr-defined]
     assert_bound(warm)
     # the withdrawals reached the IS: no lookup sends a reader to A's replica any more

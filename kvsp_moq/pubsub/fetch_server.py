@@ -92,8 +92,12 @@ async def serve_fetch(session: ServingSession, catalog: Catalog, rid: int,
         conn.send(sid, b"", end_stream=True)
     except TransportError:
         pass
-    except Exception:  # an object that cannot be read or serialized: fail the stream, not hang
-        logger.exception("FETCH %d: cannot serve an object", rid)
+    except Exception as exc:  # an object that cannot be read or serialized: fail the stream, not hang
+        if isinstance(exc, LookupError):  # the store dropped it meanwhile (an evicted replica): routine
+            logger.warning("FETCH %d: an object is no longer stored (%s: %s); fetch stream reset",
+                           rid, type(exc).__name__, exc)
+        else:
+            logger.exception("FETCH %d: cannot serve an object", rid)
         try:
             conn.reset_stream(sid, StreamResetCode.INTERNAL_ERROR)
         except TransportError:
