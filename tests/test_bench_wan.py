@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from kvsp_moq.cli.bench.wan.netem import DelayLine
+from netns_support import two_namespaces
 from test_cli import kvsp
 
 PROBE = str(Path(__file__).with_name("_wan_probe.py"))
@@ -138,17 +139,8 @@ def _tun_devices() -> set[str]:
 
 @pytest.fixture
 def namespaces() -> Iterator[tuple[str, str]]:
-    names = (f"kvsp-test-a{os.getpid()}", f"kvsp-test-b{os.getpid()}")
-    made: list[str] = []
-    try:
-        for ns in names:
-            subprocess.run(["ip", "netns", "add", ns], check=True)
-            made.append(ns)
-            subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+    with two_namespaces("kvsp-test-") as names:
         yield names
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def _in(ns: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
