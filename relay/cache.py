@@ -224,14 +224,19 @@ class ObjectCache:
 
     # -- objects -----------------------------------------------------------------------------
     def put(self, track: TrackName, obj: CachedObject,
-            properties: Sequence[tuple[int, int | bytes]] | None = None) -> bool:
-        """Store ``obj`` (a duplicate replaces nothing: first copy wins), with the track's
-        ``properties`` when the caller has them. False if it does not fit the budget at
-        all or already expired."""
+            properties: Sequence[tuple[int, int | bytes]] | None = None, *,
+            replace: bool = False) -> bool:
+        """Store ``obj`` (a duplicate replaces nothing: first copy wins, unless ``replace``:
+        a copy verified against its layer digest supersedes one cached unverified, e.g.
+        from a subscription, relay/digests.py), with the track's ``properties`` when the
+        caller has them. False if it does not fit the budget at all or already expired."""
         key = (track, obj.group_id, obj.object_id)
-        if key in self._objects:
-            self._objects.move_to_end(key)
-            return True
+        old = self._objects.get(key)
+        if old is not None:
+            if not replace or old is obj:
+                self._objects.move_to_end(key)
+                return True
+            self._unlink(key, old)  # the complete ranges holding it now hold ``obj``
         if obj.size + TRACK_OVERHEAD > self.budget:
             return False
         if obj.expires_at is not None and obj.expires_at <= self.clock():
@@ -264,6 +269,15 @@ class ObjectCache:
             return None
         self._objects.move_to_end(key)
         return o
+
+    def _unlink(self, key: tuple[TrackName, int, int], old: CachedObject) -> None:
+        """Take ``old`` out to put another copy in its place (its track entry stays)."""
+        del self._objects[key]
+        self.bytes -= old.size
+        t = self._tracks[key[0]]
+        t.objects -= 1
+        if not t.objects:
+            self._idle[key[0]] = None
 
     def _evict(self, key: tuple[TrackName, int, int]) -> None:
         o = self._objects.pop(key, None)

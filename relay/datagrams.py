@@ -4,7 +4,8 @@ An OBJECT_DATAGRAM of an upstream subscription (or of a PUBLISHed track) is one 
 with Forwarding Preference Datagram. The relay:
 
 * caches it like any object (§"Caching Relays": every field, so a FETCH of it carries the
-  datagram flag instead of a Subgroup ID, §"Fetch Header");
+  datagram flag instead of a Subgroup ID, §"Fetch Header"), unless it does not match the
+  layer digest its track declares (:mod:`relay.digests`);
 * sends it to every subscriber whose Forward State is 1 and whose LOCATION_FILTER window
   admits it (past the window: PUBLISH_DONE SUBSCRIPTION_ENDED, as for stream objects),
   re-encoded with that subscriber's Track Alias; every other field — Group and Object ID,
@@ -34,6 +35,7 @@ from kvsp_moq.moqt.objects import ObjectDatagram
 from kvsp_moq.transport import TransportError
 
 from .cache import CachedObject
+from .digests import admit
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fanout import Fanout
@@ -56,10 +58,15 @@ def forward_datagram(fanout: Fanout, dg: ObjectDatagram) -> None:
         fanout.largest = loc
     prio = fanout.default_priority if dg.publisher_priority is None else dg.publisher_priority
     props = fanout.track_properties or None
-    fanout.cache.put(fanout.track, CachedObject(
-        dg.group_id, dg.object_id, None, prio, dg.status, bytes(dg.raw_properties),
-        (payload if isinstance(payload, memoryview) else memoryview(payload),), n,
-        fanout.cache.expiry_for(fanout.track, time.monotonic(), props)), props)
+    # Cached only if it matches its layer digest, when its track declares one (relay.digests).
+    check = fanout.digests.check(dg.group_id, dg.object_id, dg.status, (payload,)) \
+        if fanout.digests is not None else None
+    if admit(check, stats, fanout.track, loc):
+        fanout.cache.put(fanout.track, CachedObject(
+            dg.group_id, dg.object_id, None, prio, dg.status, bytes(dg.raw_properties),
+            (payload if isinstance(payload, memoryview) else memoryview(payload),), n,
+            fanout.cache.expiry_for(fanout.track, time.monotonic(), props)), props,
+            replace=check is not None)
     out = dataclasses.replace(dg, payload=payload)
     targets = sorted((s for s in fanout.subscribers if not s.ended and s.forward),
                      key=lambda s: s.priority)

@@ -13,6 +13,9 @@ Per subscriber (draft-20 §"Subscriber Interactions", §"Relay Object Handling")
   subscriber's stream (the QUIC layer's send buffer is the only copy);
 * objects outside the subscriber's LOCATION_FILTER window are not sent (§"Location
   Filter"); once the window is passed the subscription ends with SUBSCRIPTION_ENDED;
+* each object is cached as it passes (its bytes reserved first) unless it does not match
+  the layer digest its track's LAYER_DIGESTS declare (:mod:`relay.digests`; it is still
+  forwarded: subscribers verify what they get);
 * a relay MUST NOT reorder or drop objects within a stream: the subscription's streams go
   through its session's sender (:mod:`relay.sender`), which hands every stream of the
   session to QUIC by priority (§"Priorities": subscriber priority, publisher priority, the
@@ -56,6 +59,7 @@ from kvsp_moq.pubsub.window import Window, subscription_window
 from kvsp_moq.wire.errors import StreamResetCode
 
 from .cache import OBJECT_OVERHEAD, CachedObject, ObjectCache, TrackName
+from .digests import LayerDigests, PayloadCheck, admit
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
 
@@ -241,6 +245,8 @@ class _UpStream:
     #: Cache bytes reserved for the object being received (0: it is not being kept, it
     #: did not fit the budget: its bytes are forwarded, never buffered).
     reserved: int = 0
+    #: Its payload's hash against its layer digest (relay.digests; None: not checked).
+    check: PayloadCheck | None = None
 
 
 class Fanout:
@@ -266,6 +272,8 @@ class Fanout:
         self._up: dict[int, _UpStream] = {}
         #: The track's Track Properties (stored with each cached object).
         self.track_properties: tuple[tuple[int, int | bytes], ...] = ()
+        #: Their LAYER_DIGESTS: objects are cached only if they match (relay.digests).
+        self.digests: LayerDigests | None = None
 
     @property
     def open_upstream_streams(self) -> int:
@@ -273,6 +281,7 @@ class Fanout:
 
     def set_track_properties(self, props: tuple[tuple[int, int | bytes], ...]) -> None:
         self.track_properties = tuple(props)
+        self.digests = LayerDigests.of(props)
         for t, v in props:
             if t == DEFAULT_PUBLISHER_PRIORITY and isinstance(v, int):
                 self.default_priority = v
@@ -346,6 +355,8 @@ class Fanout:
         size = b.payload_length + len(b.raw_properties) + OBJECT_OVERHEAD
         if self.cache.reserve(size):
             st.reserved = size
+            if self.digests is not None:
+                st.check = self.digests.check(b.group_id, b.object_id, b.status)
         self.stats.objects_out += len(targets)
 
     def _open(self, sub: Subscriber, usid: int, st: _UpStream, b: ObjectBegin) -> _Down | None:
@@ -389,7 +400,10 @@ class Fanout:
         # Keep the chunk for the cache (its bytes are reserved): a read-only view of
         # received bytes is immutable.
         if st.reserved:
-            st.chunks.append(data if data.readonly else memoryview(bytes(data)))
+            chunk = data if data.readonly else memoryview(bytes(data))
+            st.chunks.append(chunk)
+            if st.check is not None:
+                st.check.update(chunk)
 
     def _end(self, usid: int, e: ObjectEnd) -> None:
         st = self._up.get(usid)
@@ -401,15 +415,17 @@ class Fanout:
         if self.largest is None or loc > self.largest:
             self.largest = loc
         prio = st.header.publisher_priority
-        if st.reserved:
-            chunks = tuple(st.chunks)
+        # Cached if kept (its bytes were reserved) and it matches its layer digest, if any.
+        if st.reserved and admit(st.check, self.stats, self.track, loc):
+            chunks, verified = tuple(st.chunks), st.check is not None
             self._release(st)
             self.cache.put(self.track, CachedObject(
                 b.group_id, b.object_id, b.subgroup_id,
                 self.default_priority if prio is None else prio, b.status,
                 bytes(b.raw_properties), chunks, b.payload_length,
                 self.cache.expiry_for(self.track, st.began_at, self.track_properties or None)),
-                self.track_properties or None)
+                self.track_properties or None, replace=verified)
+        self._release(st)
         st.begin, st.chunks = None, []
         for sub, _d in st.targets:
             w = sub.window
@@ -422,6 +438,7 @@ class Fanout:
             self.cache.release(st.reserved)
             st.reserved = 0
             st.chunks = []
+        st.check = None
 
     def release_reservations(self) -> None:
         """The upstream subscription is over: what its objects in progress reserved in the

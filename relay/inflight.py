@@ -19,6 +19,17 @@ arrives (draft-22 §"FETCH", §"Subscriber Interactions", §"Fetch State Managem
 * **Cache fill**: every object's bytes are reserved against the cache budget when its header
   arrives (issue 18: before any is buffered); at the FIN the objects go into the cache and
   the range is recorded complete (:meth:`relay.cache.ObjectCache.record_range`).
+* **Layer digests** (:mod:`relay.digests`): when the FETCH_OK's Track Properties carry
+  LAYER_DIGESTS, each object's payload is hashed as its chunks arrive (objects that came
+  before the FETCH_OK are hashed when it comes) and compared at the object's end. One that
+  does not match is not cached (its reservation is given back with the range's, at the
+  end) and the range is not recorded complete (a later FETCH of it goes upstream again);
+  one that matches replaces
+  any unverified copy the cache held (from a subscription). The sinks are not reset: they
+  got the bytes cut through and verify them themselves (binding §4), and a reset would take
+  the good objects after the bad one from them too; draft-22 §"Stream Reset Error Codes"
+  MALFORMED_TRACK is for the conditions of §"Malformed Tracks", which a relay checks without
+  knowing the payloads' meaning.
 * **Failures**: before FETCH_OK, REQUEST_ERROR to every sink (the upstream's code, or TIMEOUT,
   EXCESSIVE_LOAD, INTERNAL_ERROR); after it, the downstream fetch streams are reset
   (§"Stream Reset Error Codes") with the upstream's reset code when the upstream reset its
@@ -43,6 +54,7 @@ from kvsp_moq.wire.varint import VI64_MAX
 
 from .cache import OBJECT_OVERHEAD, CachedObject, ObjectCache, TrackName
 from .deadline import Deadline
+from .digests import LayerDigests, PayloadCheck, admit
 from .logs import event
 from .names import format_namespace
 from .peer import PeerSession, RequestHandler
@@ -145,6 +157,9 @@ class _Arriving:
     began_at: float
     reserved: int
     chunks: list[memoryview] = field(default_factory=list)
+    #: Its payload's hash against its layer digest (None: no digest covers it, or none is
+    #: known yet).
+    check: PayloadCheck | None = None
     #: Its ObjectEnd came (it is in ``UpstreamFetch.objects`` now).
     complete: bool = False
 
@@ -176,6 +191,12 @@ class UpstreamFetch(RequestHandler):
         #: Cache bytes reserved for the objects received so far (and the one arriving):
         #: counted before they are buffered, given back when they are stored or dropped.
         self.reserved = 0
+        #: The layer digests of the FETCH_OK's Track Properties (None: nothing to verify).
+        self.digests: LayerDigests | None = None
+        #: Objects that ended before the FETCH_OK (not checked yet), and the locations of
+        #: those that did not match their layer digest (never cached).
+        self.unchecked: list[CachedObject] = []
+        self.rejected: set[Loc] = set()
         #: No answer / no progress within the request timeout: cancelled, TIMEOUT.
         self.timer = Deadline(request_timeout, self._timed_out)
 
@@ -276,6 +297,9 @@ class UpstreamFetch(RequestHandler):
             self.ok = msg
             self.cache.set_track_properties(self.range.track, msg.track_properties)
             if not self.done:
+                self.digests = LayerDigests.of(msg.track_properties)
+                self._check_early()
+            if not self.done:
                 waiting, self.waiters = self.waiters, []
                 for sink in waiting:
                     (self.live if sink.start(self) else self.waiters).append(sink)
@@ -291,7 +315,10 @@ class UpstreamFetch(RequestHandler):
             if cur is None:
                 return
             data = event.data
-            cur.chunks.append(data if data.readonly else memoryview(bytes(data)))
+            chunk = data if data.readonly else memoryview(bytes(data))
+            cur.chunks.append(chunk)
+            if cur.check is not None:
+                cur.check.update(chunk)
             self.stats.bytes_in += len(data)
         elif isinstance(event, ObjectBegin):
             # Each object's bytes are counted against the cache budget before one is
@@ -309,12 +336,19 @@ class UpstreamFetch(RequestHandler):
                 b.group_id, b.object_id, b.subgroup_id,
                 128 if b.publisher_priority is None else b.publisher_priority, b.status,
                 bytes(b.raw_properties), b.payload_length, time.monotonic(), size)
+            if self.digests is not None:
+                self.arriving.check = self.digests.check(b.group_id, b.object_id, b.status)
         elif isinstance(event, ObjectEnd) and cur is not None:
-            self.objects.append(CachedObject(
+            obj = CachedObject(
                 cur.group_id, cur.object_id, cur.subgroup_id, cur.publisher_priority,
                 cur.status, cur.raw_properties, tuple(cur.chunks), cur.payload_length,
                 self.cache.expiry_for(self.range.track, cur.began_at, self.properties
-                                      if self.ok is not None else None)))
+                                      if self.ok is not None else None))
+            self.objects.append(obj)
+            if self.ok is None:
+                self.unchecked.append(obj)  # its layer digest is not known yet
+            elif not admit(cur.check, self.stats, self.range.track, obj.location):
+                self._reject(obj)
             cur.complete = True
             self.arriving = None
             self.stats.objects_in += 1
@@ -337,6 +371,27 @@ class UpstreamFetch(RequestHandler):
     def on_session_closed(self, peer: PeerSession) -> None:
         self._fail(RequestErrorCode.INTERNAL_ERROR, "upstream session closed")
 
+    # -- layer digests (relay.digests) --------------------------------------------------------
+    def _check_early(self) -> None:
+        """The FETCH_OK came: check what arrived before it against its layer digests (the
+        object arriving now goes on incrementally)."""
+        digests, early, self.unchecked = self.digests, self.unchecked, []
+        if digests is None:
+            return
+        cur = self.arriving
+        if cur is not None and cur.check is None:
+            cur.check = digests.check(cur.group_id, cur.object_id, cur.status, cur.chunks)
+        for o in early:
+            check = digests.check(o.group_id, o.object_id, o.status, o.chunks)
+            if not admit(check, self.stats, self.range.track, o.location):
+                self._reject(o)
+
+    def _reject(self, obj: CachedObject) -> None:
+        """``obj`` does not match its layer digest: never cached. Its bytes stay reserved
+        while this FETCH holds them (late joiners read them), given back with the rest at
+        the end: released now, a stream of bad objects would hold more than the budget."""
+        self.rejected.add(obj.location)
+
     # -- the end -------------------------------------------------------------------------------
     def _over(self) -> None:
         self.done = True
@@ -352,10 +407,14 @@ class UpstreamFetch(RequestHandler):
         self._over()
         cache, track = self.cache, self.range.track
         props = self.properties if self.ok is not None else None
+        digests, rejected = self.digests, self.rejected
         for o in self.objects:
-            cache.put(track, o, props)
+            if o.location not in rejected:
+                # A verified copy replaces an unverified one (relay.digests).
+                cache.put(track, o, props, replace=digests is not None and digests.covers(
+                    o.group_id, o.object_id, o.status))
         ok = self.ok
-        if ok is not None and self.objects:
+        if ok is not None and self.objects and not rejected:
             end = self.range.end if self.range.end is not None else self.end_location
             cache.record_range(track, self.range.start, end,
                                [o.location for o in self.objects], bool(ok.end_of_track))

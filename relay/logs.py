@@ -20,6 +20,8 @@ upstream_subscribe  namespace, track, request_id — ONE upstream SUBSCRIBE per 
 upstream_cancel     namespace, track, request_id — the last subscriber left
 upstream_fetch      namespace, track, start, end
 cache_hit / cache_miss   namespace, track, start, end (FETCH)
+digest_mismatch     namespace, track, group, object — WARNING: an object that does not match
+                    its track's LAYER_DIGESTS, not cached (relay/digests.py)
 upstream_announce   namespace, request_id, upstream — our PUBLISH_NAMESPACE to the upstream
 upstream_withdraw   namespace, request_id, upstream — its last local publisher left
 upstream_subscribe_namespace    prefix, request_id, upstream — ONE per watched prefix

@@ -52,6 +52,10 @@ class RelayStats:
     #: Requests for a reserved namespace (first field "." or ".session") answered
     #: DOES_NOT_EXIST, never forwarded (draft-22 §"Reserved Namespaces").
     reserved_refusals: int = 0
+    #: Objects whose payload was hashed against the layer digest their track declares
+    #: (LAYER_DIGESTS, relay/digests.py), and those that did not match it (not cached).
+    digest_checks: int = 0
+    digest_mismatches: int = 0
     #: Object payload bytes received from upstream / sent downstream (headers excluded).
     bytes_in: int = 0
     bytes_out: int = 0

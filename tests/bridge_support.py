@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,17 @@ CERT = make_self_signed()
 
 async def within(aw: Any, timeout: float = GUARD) -> Any:
     return await asyncio.wait_for(aw, timeout)
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = GUARD) -> None:
+    """Poll state that changes inside another party's event handlers (a relay's) with a
+    bound that fails loudly."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"not reached within {timeout} s: {what}")
+        await asyncio.sleep(0.002)
 
 
 def server_config() -> TransportConfig:

@@ -14,10 +14,12 @@ subscription's objects are forwarded chunk by chunk (no store-and-forward of an 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import hashlib
+from collections.abc import AsyncIterator
 
 import pytest
 
+from bridge_support import until
 from kvsp_moq.moqt.data import FetchStreamEncoder
 from kvsp_moq.moqt.errors import PublishDoneCode, StreamResetCode
 from kvsp_moq.moqt.messages import Fetch, Message, MessageParameters, StandaloneFetch
@@ -27,6 +29,7 @@ from kvsp_moq.transport import TransportConfig, parse_moqt_url
 from kvsp_moq.transport import connect as transport_connect
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
+from relay.digests import FIRST_LAYER, LAYER_COUNT, LAYER_DIGESTS
 
 GUARD = 30.0
 NS = ("cut", "through")
@@ -39,16 +42,6 @@ _CERT = make_self_signed()
 
 async def within(aw, timeout: float = GUARD):
     return await asyncio.wait_for(aw, timeout)
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float = GUARD) -> None:
-    """Poll relay state (it changes inside the relay's event handlers) with a bound."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"not reached within {timeout} s: {what}")
-        await asyncio.sleep(0.002)
 
 
 def client_config() -> TransportConfig:
@@ -77,11 +70,12 @@ class Origin(MoqtSession):
 class Answer:
     """One FETCH being answered by the :class:`Origin`: FETCH_OK, then bytes as the test says."""
 
-    def __init__(self, origin: Origin, rid: int, end: tuple[int, int]) -> None:
+    def __init__(self, origin: Origin, rid: int, end: tuple[int, int],
+                 track_properties: tuple[tuple[int, int | bytes], ...] = ()) -> None:
         moqt = origin.moqt
         assert moqt is not None
         self.origin, self.rid = origin, rid
-        moqt.accept_fetch(rid, end, end_of_track=False)
+        moqt.accept_fetch(rid, end, end_of_track=False, track_properties=track_properties)
         self.sid = moqt.open_fetch_stream(rid)
         origin.pump()
         self.enc = FetchStreamEncoder(rid, origin.version)
@@ -134,11 +128,12 @@ class Net:
         self.sessions.append(s)
         return s
 
-    async def answer(self, end: tuple[int, int]) -> Answer:
+    async def answer(self, end: tuple[int, int],
+                     track_properties: tuple[tuple[int, int | bytes], ...] = ()) -> Answer:
         """The next FETCH the origin got, answered FETCH_OK (End Location ``end``)."""
         assert self.origin is not None
         rid, _msg = await within(self.origin.fetches.get())
-        return Answer(self.origin, rid, end)
+        return Answer(self.origin, rid, end, track_properties)
 
 
 @pytest.fixture
@@ -383,3 +378,78 @@ async def test_fill_stream_is_cut_through_and_counted_in_publish_done(net: Net) 
     assert done is not None and done.status_code == PublishDoneCode.TRACK_ENDED
     assert done.stream_count == sub.stats.data_streams == 1  # the fill fetch stream
     assert stats(net)[0] == 1
+
+
+def digest_properties(objs: list[bytes]) -> tuple[tuple[int, int | bytes], ...]:
+    """Track Properties declaring the layer digests of Objects 0.. of group 0 (binding §3.2)."""
+    return ((LAYER_DIGESTS, b"".join(hashlib.sha256(o).digest() for o in objs)),
+            (FIRST_LAYER, 0), (LAYER_COUNT, len(objs)))
+
+
+def flipped(data: bytes) -> bytes:
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 0x01
+    return bytes(bad)
+
+
+async def test_a_subscription_object_not_matching_its_layer_digest_is_forwarded_not_cached(
+        net: Net) -> None:
+    """A track whose SUBSCRIBE_OK declares LAYER_DIGESTS: the object whose bytes do not match
+    reaches the subscriber (who verifies, binding §4) but not the relay's cache; the others do."""
+    objs = [payload(o, 20 << 10) for o in range(3)]
+    catalog = Catalog()
+    pub = await net.client(catalog)
+    pub_ns = ("cut", "digests")
+    track = catalog.create(pub_ns, "raw")
+    track.track_properties = digest_properties(objs)
+    await within(pub.publish_namespace(pub_ns))
+    sub = await within((await net.client()).subscribe(pub_ns, "raw"))
+    await within(track.subscribed.wait())
+    for o, data in enumerate(objs):
+        await within(track.write_object(0, o, flipped(data) if o == 1 else data))
+    got = [await within(sub.__anext__()) for _ in objs]
+    assert [bytes(g.payload) for g in got] == [objs[0], flipped(objs[1]), objs[2]]
+    relay = net.relay
+    assert relay is not None
+    await until(lambda: relay.stats.digest_checks == 3, "the three objects checked")
+    assert relay.stats.digest_mismatches == 1
+    name = (tuple(f.encode() for f in pub_ns), b"raw")
+    assert [relay.cache.get(name, 0, o) is not None for o in range(3)] == [True, False, True]
+    assert relay.cache.reserved == 0
+
+
+async def test_a_verified_fetch_replaces_an_unverified_copy_cached_from_a_subscription(
+        net: Net) -> None:
+    """Prefill streaming (binding §6): the subscription declares no LAYER_DIGESTS yet, so its
+    objects are cached unverified, one of them corrupted on the way. The FETCH of the range
+    after the replica completed declares them: its verified copies replace the cached ones
+    (first copy wins no more), and the range is then served warm with the right bytes."""
+    objs = [payload(o, 30 << 10) for o in range(3)]
+    track = net.catalog.create(NS, "t")
+    client = await net.client()
+    sub = await within(client.subscribe(NS, "t"))
+    await within(track.subscribed.wait())
+    for o, data in enumerate(objs):
+        await within(track.write_object(0, o, flipped(data) if o == 1 else data))
+    for _ in objs:
+        await within(sub.__anext__())
+    relay = net.relay
+    assert relay is not None
+    await until(lambda: relay.cache.get(TRACK, 0, 2) is not None, "the subscription's objects cached")
+    poisoned = relay.cache.get(TRACK, 0, 1)
+    assert poisoned is not None and poisoned.payload() == flipped(objs[1])
+    assert relay.stats.digest_checks == 0  # nothing to verify against yet
+    fetch = asyncio.ensure_future(client.fetch(NS, "t", start=(0, 0), end=(0, 2)))
+    ans = await net.answer((0, 2), digest_properties(objs))
+    for o, data in enumerate(objs):
+        ans.obj(0, o, data)
+    ans.send(b"", fin=True)
+    assert [bytes(o.payload) for o in await within((await within(fetch)).collect())] == objs
+    await until(lambda: not relay.fetches.inflight, "the upstream FETCH over")
+    assert (relay.stats.digest_checks, relay.stats.digest_mismatches) == (3, 0)
+    fixed = relay.cache.get(TRACK, 0, 1)
+    assert fixed is not None and fixed.payload() == objs[1]
+    warm = await within(client.fetch(NS, "t", start=(0, 0), end=(0, 2)))
+    assert [bytes(o.payload) for o in await within(warm.collect())] == objs
+    assert stats(net) == (1, 1, 1)
+    assert relay.cache.reserved == 0
