@@ -213,3 +213,25 @@ def test_every_bound_is_a_configuration_key_with_its_default(tmp_path: Path) -> 
         with pytest.raises(ConfigError) as err:
             load_config(path)
         assert err.value.key == key
+
+
+def test_the_holder_s_relay_sessions_take_their_liveness_and_backoff_from_holder_keys(tmp_path: Path) -> None:
+    """``[holder] moqt_keepalive_ms`` ... (docs/http-api.md): defaults as the engine's, read from
+    the TOML into the ``Reconnect`` the holder's relay links use, bad values named."""
+    from kvsp_moq.control.common.config import HolderConfig, load_config
+    from kvsp_moq.control.common.engine_config import EngineConfig
+    from kvsp_moq.control.common.errors import ConfigError
+
+    assert HolderConfig().moqt_reconnect == EngineConfig().moqt_reconnect
+    path = tmp_path / "h.toml"
+    path.write_text("[holder]\nmoqt_keepalive_ms = 250\nmoqt_liveness_timeout_ms = 750\n"
+                    "moqt_reconnect_initial_ms = 20\nmoqt_reconnect_max_ms = 400\n")
+    r = load_config(path).holder.moqt_reconnect
+    assert (r.keepalive, r.liveness_timeout, r.backoff_initial, r.backoff_max) == (0.25, 0.75, 0.02, 0.4)
+    for line, key in (("moqt_keepalive_ms = -1", "holder.moqt_keepalive_ms"),
+                      ("moqt_liveness_timeout_ms = 0", "holder.moqt_liveness_timeout_ms"),
+                      ("moqt_reconnect_initial_ms = 9000", "holder.moqt_reconnect_initial_ms")):
+        path.write_text(f"[holder]\n{line}\n")
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert err.value.key == key

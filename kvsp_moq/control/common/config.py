@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 
 from ...kvsp.compat import validate_descriptor
 from ...kvsp.errors import DescriptorError
+from ...pubsub.liveness import Reconnect
 from .auth import Authorizer
 from .engine_config import EngineConfig, engine_config_from_mapping
 from .errors import ConfigError
@@ -192,6 +193,20 @@ class HolderConfig(StoreSettings):
     #: relay that does not answer in time gets the record at a later refresh), and a relay
     #: connection attempt.
     moqt_timeout_ms: int = 5_000
+    #: The relay sessions' liveness PING period (0: none) and deadline, and the reconnect
+    #: backoff after a session is lost (the first wait, doubling up to the max): ms, as
+    #: ``[instance.engine]``'s ``moqt_keepalive_s`` ... (pubsub/liveness.py ``Reconnect``).
+    moqt_keepalive_ms: int = 5_000
+    moqt_liveness_timeout_ms: int = 5_000
+    moqt_reconnect_initial_ms: int = 100
+    moqt_reconnect_max_ms: int = 5_000
+
+    @property
+    def moqt_reconnect(self) -> Reconnect:
+        """The liveness probe and reconnect backoff of the relay sessions."""
+        return Reconnect(keepalive=self.moqt_keepalive_ms / 1000, liveness_timeout=self.moqt_liveness_timeout_ms / 1000,
+                         backoff_initial=self.moqt_reconnect_initial_ms / 1000,
+                         backoff_max=self.moqt_reconnect_max_ms / 1000)
 
     def __post_init__(self) -> None:
         self.store_spec  # validates the store keys (ConfigError names the one at fault)
@@ -206,7 +221,10 @@ class HolderConfig(StoreSettings):
                 raise ConfigError(f"holder.{name}", "must be a string")
         if self.moqt_insecure is not None and not isinstance(self.moqt_insecure, bool):
             raise ConfigError("holder.moqt_insecure", "must be true or false")
-        _check_ints("holder", self, (("moqt_timeout_ms", 1),))
+        _check_ints("holder", self, (("moqt_timeout_ms", 1), ("moqt_keepalive_ms", 0), ("moqt_liveness_timeout_ms", 1),
+                                     ("moqt_reconnect_initial_ms", 1), ("moqt_reconnect_max_ms", 1)))
+        if self.moqt_reconnect_initial_ms > self.moqt_reconnect_max_ms:
+            raise ConfigError("holder.moqt_reconnect_initial_ms", "must be <= moqt_reconnect_max_ms")
         for name in ("url", "index_url"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "://" not in value or not value.endswith("/")):

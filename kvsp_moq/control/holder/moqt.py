@@ -74,7 +74,8 @@ class HolderMoqt:
             if url in self.attached:
                 continue
             try:
-                await asyncio.wait_for(self.holder.attach_relay(url, self.transport, setup_tokens=tokens),
+                await asyncio.wait_for(self.holder.attach_relay(url, self.transport, setup_tokens=tokens,
+                                                                reconnect=self.config.moqt_reconnect),
                                        self.timeout_s)
             except Exception as exc:  # unreachable, refused, timed out: logged, retried
                 log.warning("cannot publish through relay %s (retried at the next refresh): %r", url, exc)
