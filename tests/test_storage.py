@@ -278,6 +278,23 @@ def test_put_accepts_a_decoded_container_and_decoded_layers(tmp_path: Path) -> N
         store.put_layers(make_key(5), [], token_count=5)
 
 
+def test_put_layers_takes_the_digests_its_caller_computed_over_the_same_octets() -> None:
+    """The prefetch path's layers were hashed by the decoder as they arrived (§4.3): the store
+    takes those digests instead of hashing again, and still checks them against the record's."""
+    store = BlockStore([HostTier(1 << 20)])
+    block = decode_container(make_container(seed=7))
+    layers = [(layer.k, layer.v) for layer in block.layers()]
+    digests = block.layer_digests()
+    info = store.put_layers(make_key(1), layers, token_count=block.header.token_count, known_layer_digests=digests)
+    assert list(info.layer_digests) == digests and read_all(store, make_key(1)) == make_container(seed=7)
+    with pytest.raises(ContainerError):  # the record's digests are checked against the known ones
+        store.put_layers(make_key(2), layers, token_count=block.header.token_count, known_layer_digests=digests,
+                         expected_layer_digests=[bytes(32)] * len(digests))
+    with pytest.raises(ValueError):  # one per layer
+        store.put_layers(make_key(2), layers, token_count=block.header.token_count, known_layer_digests=digests[1:])
+    assert store.get(make_key(2)) is None
+
+
 def test_replica_exists_keeps_the_existing_copy(tmp_path: Path) -> None:
     store = BlockStore([HostTier(1 << 20)])
     key = make_key()

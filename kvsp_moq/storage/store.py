@@ -237,10 +237,18 @@ class BlockStore:
         geometry: Geometry | None = None,
         replica_id: bytes | None = None,
         expected_layer_digests: Sequence[bytes] | None = None,
+        known_layer_digests: Sequence[bytes] | None = None,
     ) -> ReplicaInfo:
         """Store decoded layers ``[(K, V), ...]`` from ``first_layer`` on: buffers, torch
-        tensors, or (with ``geometry``) numpy arrays ``[tokens, kv_heads, head_dim]``."""
+        tensors, or (with ``geometry``) numpy arrays ``[tokens, kv_heads, head_dim]``.
+
+        ``known_layer_digests``: the layers' digests (§4.3) as the caller already computed them
+        over these very octets (a ``DecodedLayer.digest``, hashed while they arrived): taken as
+        they are instead of hashing every layer a second time. Only for octets the caller
+        hashed itself; ``expected_layer_digests`` is still checked against them."""
         self._check_absent(key)
+        if known_layer_digests is not None and len(known_layer_digests) != len(layers):
+            raise ValueError(f"{len(known_layer_digests)} known layer digests for {len(layers)} layers")
         sections = []
         for k, v in layers:
             if geometry is not None and isinstance(k, np.ndarray) and isinstance(v, np.ndarray):
@@ -254,7 +262,8 @@ class BlockStore:
                         "lengths", f"layer {first_layer + i}: sections must have {want} octets"
                     )
         return self._put_sections(
-            key, codec, first_layer, token_count, sections, replica_id, expected_layer_digests
+            key, codec, first_layer, token_count, sections, replica_id, expected_layer_digests,
+            known_layer_digests,
         )
 
     def begin(
@@ -295,11 +304,13 @@ class BlockStore:
         sections: Sequence[tuple[Section, Section]],
         replica_id: bytes | None,
         expected: Sequence[bytes] | None,
+        known: Sequence[bytes] | None = None,
     ) -> ReplicaInfo:
         lengths = tuple((section_nbytes(k), section_nbytes(v)) for k, v in sections)
         ContainerHeader(VERSION, 0, codec, first_layer, len(lengths), token_count, lengths)
-        # Hash before making room: a bad block must not evict anything (one pass, §4.3).
-        digests = [layer_digest(host_view(k), host_view(v)) for k, v in sections]
+        # Hash before making room: a bad block must not evict anything (one pass, §4.3); the
+        # caller's own digests of the same octets when it has them (put_layers).
+        digests = list(known) if known is not None else [layer_digest(host_view(k), host_view(v)) for k, v in sections]
         if expected is not None:
             for layer, digest in enumerate(digests, first_layer):
                 if layer >= len(expected) or expected[layer] != digest:

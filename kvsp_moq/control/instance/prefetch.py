@@ -346,6 +346,8 @@ class PrefetchExecutor:
             self.store.put_layers(
                 key, [(layer.k, layer.v) for layer in retrieved.layers],
                 token_count=h.token_count, first_layer=h.first_layer, codec=h.codec,
+                # hashed by the decoder as the octets arrived (§4.3): not hashed a second time
+                known_layer_digests=[layer.digest for layer in retrieved.layers],
             )
         except ReplicaExists:
             return None  # loaded meanwhile (another directive)
