@@ -83,16 +83,13 @@ class LayerDigests:
 
     def covers(self, group_id: int, object_id: int, status: ObjectStatus) -> bool:
         """Is this object checked (a Normal object with a declared digest)?"""
-        return status is ObjectStatus.NORMAL and 0 <= object_id - self.first < self.count \
-            and group_id == BLOCK_GROUP
+        return status is ObjectStatus.NORMAL and self.expected(group_id, object_id) is not None
 
     def check(self, group_id: int, object_id: int, status: ObjectStatus,
               chunks: Sequence[memoryview | bytes] = ()) -> PayloadCheck | None:
         """A :class:`PayloadCheck` for this object (fed ``chunks``, the payload received so
         far), or None when no digest covers it."""
-        if status is not ObjectStatus.NORMAL:
-            return None
-        want = self.expected(group_id, object_id)
+        want = self.expected(group_id, object_id) if status is ObjectStatus.NORMAL else None
         if want is None:
             return None
         c = PayloadCheck(want)

@@ -55,7 +55,7 @@ from ..common.clock import Clock
 from .journal import JournalEntry, RecordJournal
 
 __all__ = ["DEFAULT_BATCH", "IndexClient", "IndexRefused", "IndexUnreachable", "PREVIOUS_WAIT_S", "ReplicaPublisher",
-           "start_withdrawing_previous", "withdraw_previous_logged"]
+           "start_withdrawing_previous"]
 
 #: How long a role's start waits for the withdrawal of the last run's records before it serves
 #: (the rest goes on in the background: an unreachable IS must not hold up the start).
@@ -413,26 +413,25 @@ class ReplicaPublisher:
         self.store.remove_residency_listener(self._on_residency)
 
 
-async def withdraw_previous_logged(publisher: ReplicaPublisher) -> None:
-    """:meth:`ReplicaPublisher.withdraw_previous`, said in the log (a warning: the last run ended
-    without withdrawing them, so it was killed or crashed); what a role runs in the background
-    once it serves. A failure is logged (the records expire at the IS anyway)."""
-    try:
-        sent = await publisher.withdraw_previous()
-    except Exception:  # a background step: logged, never raised into the event loop
-        log.exception("withdrawing the records of the last run failed; they expire at the index")
-        return
-    if sent:
-        log.warning("withdrew %d Replica Record(s) left at the index by the last run for replicas "
-                    "this store no longer holds (kvsp-draft 6.1)", sent)
-
-
 async def start_withdrawing_previous(publisher: ReplicaPublisher) -> asyncio.Task[None]:
-    """Start :func:`withdraw_previous_logged` and wait for it up to :data:`PREVIOUS_WAIT_S`:
-    with the IS up, the last run's stale records are gone before the role serves. The task
-    (done, or still retrying), for the caller to cancel at its close."""
-    task = asyncio.create_task(withdraw_previous_logged(publisher), name="withdraw the last run's records")
+    """What a role runs at its start, once it serves: :meth:`ReplicaPublisher.withdraw_previous`
+    in a task, waited for up to :data:`PREVIOUS_WAIT_S` (with the IS up, the last run's stale
+    records are gone before the role serves). How many were withdrawn goes to the log as a
+    warning (the last run ended without withdrawing them: it was killed or crashed); a failure
+    is logged too (the records expire at the IS anyway). The task (done, or still retrying),
+    for the caller to cancel at its close."""
+
+    async def withdraw() -> None:
+        try:
+            sent = await publisher.withdraw_previous()
+        except Exception:  # a background step: logged, never raised into the event loop
+            log.exception("withdrawing the records of the last run failed; they expire at the index")
+            return
+        if sent:
+            log.warning("withdrew %d Replica Record(s) left at the index by the last run for replicas "
+                        "this store no longer holds (kvsp-draft 6.1)", sent)
+
+    task = asyncio.create_task(withdraw(), name="withdraw the last run's records")
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), PREVIOUS_WAIT_S)
     return task
-
