@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -702,38 +701,33 @@ def test_huge_layer_count_does_not_allocate() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Speed: decoding plus digests runs at about hashlib speed
+# Decoding plus digests copies no more than it must: what keeps it near hashlib speed. The speed itself is
+# a benchmark (`kvsp bench container`, its figure beside hashlib's in the same run), never a
+# timed assertion here.
 
 
-def best_of(n: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def test_decode_with_digests_runs_near_hashlib_speed() -> None:
+def test_decode_with_digests_copies_at_most_the_layer_in_progress() -> None:
     rng = np.random.default_rng(1)
     half = 512 * 1024
     sections = [(rng.bytes(half), rng.bytes(half)) for _ in range(32)]  # 32 x 1 MiB
     blob = encode_container(1, 0, 256, sections)
     chunks = [blob[i : i + 65536] for i in range(0, len(blob), 65536)]
-
-    def baseline() -> None:
-        for k, v in sections:
-            hashlib.sha256(k).update(v)
+    expected = [hashlib.sha256(k + v).digest() for k, v in sections]
+    got: dict[str, object] = {}
 
     def whole() -> None:
-        decode_container(blob).layer_digests()
+        got["whole"] = decode_container(blob).layer_digests()
 
     def streamed() -> None:
         decoder = ContainerDecoder()
         for chunk in chunks:
             decoder.feed(chunk)
         decoder.finish()
+        got["streamed"] = decoder.layer_digests
 
-    base = best_of(3, baseline)
-    assert best_of(3, whole) < 1.3 * base + 0.002
-    assert best_of(3, streamed) < 2.0 * base + 0.005
+    # 32 MiB of payload. Decoding a whole buffer hashes views of it: no copy of even one layer
+    # (1 MiB). The streamed decoder assembles the layer in progress from its pieces, and holds
+    # no more than that one layer, never the block.
+    assert peak_bytes(whole) < 256 * 1024
+    assert peak_bytes(streamed) < 2 << 20
+    assert got["whole"] == got["streamed"] == expected

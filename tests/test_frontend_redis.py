@@ -30,7 +30,7 @@ from kvsp_moq.control.frontend.delivery_redis import RedisDeliveryStore
 from kvsp_moq.control.frontend.serve import FRONTEND_SERVICE, serve_frontend
 from kvsp_moq.control.instance.sessions import SessionOutput
 from kvsp_moq.kvsp.records.session import Sampler, SessionCheckpoint
-from redis_support import RedisServer, redis_aof, redis_server  # noqa: F401
+from redis_support import SLACK_S, RedisServer, redis_aof, redis_server  # noqa: F401
 from test_instance_support import AUTH, COMPAT, SCOPE_A, TOKENS
 from test_pc_cli import PRINCIPAL, TOKEN
 
@@ -226,7 +226,7 @@ async def test_a_hung_redis_is_a_503_in_bounded_time_and_the_instance_retries(
             finally:
                 redis_server.resume()
         assert status == 503 and problem["type"].endswith("kvsp-unavailable") and retry_after == "1", problem
-        assert elapsed < 3 * timeout_ms / 1000, elapsed  # answered within a bound, never a hang
+        assert elapsed < timeout_ms / 1000 + SLACK_S, elapsed  # answered within a bound, never a hang
         assert read_status == 503
         # The instance side: SessionOutput delivers through HttpFrontEndClient and retries a
         # failed delivery (with a growing pause, until delivery_deadline_ms). Redis hangs for the first attempt

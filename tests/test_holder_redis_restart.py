@@ -30,7 +30,7 @@ import aiohttp
 
 from kvsp_moq.control.common.config import TierConfig
 from kvsp_moq.kvsp.records import LeaseGrant
-from redis_support import RedisServer, redis_aof, redis_server  # noqa: F401
+from redis_support import SLACK_S, RedisServer, redis_aof, redis_server  # noqa: F401
 from test_holder_support import BLOCK_SIZE, COMPAT, CONTAINER_SIZE, PRINCIPALS, SCOPE_A, bkey, block_path, container, rkey, running_holder
 
 TOKEN = "tok-redis-restart-client-xxxxxxxx"
@@ -212,7 +212,7 @@ async def test_a_stopped_redis_is_503_in_bounded_time_while_blocks_serve(redis_s
                 elapsed = time.monotonic() - started
                 assert (reply.status, reply.problem) == (503, "kvsp-unavailable"), (method, reply.body)
                 assert reply.headers["Retry-After"] == "1"
-                assert elapsed < 3 * timeout_ms / 1000, (method, elapsed)
+                assert elapsed < timeout_ms / 1000 + SLACK_S, (method, elapsed)  # a bound, never a hang
             # The data path does not need the store: reads and writes of blocks go on.
             reply = await h.get_block(0)
             assert reply.status == 200 and reply.body == container(0)
