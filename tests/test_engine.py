@@ -164,6 +164,40 @@ async def test_cold_compute_publishes_then_another_instance_reuses_over_moqt(clu
     assert cluster.relay.stats.snapshot()["objects_in"] == blocks * layers  # nothing new over the relay
 
 
+async def test_prefetch_and_engine_loads_share_the_session_opened_at_start(cluster: Cluster) -> None:
+    """The instance opens its loads' session to the relay while it starts (setup.RelayAttachment),
+    and a prefetch directive's MOQT loads go over that same session (CountingRetriever.share_pool):
+    no QUIC handshake on a directive's first block, and the instance's token on every load."""
+    import uuid
+
+    from kvsp_moq.kvsp.records import PrefetchBlock, PrefetchDirective
+    from kvsp_moq.storage import RecordKey
+
+    a = await cluster.instance()
+    ea = engine_of(a)
+    cold = await within(ea.generate(everyone(), request()))
+    assert cold.published == ("holder", "moqt", "store")
+    b = await cluster.instance(holder=False)
+    eb = engine_of(b)
+    assert eb.pool is not None
+    sessions = cluster.relay.stats.snapshot()["sessions"]
+    assert sessions == 4  # per instance: its holder's relay session and its loads' session
+    loads = await within(eb.pool.get(cluster.relay.url))  # already open: no new session
+
+    keys = BlockKeyChain(SCOPE_KEY, ea.compat_id, B).extend(ByteTokenizer().encode(PROMPT))
+    directive = PrefetchDirective(
+        directive=uuid.uuid4(), scope_id=SCOPE_ID, compat_id=ea.compat_id,
+        blocks=tuple(PrefetchBlock(block_key=k, sources=(cluster.relay.url,)) for k in keys),
+        deadline_ms=30_000, lease_ms=30_000)
+    run = b.app[INSTANCE_SERVICE].prefetch.start(directive)
+    await within(run.done.wait())
+    assert run.state == "complete" and len(run.loaded) == len(keys), run.error
+    assert eb.counters.prefetch_moqt.blocks == len(keys)
+    assert all(RecordKey(ea.compat_id, SCOPE_ID, k) in eb.store for k in keys)
+    assert cluster.relay.stats.snapshot()["sessions"] == sessions  # the directive opened none
+    assert await within(eb.pool.get(cluster.relay.url)) is loads
+
+
 async def test_http_when_the_instance_has_no_relay(cluster: Cluster) -> None:
     a = await cluster.instance()
     c = await cluster.instance(relay=False)

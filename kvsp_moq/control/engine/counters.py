@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...kvsp.container import FIXED_HEADER_SIZE, LENGTH_ENTRY_SIZE
+from ...bridge import MoqtPool
 from ...kvsp.records import ReplicaRecord
 from ...pubsub.limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from ...storage import BlockStore, RecordKey
@@ -180,7 +181,9 @@ class CountingRetriever:
     """The prefetch executor's MOQT hook (:data:`.prefetch.MoqtRetriever`), counting what it
     loads into ``counters.prefetch_moqt``. ``inner`` None: a
     :class:`~.client.moqt.MoqtBlockRetriever` of its own, whose session pool keeps one QUIC
-    connection per relay or holder across blocks and directives (closed by :meth:`close`)."""
+    connection per relay or holder across blocks and directives: the engine's pool once
+    :meth:`share_pool` gave it one (the sessions the engine's own loads use, with the
+    instance's token), else a pool of its own (closed by :meth:`close`)."""
 
     def __init__(self, counters: EngineCounters, inner: MoqtRetriever | None = None, *,
                  transport: TransportConfig | None = None,
@@ -199,6 +202,15 @@ class CountingRetriever:
         #: (``[instance.engine.moqt_limits]``).
         self.receive_limits = receive_limits
         self._own: Any = None
+        self._pool: MoqtPool | None = None
+
+    def share_pool(self, pool: MoqtPool) -> None:
+        """Load over ``pool`` (the engine's: ``setup.RelayAttachment`` opens its session to
+        the relay at start, so a directive's first block pays no handshake); before the first
+        load only. :meth:`close` leaves the pool open: its owner closes it."""
+        if self._own is not None:
+            raise RuntimeError("share_pool after the first load")
+        self._pool = pool
 
     async def __call__(self, replicas: Sequence[ReplicaRecord]) -> Retrieved:
         retrieved = await retrieve_via_moqt(replicas, self.inner if self.inner is not None else self._retriever())
@@ -224,7 +236,7 @@ class CountingRetriever:
         if self._own is None:
             from ..client.moqt import MoqtBlockRetriever
 
-            self._own = MoqtBlockRetriever(self.transport, receive_limits=self.receive_limits,
+            self._own = MoqtBlockRetriever(self.transport, receive_limits=self.receive_limits, pool=self._pool,
                                            timeout=self.timeout, idle_timeout=self.idle_timeout)
         return self._own
 

@@ -53,13 +53,16 @@ class RelayAttachment:
     """The instance's MoqtHolder attaching to ``[instance.engine] relay_url`` in the
     background (:meth:`MoqtHolder.attach_relay_soon`: at once, then with the reconnect
     backoff), then the ``moqt://`` records of every replica it announced there published
-    (the refresh would find them within ``record_ttl_ms / 12``; this does not wait).
+    (the refresh would find them within ``record_ttl_ms / 12``; this does not wait), and
+    ``pool``'s session to the relay opened: the one the engine's loads and the prefetch
+    directives' FETCH over, so the first block of either pays no QUIC handshake and SETUP.
     Closed with the engine."""
 
     def __init__(self, attaching: asyncio.Task[MoqtSession | None], publisher: ComputedBlockPublisher,
-                 url: str) -> None:
+                 url: str, pool: MoqtPool | None = None) -> None:
         self.url = url
         self.publisher = publisher
+        self.pool = pool
         self.task: asyncio.Task[None] = asyncio.ensure_future(self._run(attaching))
 
     async def _run(self, attaching: asyncio.Task[MoqtSession | None]) -> None:
@@ -72,6 +75,11 @@ class RelayAttachment:
                 await records.refresh()
             except Exception as exc:  # the IS: its own refresh loop retries
                 log.warning("moqt:// records after attaching to %s: %r (retried by the refresh)", self.url, exc)
+        if self.pool is not None:
+            try:  # bounded by the pool's connect_timeout
+                await self.pool.get(self.url)
+            except Exception as exc:  # the first load connects again (after the pool's backoff)
+                log.info("opening the loads' session to relay %s: %r", self.url, exc)
 
     async def wait(self, timeout: float) -> bool:
         """Until attached and its records published, at most ``timeout`` seconds (the start's
@@ -127,7 +135,7 @@ async def start_engine(
     if moqt_holder is not None and config.relay_url is not None:
         attachment = RelayAttachment(moqt_holder.attach_relay_soon(
             config.relay_url, transport, setup_tokens=tokens, receive_limits=config.moqt_limits,
-            reconnect=config.moqt_reconnect), publisher, config.relay_url)
+            reconnect=config.moqt_reconnect), publisher, config.relay_url, pool)
         attached = (attachment,)
         try:
             up = await attachment.wait(config.moqt_timeout_s)

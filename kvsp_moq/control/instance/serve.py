@@ -144,6 +144,8 @@ async def serve_instance(
                 await client.close()
             raise
         counted_fetcher.layers = service.inference.bundle.layers
+        if counted_retriever is not None and service.inference.pool is not None:
+            counted_retriever.share_pool(service.inference.pool)  # one session per relay for all loads
     routes = [*InstanceRoutes(service).routes(), *InstanceSessionRoutes(service).routes()]
     if service.inference is not None:
         routes += EngineRoutes(service.config, service.inference).routes()
