@@ -261,3 +261,58 @@ def test_uvloop_bulk_transfer_does_not_spin_on_pacing_timers(cert):
     assert packets > 8 * MiB // 1200
     # Without the fix: tens of empty timer callbacks per packet. With it, a few per hundred.
     assert stats["empty"] < packets, stats
+
+
+# -- receive bursts (udp.py): a server socket yields to the loop after SERVER_RECV_BURST_OCTETS
+
+
+class _Counting(asyncio.DatagramProtocol):
+    """Counts datagrams, and how many had come when the loop first ran something else."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.at_first_yield: int | None = None
+        self.first_yield = asyncio.get_running_loop().create_future()
+        self.all_in = asyncio.get_running_loop().create_future()
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        self.received += 1
+        if self.received == 1:
+            asyncio.get_running_loop().call_soon(self._yielded)
+        if self.received == 40:
+            self.all_in.set_result(None)
+
+    def _yielded(self) -> None:
+        self.at_first_yield = self.received
+        self.first_yield.set_result(None)
+
+
+@pytest.mark.parametrize("burst_octets, expected", [(None, 40), ("server", 16)])
+async def test_a_server_socket_yields_to_the_loop_after_its_burst_octets(burst_octets, expected):
+    """40 datagrams of 16 KiB wait in the socket before its endpoint starts. A client endpoint
+    reads them all in one readiness callback (RECV_BURST reads). A server endpoint stops after
+    SERVER_RECV_BURST_OCTETS (16 of them) so that the loop runs its other connections'
+    transmissions in between; the rest come on the next passes."""
+    from kvsp_moq.transport.udp import RECV_BURST, SERVER_RECV_BURST_OCTETS, open_endpoint
+
+    size = 16384
+    assert SERVER_RECV_BURST_OCTETS == 16 * size and RECV_BURST >= 40
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for i in range(40):
+            tx.sendto(bytes([i]) * size, rx.getsockname())
+        protocol = _Counting()
+        endpoint = await open_endpoint(rx, protocol, gso=False, gro=False,
+                                       burst_octets=SERVER_RECV_BURST_OCTETS if burst_octets else None)
+        try:
+            await asyncio.wait_for(protocol.first_yield, 10)
+            assert protocol.at_first_yield == expected
+            await asyncio.wait_for(protocol.all_in, 10)  # the rest, on the loop's next passes
+        finally:
+            endpoint.close()
+    finally:
+        tx.close()

@@ -20,7 +20,7 @@ from .connection_core import plain_address
 from .engine import EngineConnection, EngineProtocol
 from .library import QuicLibrary
 from .server_core import ServerCore
-from .udp import UdpEndpoint, open_endpoint
+from .udp import SERVER_RECV_BURST_OCTETS, UdpEndpoint, open_endpoint
 from .url import MoqtUrl, parse_moqt_url
 
 __all__ = ["EngineBackend", "EngineConnection", "EngineServer", "connect", "serve"]
@@ -133,7 +133,8 @@ class EngineServer(ServerCore[EngineConnection]):
         demux = _Demux(configuration=self._qconf, create_protocol=self._new_protocol)
         try:
             self._endpoint = await open_endpoint(sock, demux, gso=self._config.udp_gso,
-                                                 gro=self._config.udp_gro)
+                                                 gro=self._config.udp_gro,
+                                                 burst_octets=SERVER_RECV_BURST_OCTETS)
         except BaseException:
             sock.close()
             raise

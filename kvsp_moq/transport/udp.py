@@ -38,6 +38,7 @@ __all__ = [
     "GSO_MAX_BYTES",
     "GSO_MAX_SEGMENTS",
     "RECV_BURST",
+    "SERVER_RECV_BURST_OCTETS",
     "UDP_GRO",
     "UDP_SEGMENT",
     "UdpEndpoint",
@@ -57,6 +58,17 @@ GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65000
 #: Reads per readiness callback before yielding to the loop.
 RECV_BURST = 64
+#: A server socket's burst also ends after this many octets. A server's one socket and loop
+#: carry all its connections (a relay: an upstream's flood beside its downstream
+#: connections). Between two bursts each connection transmits once, and its pacer then sends
+#: at most its bucket (16 packets, aioquic's QuicPacketPacer). So with 64 reads of 16 KiB
+#: datagrams (1 MiB in per burst) a cold relay's downstream ran at a quarter of the
+#: upstream's rate until the upstream was done: its first layer left 38-98 ms after the
+#: request. With 256 KiB (16 such datagrams, one bucket) it leaves after 20-26 ms, at ~10 % less
+#: block rate (docs/benchmarks.md, issue 16). A client socket serves one connection and
+#: keeps the whole burst: shorter bursts there only add ACKs. At 1452-octet datagrams the 64 reads end
+#: the burst first either way.
+SERVER_RECV_BURST_OCTETS = 256 * 1024
 _RECV_SIZE = 65536  # the largest UDP payload (65527) fits; so does a coalesced GRO buffer
 _ANC_SIZE = socket.CMSG_SPACE(4) if hasattr(socket, "CMSG_SPACE") else 0
 _MAX_QUEUED = 16 << 20  # bytes kept while the socket is not writable; beyond: dropped
@@ -139,8 +151,11 @@ class UdpEndpoint(asyncio.DatagramTransport):
     connection's, or a server's demultiplexer)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 protocol: asyncio.DatagramProtocol, *, gso: bool, gro: bool) -> None:
+                 protocol: asyncio.DatagramProtocol, *, gso: bool, gro: bool,
+                 burst_octets: int | None = None) -> None:
         super().__init__()
+        #: Octets after which a receive burst ends (None: only RECV_BURST reads).
+        self._burst_octets = burst_octets if burst_octets is not None else RECV_BURST * _RECV_SIZE
         self._loop = loop
         self._sock = sock
         self._fd = sock.fileno()
@@ -305,7 +320,10 @@ class UdpEndpoint(asyncio.DatagramTransport):
         sock = self._sock
         batch: list[bytes] = []
         batch_addr: Any = None
+        octets = self._burst_octets
         for _ in range(RECV_BURST):
+            if octets <= 0:
+                break
             if self._closing:
                 return
             try:
@@ -321,6 +339,7 @@ class UdpEndpoint(asyncio.DatagramTransport):
                 self._protocol.error_received(exc)
                 break
             self.recv_calls += 1
+            octets -= len(data)
             packets = ([data[pos:pos + segment] for pos in range(0, len(data), segment)]
                        if 0 < segment < len(data) else [data])
             self.packets_received += len(packets)
@@ -340,9 +359,11 @@ class UdpEndpoint(asyncio.DatagramTransport):
 
 
 async def open_endpoint(sock: socket.socket, protocol: asyncio.DatagramProtocol, *,
-                        gso: bool, gro: bool) -> UdpEndpoint:
+                        gso: bool, gro: bool, burst_octets: int | None = None) -> UdpEndpoint:
     """Run ``protocol`` on the bound, non-blocking ``sock``; ``connection_made`` is called
-    before this returns."""
-    endpoint = UdpEndpoint(asyncio.get_running_loop(), sock, protocol, gso=gso, gro=gro)
+    before this returns. ``burst_octets``: a receive burst also ends after this many octets
+    (servers: :data:`SERVER_RECV_BURST_OCTETS`)."""
+    endpoint = UdpEndpoint(asyncio.get_running_loop(), sock, protocol, gso=gso, gro=gro,
+                           burst_octets=burst_octets)
     endpoint.start()
     return endpoint
