@@ -279,7 +279,7 @@ class _Counting(asyncio.DatagramProtocol):
         self.received += 1
         if self.received == 1:
             asyncio.get_running_loop().call_soon(self._yielded)
-        if self.received == 40:
+        if self.received == 48:
             self.all_in.set_result(None)
 
     def _yielded(self) -> None:
@@ -287,23 +287,25 @@ class _Counting(asyncio.DatagramProtocol):
         self.first_yield.set_result(None)
 
 
-@pytest.mark.parametrize("burst_octets, expected", [(None, 40), ("server", 16)])
+@pytest.mark.parametrize("burst_octets, expected", [(None, 48), ("server", 32)])
 async def test_a_server_socket_yields_to_the_loop_after_its_burst_octets(burst_octets, expected):
-    """40 datagrams of 16 KiB wait in the socket before its endpoint starts. A client endpoint
+    """48 datagrams of 16 KiB wait in the socket before its endpoint starts. A client endpoint
     reads them all in one readiness callback (RECV_BURST reads). A server endpoint stops after
-    SERVER_RECV_BURST_OCTETS (16 of them) so that the loop runs its other connections'
+    SERVER_RECV_BURST_OCTETS (32 of them) so that the loop runs its other connections'
     transmissions in between; the rest come on the next passes."""
+    from kvsp_moq.transport.endpoints import _set_udp_buffers
     from kvsp_moq.transport.udp import RECV_BURST, SERVER_RECV_BURST_OCTETS, open_endpoint
 
     size = 16384
-    assert SERVER_RECV_BURST_OCTETS == 16 * size and RECV_BURST >= 40
+    assert SERVER_RECV_BURST_OCTETS == 32 * size and RECV_BURST >= 48
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    _set_udp_buffers(rx, 4 << 20)  # as the endpoints do: room for the 48 datagrams (768 KiB)
+    assert rx.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= 2 << 20
     rx.bind(("127.0.0.1", 0))
     rx.setblocking(False)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        for i in range(40):
+        for i in range(48):
             tx.sendto(bytes([i]) * size, rx.getsockname())
         protocol = _Counting()
         endpoint = await open_endpoint(rx, protocol, gso=False, gro=False,
