@@ -61,13 +61,15 @@ RECV_BURST = 64
 #: A server socket's burst also ends after this many octets. A server's one socket and loop
 #: carry all its connections (a relay: an upstream's flood beside its downstream
 #: connections). Between two bursts each connection transmits once, and its pacer then sends
-#: at most its bucket (16 packets, aioquic's QuicPacketPacer). With 64 reads of 16 KiB
-#: datagrams (1 MiB in per burst), a cold relay's downstream ran at a quarter of the
-#: upstream's rate until the upstream was done, so its first layer left 68-98 ms after the
-#: request. With 512 KiB (32 such datagrams) the median is 27.5 ms (direct: 17). 256 KiB gave
-#: 25 ms but 8-18 % less fan-out throughput: more passes, each transmitting to every
-#: connection. docs/benchmarks.md, issue 16. A client socket serves one connection and keeps
-#: the whole burst. At 1452-octet datagrams the 64 reads end the burst first either way.
+#: at most its bucket (16 packets, aioquic's QuicPacketPacer). Before this bound a burst was
+#: 64 reads of up to 64 KiB each (GRO coalesces a GSO sender's packets), so a cold relay's
+#: downstream ran at a fraction of the upstream's rate until the upstream was done, and its
+#: first layer left 71-98 ms after the request. With 512 KiB the median is 27.5-40 ms over two
+#: sittings of alternated runs (direct: 17-24 ms), with block rate and fan-out within their
+#: noise. 1 MiB gave 48 ms; 256 KiB gave 25 ms but 8-18 % less fan-out throughput (more passes,
+#: each transmitting to every connection). docs/benchmarks.md, issue 16. A client socket serves
+#: one connection and keeps the whole burst. At 1452-octet datagrams the 64 reads end the
+#: burst first either way.
 SERVER_RECV_BURST_OCTETS = 512 * 1024
 _RECV_SIZE = 65536  # the largest UDP payload (65527) fits; so does a coalesced GRO buffer
 _ANC_SIZE = socket.CMSG_SPACE(4) if hasattr(socket, "CMSG_SPACE") else 0
