@@ -176,3 +176,53 @@ def test_layer_names_and_counters() -> None:
         layer_index("lm_head")
     counts = merge_counts({"r": {"blocks_moqt": 1}}, {"r": {"blocks_moqt": 2, "bytes_moqt": 5}, "s": {"x": 1}})
     assert counts == {"r": {"blocks_moqt": 3, "bytes_moqt": 5}, "s": {"x": 1}}
+
+
+# -- the worker's relay link (transfers.Peers) ------------------------------------------------------
+
+
+async def test_a_relay_down_at_start_is_attached_once_it_is_up(tmp_path: Path) -> None:
+    """The connector's worker starts while its relay is down: it waits at most deadline_ms,
+    serves (blocks go to its store, ``relay_attached`` False, no moqt publication), and goes
+    on attaching in the background. Once the relay listens, the holder attaches, announces
+    the block it published meanwhile, and the relay routes its namespace."""
+    import asyncio
+    import socket
+
+    from bridge_support import ca_file, client_config, server_config
+    from kvsp_moq.integrations.vllm.transfers import Peers, begin_block, complete_block, write_layer
+    from kvsp_moq.kvsp.layout import ELEMENT_TYPES, Geometry
+    from kvsp_moq.storage import RecordKey
+    from relay import Relay, RelayConfig
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    url = f"moqt://127.0.0.1:{port}/moq"
+    settings = ConnectorSettings(relay_url=url, ca_file=ca_file(), deadline_ms=300, moqt_timeout_ms=300)
+    peers = await asyncio.wait_for(Peers.open(settings), 30)
+    relay = None
+    try:
+        assert peers.holder is not None and peers.attaching is not None and not peers.attaching.done()
+        assert not peers.relay_attached
+        geometry = Geometry(kv_heads=1, head_dim=4, dtype=ELEMENT_TYPES["fp32"])
+        key = RecordKey(bytes(32), bytes(16), bytes(range(1, 33)))
+        writer = begin_block(peers, key, geometry, 2, 16)
+        assert writer is not None
+        for layer in range(2):
+            write_layer(writer, layer, np.full((16, 1, 4), layer, np.float32), np.zeros((16, 1, 4), np.float32))
+        assert await complete_block(peers, writer) == ["store"]
+
+        relay = await Relay(RelayConfig(port=port, server_transport=server_config(),
+                                        upstream_transport=client_config())).start()
+        assert relay.url == url
+        session = await asyncio.wait_for(peers.attaching, 30)  # the reconnect backoff: 0.1 s doubling
+        assert session is not None and peers.relay_attached
+        assert await peers.holder.wait_announced(30)
+        namespaces = relay.routing.namespaces()
+        assert namespaces == [tuple(peers.holder.publish(key).block_name.namespace_fields())], namespaces
+    finally:
+        await peers.close()
+        if relay is not None:
+            await relay.close()

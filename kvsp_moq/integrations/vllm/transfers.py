@@ -33,6 +33,7 @@ from typing import Any, cast
 import numpy as np
 
 from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source
+from ...pubsub import MoqtSession
 from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
 from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_block
 from ...control.common.tls import TlsConfig
@@ -60,6 +61,9 @@ class Peers:
     storer: HttpBlockStorer | None
     pool: MoqtPool | None = None
     holder: MoqtHolder | None = None
+    #: The holder's attachment to the relay (``MoqtHolder.attach_relay_soon``; its result: the
+    #: session, or None when the holder closed first).
+    attaching: asyncio.Task[MoqtSession | None] | None = None
 
     @classmethod
     async def open(cls, settings: ConnectorSettings) -> Peers:
@@ -76,16 +80,23 @@ class Peers:
             tokens = (settings.moqt_token,) if settings.moqt_token else ()
             peers.pool = MoqtPool(transport, connect_timeout=settings.moqt_timeout_ms / 1000, setup_tokens=tokens)
             if settings.publish:
+                # A relay down now (restarting beside the engine) is attached to in the
+                # background, with the holder's reconnect backoff: until then blocks are
+                # published to the store and the HTTP holder only (complete_block).
                 holder = MoqtHolder(store, ttl_ms=settings.record_ttl_ms)
-                try:
-                    async with asyncio.timeout(settings.deadline_s):
-                        await holder.attach_relay(settings.relay_url, transport, setup_tokens=tokens)
-                except Exception as exc:  # loads still work; publications go over HTTP only
-                    log.warning("KVSP: cannot attach to the relay %s as a publisher: %r", settings.relay_url, exc)
-                    await holder.close()
-                else:
-                    peers.holder = holder
+                peers.holder = holder
+                peers.attaching = holder.attach_relay_soon(settings.relay_url, transport, setup_tokens=tokens)
+                done, _ = await asyncio.wait({peers.attaching}, timeout=settings.deadline_s)
+                if not done:
+                    log.warning("KVSP: relay %s not attached within %g s: publishing over HTTP only until it "
+                                "is (attaching in the background)", settings.relay_url, settings.deadline_s)
         return peers
+
+    @property
+    def relay_attached(self) -> bool:
+        """The MoqtHolder has a session to the relay (its publications can go over MOQT)."""
+        url = self.settings.relay_url
+        return self.holder is not None and url is not None and self.holder.relay_session(url) is not None
 
     async def close(self) -> None:
         for closer in (self.holder.close if self.holder else None, self.pool.close if self.pool else None,
@@ -234,7 +245,8 @@ async def complete_block(peers: Peers, writer: BlockWriter) -> list[str]:
     if peers.storer is not None and settings.holder_url is not None:
         container = b"".join(bytes(c) for c in peers.store.open_reader(key, touch=False))
         jobs.append(("holder", peers.storer.put_block(settings.holder_url, key, container)))
-    if peers.holder is not None and peers.index is not None and settings.relay_url is not None:
+    if peers.holder is not None and peers.index is not None and settings.relay_url is not None \
+            and peers.relay_attached:
         record = peers.holder.replica_record(key, holder=settings.relay_url, ttl_ms=settings.record_ttl_ms)
         jobs.append(("moqt", _announce_then_publish(peers, record)))
     results = await asyncio.gather(*(job for _, job in jobs), return_exceptions=True)
