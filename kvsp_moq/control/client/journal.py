@@ -53,6 +53,10 @@ class JournalEntry:
     def identity(self) -> Identity:
         return (self.key.path, self.holder, self.moqt_namespace)
 
+    def line(self) -> dict[str, list[str | None]]:
+        """Its ``put`` line of the file (module notes)."""
+        return {"put": [self.key.path, self.holder, self.moqt_namespace, self.replica_id.hex()]}
+
 
 def _parse_put(value: object) -> JournalEntry | None:
     if not (isinstance(value, list) and len(value) == 4):
@@ -130,7 +134,7 @@ class RecordJournal:
         if self._live.get(entry.identity) == entry:
             return
         self._live[entry.identity] = entry
-        self._append({"put": [key.path, holder, moqt_namespace, replica_id.hex()]})
+        self._append(entry.line())
 
     def delete(self, key: RecordKey, holder: str, moqt_namespace: str | None) -> None:
         """The record is withdrawn (or known gone: expired, never stored)."""
@@ -161,8 +165,7 @@ class RecordJournal:
         try:
             with tmp.open("w") as f:
                 for e in self._live.values():
-                    f.write(json.dumps({"put": [e.key.path, e.holder, e.moqt_namespace, e.replica_id.hex()]},
-                                       separators=(",", ":")) + "\n")
+                    f.write(json.dumps(e.line(), separators=(",", ":")) + "\n")
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("%s: rewriting failed: %s", self.path, exc)

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...kvsp.container import FIXED_HEADER_SIZE, LENGTH_ENTRY_SIZE
 from ...bridge import MoqtPool
+from ...kvsp.container import FIXED_HEADER_SIZE, LENGTH_ENTRY_SIZE
 from ...kvsp.records import ReplicaRecord
 from ...pubsub.limits import DEFAULT_RECEIVE_LIMITS, ReceiveLimits
 from ...storage import BlockStore, RecordKey

@@ -33,12 +33,12 @@ from typing import Any, cast
 import numpy as np
 
 from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source
-from ...pubsub import MoqtSession
 from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
 from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_block
 from ...control.common.tls import TlsConfig
 from ...kvsp.layout import Geometry, decode_raw_layer
 from ...kvsp.records import ReplicaRecord
+from ...pubsub import MoqtSession
 from ...sinks import LayerFailed, NumpySink
 from ...storage import BlockStore, BlockWriter, HostTier, RecordKey, ReplicaExists
 from .settings import ConnectorSettings
