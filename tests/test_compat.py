@@ -146,3 +146,21 @@ def test_model_digest_errors(tmp_path: Path) -> None:
 def test_tokenizer_digest(tmp_path: Path) -> None:
     (tmp_path / "tok.json").write_bytes(b'{"vocab": 256}')
     assert tokenizer_digest(tmp_path / "tok.json") == "sha-256:" + hashlib.sha256(b'{"vocab": 256}').hexdigest()
+
+
+def test_one_canonical_positional_text() -> None:
+    """Every producer writes numbers one way (an integer value as an integer, else the shortest
+    round trip) and parameters in the registry's order, so one model has one positional text."""
+    from kvsp_moq.kvsp.registries import format_number, format_positional
+
+    assert format_positional("rope", {"theta": 1e6}) == "rope;theta=1000000"
+    assert format_positional("rope", {"theta": 1000000}) == "rope;theta=1000000"
+    assert format_positional("rope", {"factor": 2.5, "scaling": "yarn", "theta": 10000.0, "dim": 64.0}) \
+        == "rope;theta=10000;dim=64;scaling=yarn;factor=2.5"
+    assert format_positional("rope", {"theta": 1e4, "factor": None}) == "rope;theta=10000"
+    assert format_positional("none") == "none"
+    assert format_number(0.1) == "0.1" and format_number(-0.0) == "0"
+    for name, params in (("rotary", {}), ("rope", {"beta": 1.0}), ("rope", {"theta": -1.0}),
+                         ("rope", {"scaling": "longrope"}), ("rope", {"theta": float("inf")})):
+        with pytest.raises(ValueError):
+            format_positional(name, params)

@@ -5,23 +5,37 @@ These run without vLLM; tests/test_vllm_connector.py runs the connector in real 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from kvsp_moq.integrations.vllm.descriptor import build_descriptor, kv_dtype_name, positional_of
+from kvsp_moq.integrations.vllm.descriptor import (
+    EngineModel,
+    adapter_digest,
+    build_descriptor,
+    checkpoint_kv_scales,
+    kv_dtype_name,
+    kv_scales_digest,
+    positional_of,
+    shard_of,
+)
+from kvsp_moq.integrations.vllm.digest_cache import files_digest
 from kvsp_moq.integrations.vllm.layout import HEAD_MAJOR_HALVES, KV_FIRST, SPLIT_CONTENT, LayoutError, layout_for
 from kvsp_moq.integrations.vllm.plan import merge_counts
 from kvsp_moq.integrations.vllm.settings import (
     ConnectorSettings,
+    ScopeChoice,
     SettingsError,
     connector_extra_config,
     kv_transfer_config,
+    salt_digest,
 )
 from kvsp_moq.integrations.vllm.worker import layer_index
-from kvsp_moq.kvsp.compat import compat_id
+from kvsp_moq.kvsp.blockkeys import block_keys
+from kvsp_moq.kvsp.compat import compat_id, model_digest
 from kvsp_moq.kvsp.errors import DescriptorError
 
 torch = pytest.importorskip("torch", reason="the layouts convert torch tensors")
@@ -61,18 +75,41 @@ def test_settings_refuse_bad_values(extra: dict[str, object], key: str) -> None:
     assert info.value.key == key
 
 
-def test_scope_of_a_request() -> None:
+SALT_A, SALT_B = "secret-of-a", "secret-of-b"
+
+
+def test_a_scope_is_selected_only_by_a_configured_secret_salt() -> None:
     s = ConnectorSettings.from_extra({"index_url": "http://x/", "scopes": {"a": KEY.hex(), "b": (KEY * 2).hex()},
-                                      "default_scope": "a"})
-    assert s.scope_of(None, None) == "a"
-    assert s.scope_of({"kvsp_scope": "b"}, None) == "b"
-    assert s.scope_of(None, "b") == "b"  # cache_salt names a scope
-    assert s.scope_of({"kvsp_scope": "a"}, "b") == "a"  # kv_transfer_params first
-    assert s.scope_of({"kvsp_scope": "zz"}, None) is None  # not configured: share nothing
-    assert s.scope_of(None, "unknown salt") is None
-    assert s.scope_of({"kvsp": False}, "b") is None
+                                      "default_scope": "a",
+                                      "scope_salts": {"a": [salt_digest(SALT_A)], "b": [salt_digest(SALT_B)]}})
+    assert s.scope_of(None, None) == ScopeChoice("a")  # no salt: the operator's default
+    assert s.scope_of(None, SALT_B) == ScopeChoice("b")  # the secret the operator gave tenant b
+    assert s.scope_of(None, SALT_A) == ScopeChoice("a")
+    # A name in the request body selects nothing: kvsp_scope is not read, a scope's name is no salt.
+    assert s.scope_of({"kvsp_scope": "b"}, None) == ScopeChoice("a")
+    assert s.scope_of({"kvsp_scope": "b"}, SALT_A) == ScopeChoice("a")
+    named = s.scope_of(None, "b")
+    assert named.scope is None and named.reason == "its cache_salt selects no scope"
+    unknown = s.scope_of(None, "user-123")  # not silently in another scope: shares nothing, says why
+    assert unknown.scope is None and unknown.reason
+    assert s.scope_of({"kvsp": False}, SALT_B).scope is None
     no_default = ConnectorSettings.from_extra({"index_url": "http://x/", "scopes": {"a": KEY.hex()}})
-    assert no_default.scope_of(None, None) is None
+    assert no_default.scope_of(None, None).scope is None
+
+
+@pytest.mark.parametrize(("salts", "detail"), [
+    ({"zz": [salt_digest("s")]}, "not in scopes"),
+    ({"a": salt_digest("s")}, "non-empty array"),
+    ({"a": []}, "non-empty array"),
+    ({"a": ["s"]}, "sha-256"),  # the salt itself is never configured, only its digest
+    ({"a": ["sha-256:" + "A" * 64]}, "sha-256"),
+    ({"a": [salt_digest("s")], "b": [salt_digest("s")]}, "two scopes"),
+    (["a"], "object"),
+])
+def test_scope_salts_refuse_bad_values(salts: object, detail: str) -> None:
+    with pytest.raises(SettingsError, match=detail) as info:
+        ConnectorSettings.from_extra({"scopes": {"a": KEY.hex(), "b": (KEY * 2).hex()}, "scope_salts": salts})
+    assert info.value.key == "scope_salts"
 
 
 # -- layouts --------------------------------------------------------------------------------------
@@ -86,10 +123,10 @@ def test_cpu_layout_matches_the_cpu_backends_reading() -> None:
     layout = layout_for("CPU_ATTN", tuple(kv.shape), kv_heads=H, head_dim=D, block_tokens=N)
     assert layout.kind == HEAD_MAJOR_HALVES
     key_cache, value_cache = kv.view(BLOCKS, H, 2 * N, D).chunk(2, dim=2)
-    k, v = layout.read(kv, 3)
-    assert k.shape == (N, H, D) and k.flags.c_contiguous
-    np.testing.assert_array_equal(k, key_cache[3].permute(1, 0, 2).numpy())
-    np.testing.assert_array_equal(v, value_cache[3].permute(1, 0, 2).numpy())
+    k, v = layout.read(kv, 3)  # the elements' bits, as integers of their size
+    assert k.shape == (N, H, D) and k.flags.c_contiguous and k.dtype == np.int32
+    np.testing.assert_array_equal(k.view(np.float32), key_cache[3].permute(1, 0, 2).numpy())
+    np.testing.assert_array_equal(v.view(np.float32), value_cache[3].permute(1, 0, 2).numpy())
 
 
 @pytest.mark.parametrize("backend", ["CPU_ATTN", "FLASH_ATTN", "OLD"])
@@ -104,8 +141,8 @@ def test_write_then_read_is_the_identity_and_touches_one_block(backend: str) -> 
     k.setflags(write=False)  # sink views are read-only
     layout.write(kv, 2, k, v)
     back_k, back_v = layout.read(kv, 2)
-    np.testing.assert_array_equal(back_k, k)
-    np.testing.assert_array_equal(back_v, v)
+    np.testing.assert_array_equal(back_k.view(np.float32), k)
+    np.testing.assert_array_equal(back_v.view(np.float32), v)
     others = [layout.read(kv, b) for b in range(BLOCKS) if b != 2]
     assert all(not a.any() and not b.any() for a, b in others)
 
@@ -115,8 +152,8 @@ def test_split_content_is_k_then_v_per_token() -> None:
     layout = layout_for("FLASH_ATTN", tuple(kv.shape), kv_heads=H, head_dim=D, block_tokens=N)
     key_cache, value_cache = kv.transpose(1, 2).split(D, dim=-1)  # FlashAttention's reading
     k, v = layout.read(kv, 1)
-    np.testing.assert_array_equal(k, key_cache[1].numpy())
-    np.testing.assert_array_equal(v, value_cache[1].numpy())
+    np.testing.assert_array_equal(k.view(np.float32), key_cache[1].numpy())
+    np.testing.assert_array_equal(v.view(np.float32), value_cache[1].numpy())
 
 
 def test_unknown_layouts_are_refused() -> None:
@@ -130,28 +167,158 @@ def test_unknown_layouts_are_refused() -> None:
                      np.zeros((N - 1, H, D), np.float32))
 
 
+# -- dtypes: bit-exact through the container --------------------------------------------------------
+
+DTYPES = [("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16"), ("float8_e4m3fn", "fp8-e4m3"),
+          ("float8_e5m2", "fp8-e5m2")]
+
+
+def _random_bits(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Every bit pattern may occur (NaN payloads, infinities, subnormals, -0): a float round
+    trip would change some of them."""
+    size = torch.empty((), dtype=dtype).element_size()
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
+    info = torch.iinfo(integer)
+    bits = torch.randint(info.min, info.max, shape, dtype=torch.int64, generator=torch.Generator().manual_seed(seed))
+    return bits.to(integer).view(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize(("torch_name", "kv_dtype"), DTYPES)
+@pytest.mark.parametrize("backend", ["CPU_ATTN", "FLASH_ATTN"])
+def test_every_kv_dtype_moves_bit_exact_through_a_container(torch_name: str, kv_dtype: str, backend: str) -> None:
+    """A block read out of one paged cache, encoded as kvsp-layout-1, decoded and written into
+    another cache has the same bits (bf16 and fp8 have no numpy dtype: integer views)."""
+    from kvsp_moq.kvsp.layout import Geometry, decode_raw_layer, encode_raw_layer
+
+    dtype = getattr(torch, torch_name)
+    shape = (BLOCKS, H, N, 2 * D)
+    source = _random_bits(shape, dtype, seed=len(torch_name))
+    layout = layout_for(backend, shape, kv_heads=H, head_dim=D, block_tokens=N)
+    geometry = Geometry.from_descriptor_fields(H, D, kv_dtype)
+    k, v = layout.read(source, 3)
+    assert k.dtype.itemsize == geometry.dtype.itemsize and k.shape == (N, H, D)
+    section_k, section_v = encode_raw_layer(k, v, geometry)
+    k2, v2 = decode_raw_layer(section_k, section_v, geometry, N)  # read-only views, as a sink gives
+    target = torch.zeros(shape, dtype=dtype)
+    layout.write(target, 1, k2, v2)
+    assert torch.equal(_bits(target[1]), _bits(source[3]))
+    assert not _bits(target[0]).any() and not _bits(target[2:]).any()  # one block written, no other
+
+
+def test_a_section_of_another_element_size_is_refused() -> None:
+    layout = layout_for("CPU_ATTN", (BLOCKS, H, N, 2 * D), kv_heads=H, head_dim=D, block_tokens=N)
+    wrong = np.zeros((N, H, D), np.float32)  # 4-octet elements for a bf16 cache
+    with pytest.raises(LayoutError, match="4-octet"):
+        layout.write(torch.zeros(BLOCKS, H, N, 2 * D, dtype=torch.bfloat16), 0, wrong, wrong)
+
+
 # -- descriptor -----------------------------------------------------------------------------------
 
 def _model_dir(tmp_path: Path) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "model.safetensors").write_bytes(b"weights")
     (tmp_path / "tokenizer.json").write_text("{}")
     return tmp_path
 
 
-def test_descriptor_from_the_model_files(tmp_path: Path) -> None:
-    root = _model_dir(tmp_path)
-    doc = build_descriptor(root, model="tiny", layers=4, kv_heads=2, head_dim=32, kv_dtype="fp32",
-                           positional="rope;theta=10000", block_tokens=32)
-    assert doc["block_tokens"] == 32 and doc["layout"] == "kvsp-layout-1"
+def _vllm_config(model: Path, *, tokenizer: Path | None = None, tp: int = 1, pp: int = 1, cache_dtype: str = "auto",
+                 dtype: torch.dtype = torch.bfloat16, rope: dict[str, object] | None = None) -> SimpleNamespace:
+    """The parts of a ``VllmConfig`` the descriptor reads (duck-typed, as the module reads them)."""
+    hf = SimpleNamespace(num_hidden_layers=4, rope_parameters=rope or {"rope_theta": 10000.0, "rope_type": "default"})
+    mc = SimpleNamespace(model=str(model), tokenizer=str(tokenizer or model), served_model_name="tiny", dtype=dtype,
+                         hf_text_config=hf, get_head_size=lambda: 32, get_total_num_kv_heads=lambda: 4)
+    return SimpleNamespace(model_config=mc, cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=32),
+                           parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp))
+
+
+@pytest.fixture(autouse=True)
+def _digest_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSP_DIGEST_CACHE", str(tmp_path / "digests.json"))
+
+
+def test_descriptor_from_the_engine_config(tmp_path: Path) -> None:
+    root = _model_dir(tmp_path / "model")
+    model = EngineModel.of(_vllm_config(root))
+    doc = model.descriptor()
+    assert (doc["kv_dtype"], doc["kv_heads"], doc["block_tokens"], doc["positional"]) == ("bf16", 4, 32, "rope;theta=10000")
+    assert "tensor_parallel" not in doc and "adapters" not in doc and "kv_scales" not in doc
     first = compat_id(doc)
-    (root / "model.safetensors").write_bytes(b"other weights")
-    again = build_descriptor(root, model="tiny", layers=4, kv_heads=2, head_dim=32, kv_dtype="fp32",
-                             positional="rope;theta=10000", block_tokens=32)
-    assert compat_id(again) != first  # other weights: another Compatibility ID
+    (root / "model.safetensors").write_bytes(b"other weights")  # a new mtime and size: hashed again
+    assert compat_id(EngineModel.of(_vllm_config(root)).descriptor()) != first
+    # The configured tokenizer, not the model directory's.
+    other = tmp_path / "tokenizer"
+    other.mkdir()
+    (other / "tokenizer.json").write_text('{"other": 1}')
+    assert EngineModel.of(_vllm_config(root, tokenizer=other)).tokenizer_digest != model.tokenizer_digest
     (root / "tokenizer.json").unlink()
+    with pytest.raises(DescriptorError, match="tokenizer"):
+        EngineModel.of(_vllm_config(root))
+    with pytest.raises(DescriptorError, match="pipeline"):
+        EngineModel.of(_vllm_config(root, tokenizer=other, pp=2))
+
+
+def test_each_tensor_parallel_rank_names_its_shard(tmp_path: Path) -> None:
+    """Two ranks' blocks never mix: each rank's descriptor names its heads (and the parallel
+    size), so the Compatibility IDs, hence the Block Keys and MOQT namespaces, differ."""
+    root = _model_dir(tmp_path / "model")
+    tp2 = EngineModel.of(_vllm_config(root, tp=2))
+    r0, r1 = tp2.descriptor(0), tp2.descriptor(1)
+    assert r0["kv_heads"] == r1["kv_heads"] == 2
+    assert r0["tensor_parallel"] == {"rank": 0, "world_size": 2, "kv_heads": [0, 2]}
+    assert r1["tensor_parallel"] == {"rank": 1, "world_size": 2, "kv_heads": [2, 4]}
+    one = EngineModel.of(_vllm_config(root)).descriptor()
+    ids = {compat_id(r0), compat_id(r1), compat_id(one)}
+    assert len(ids) == 3
+    keys = [block_keys(KEY, c, list(range(64)), 32) for c in ids]
+    assert len({k for ks in keys for k in ks}) == 6
+    # vLLM's split: consecutive ranges, or each head replicated over consecutive ranks.
+    assert [shard_of(8, 4, r).member()["kv_heads"] for r in range(4)] == [[0, 2], [2, 4], [4, 6], [6, 8]]
+    assert [shard_of(2, 8, r).first for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
     with pytest.raises(DescriptorError):
-        build_descriptor(root, model="tiny", layers=4, kv_heads=2, head_dim=32, kv_dtype="fp32",
-                         positional="rope;theta=10000", block_tokens=32)
+        shard_of(6, 4, 0)
+    with pytest.raises(DescriptorError):
+        shard_of(4, 2, 2)
+
+
+def test_an_adapter_is_part_of_the_descriptor(tmp_path: Path) -> None:
+    root = _model_dir(tmp_path / "model")
+    model = EngineModel.of(_vllm_config(root))
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora weights")
+    digest = adapter_digest(adapter)
+    assert digest.startswith("sha-256:")
+    with_adapter = model.descriptor(0, [digest])
+    assert with_adapter["adapters"] == [digest] and compat_id(with_adapter) != compat_id(model.descriptor())
+    (adapter / "adapter_model.safetensors").write_bytes(b"other lora weights")
+    assert adapter_digest(adapter) != digest
+    with pytest.raises(DescriptorError, match="adapters"):
+        adapter_digest(tmp_path / "missing")
+
+
+def test_fp8_descriptors_carry_the_checkpoint_scales(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    root = _model_dir(tmp_path / "model")
+    with pytest.raises(DescriptorError, match="kv_scales"):  # not a safetensors file
+        EngineModel.of(_vllm_config(root, cache_dtype="fp8_e4m3"))
+    save_file({"model.layers.0.mlp.weight": torch.zeros(2)}, str(root / "model.safetensors"))
+    unit = EngineModel.of(_vllm_config(root, cache_dtype="fp8_e4m3"))
+    doc = unit.descriptor()
+    assert doc["kv_dtype"] == "fp8-e4m3" and doc["kv_scales"] == kv_scales_digest([(1.0, 1.0)] * 4)
+    assert "kv_scales" not in EngineModel.of(_vllm_config(root)).descriptor()
+    scaled = _model_dir(tmp_path / "scaled")
+    (scaled / "model.safetensors").unlink()
+    save_file({"model.layers.2.self_attn.k_scale": torch.tensor(0.5),
+               "model.layers.2.self_attn.v_scale": torch.tensor(0.25),
+               "model.layers.0.mlp.weight": torch.zeros(2)}, str(scaled / "model.safetensors"))
+    assert checkpoint_kv_scales([scaled / "model.safetensors"], 4) == [(1.0, 1.0), (1.0, 1.0), (0.5, 0.25), (1.0, 1.0)]
+    other = EngineModel.of(_vllm_config(scaled, cache_dtype="fp8_e4m3")).descriptor()
+    assert other["kv_scales"] == kv_scales_digest([(1.0, 1.0), (1.0, 1.0), (0.5, 0.25), (1.0, 1.0)]) != doc["kv_scales"]
 
 
 def test_dtype_and_positional_from_the_engine() -> None:
@@ -161,12 +328,62 @@ def test_dtype_and_positional_from_the_engine() -> None:
     with pytest.raises(DescriptorError):
         kv_dtype_name("auto", torch.int32)
     assert positional_of(SimpleNamespace(rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})) \
-        == "rope;theta=10000"
-    llama3 = SimpleNamespace(rope_parameters={"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
-                                              "original_max_position_embeddings": 8192})
-    assert positional_of(llama3) == "rope;theta=500000;scaling=llama3;factor=8;original_max_position=8192"
+        == ("rope;theta=10000", None)
+    # 1e6 is written as the reference model writes it (not 1e+06).
+    assert positional_of(SimpleNamespace(rope_theta=1e6))[0] == "rope;theta=1000000"
+    llama31 = SimpleNamespace(rope_parameters={"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 8192})
+    assert positional_of(llama31) == ("rope;theta=500000;scaling=llama3;factor=8;original_max_position=8192",
+                                      {"high_freq_factor": 4.0, "low_freq_factor": 1.0})
+    partial = SimpleNamespace(rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    assert positional_of(partial, 64)[0] == "rope;theta=10000;dim=32"
+    assert positional_of(SimpleNamespace(rope_parameters={"rope_theta": 1e4, "rope_type": "dynamic", "factor": 2.5}))[0] \
+        == "rope;theta=10000;scaling=ntk;factor=2.5"
+    with pytest.raises(DescriptorError, match="registry"):
+        positional_of(SimpleNamespace(rope_parameters={"rope_theta": 1e4, "rope_type": "longrope"}))
     with pytest.raises(DescriptorError):
         positional_of(SimpleNamespace())
+
+
+def test_the_reference_model_and_the_connector_describe_one_model_alike(tmp_path: Path) -> None:
+    """One formatter for both paths: the same model (weights, tokenizer, geometry, theta 1e6)
+    described by the reference model and by the connector has one Compatibility ID."""
+    from kvsp_moq.kvsp.layout import LAYOUT
+    from kvsp_moq.model.config import ModelConfig
+    from kvsp_moq.model.descriptor import build_descriptor as reference_descriptor
+    from kvsp_moq.model.weights import ensure_model_files
+
+    files = ensure_model_files(ModelConfig(name="same", layers=2, rope_theta=1e6), tmp_path / "ref")
+    reference = reference_descriptor(files, block_tokens=16)
+    positional, extra = positional_of(SimpleNamespace(rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}))
+    connector = build_descriptor(model="same", model_digest=reference["model_digest"],
+                                 tokenizer_digest=reference["tokenizer_digest"], layers=2,
+                                 kv_heads=files.config.kv_heads, head_dim=files.config.head_dim, kv_dtype="fp32",
+                                 positional=positional, positional_extra=extra, block_tokens=16)
+    assert reference["positional"] == positional == "rope;theta=1000000" and reference["layout"] == LAYOUT
+    assert connector == reference and compat_id(connector) == compat_id(reference)
+
+
+def test_weights_are_hashed_once_per_host(tmp_path: Path) -> None:
+    """The second describer of unchanged files reads the first one's digest (the cache), and a
+    file changed in place (size or mtime) is hashed again."""
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"x" * 1000)
+    cache = tmp_path / "cache.json"
+    calls: list[int] = []
+
+    def counting(files: Sequence[Path]) -> str:
+        calls.append(1)
+        return model_digest(files)
+
+    first = files_digest([weights], compute=counting, cache=cache)
+    assert files_digest([weights], compute=counting, cache=cache) == first == model_digest([weights])
+    assert len(calls) == 1
+    weights.write_bytes(b"y" * 1001)
+    assert files_digest([weights], compute=counting, cache=cache) != first and len(calls) == 2
+    cache.write_text("not json")  # a damaged cache is only a slower start
+    assert files_digest([weights], compute=counting, cache=cache) == model_digest([weights]) and len(calls) == 3
 
 
 def test_layer_names_and_counters() -> None:

@@ -122,6 +122,37 @@ def validate_descriptor(doc: object) -> CompatibilityDescriptor:
     )
 
 
+def make_descriptor(*, model: str, model_digest: str, tokenizer_digest: str, layers: int, kv_heads: int,
+                    head_dim: int, kv_dtype: str, positional: str, block_tokens: int, layout: str,
+                    adapters: Iterable[str] | None = None,
+                    extensions: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The one way this implementation writes a descriptor (the reference model and the vLLM
+    connector both call it, so one model gets one document and one Compatibility ID): the
+    §4.1 members, ``adapters`` only when an adapter is applied, then ``extensions`` (members
+    beyond §4.1 that are part of the identity, docs/decisions/0002), validated."""
+    document: dict[str, Any] = {
+        "model": model,
+        "model_digest": model_digest,
+        "tokenizer_digest": tokenizer_digest,
+        "layers": layers,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "kv_dtype": kv_dtype,
+        "positional": positional,
+        "block_tokens": block_tokens,
+        "layout": layout,
+    }
+    applied = list(adapters or ())
+    if applied:
+        document["adapters"] = applied
+    for member, value in (extensions or {}).items():
+        if member in document or member == "adapters":
+            raise DescriptorError(member, "an extension member cannot replace a §4.1 member")
+        document[member] = value
+    validate_descriptor(document)
+    return document
+
+
 def canonical_json(doc: Mapping[str, Any]) -> bytes:
     """JCS (RFC 8785) of a JSON object; ``DescriptorError`` for values JCS cannot encode."""
     try:

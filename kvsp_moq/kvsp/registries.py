@@ -178,6 +178,41 @@ def parse_positional(text: str) -> Positional:
     return Positional(name, MappingProxyType(params))
 
 
+def format_number(value: float | int) -> str:
+    """The one text of a positional parameter's number: an integer value as a decimal integer
+    (``1000000``, never ``1e+06`` or ``1000000.0``), any other value as Python's shortest
+    round-trip ``repr`` (``0.5``). Every producer of a descriptor uses it, so one model gets one
+    ``positional`` string and one Compatibility ID whichever code path describes it."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number")
+    return str(int(number)) if number.is_integer() else repr(number)
+
+
+def format_positional(name: str, params: Mapping[str, object] | None = None) -> str:
+    """The canonical ``positional`` member (§4.1) for encoding ``name`` with ``params``: the
+    parameters in the registry's order (not the caller's), numbers by :func:`format_number`.
+    ``ValueError`` for an unregistered name or parameter, or a value its syntax rejects (the
+    result is parsed back with :func:`parse_positional`)."""
+    encoding = POSITIONAL_ENCODINGS.get(name)
+    if encoding is None:
+        raise ValueError(f"{name!r} is not a registered positional encoding "
+                         f"({', '.join(sorted(POSITIONAL_ENCODINGS))})")
+    given = {k: v for k, v in (params or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(encoding.parameters))
+    if unknown:
+        raise ValueError(f"{name} has no parameter {unknown[0]!r}")
+    parts = [name]
+    for key in encoding.parameters:  # the registry's order
+        if key in given:
+            value = given[key]
+            text = value if isinstance(value, str) else format_number(value)  # type: ignore[arg-type]
+            parts.append(f"{key}={text}")
+    text = ";".join(parts)
+    parse_positional(text)
+    return text
+
+
 # ---------------------------------------------------------------------------------------------
 # Layouts (§4.1 "layout", §4.3)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ..kvsp.registries import format_positional
 from .errors import ModelError
 from .tokenizer import ByteTokenizer
 
@@ -77,9 +78,7 @@ class ModelConfig:
     @property
     def positional(self) -> str:
         """The descriptor's ``positional`` member (§4.1): RoPE with its explicit theta."""
-        theta = self.rope_theta
-        text = str(int(theta)) if float(theta).is_integer() else repr(float(theta))
-        return f"rope;theta={text}"
+        return format_positional("rope", {"theta": self.rope_theta})
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..kvsp.compat import model_digest, tokenizer_digest, validate_descriptor
+from ..kvsp.compat import make_descriptor, model_digest, tokenizer_digest
 from ..kvsp.layout import LAYOUT
 from .config import KV_DTYPE
 from .errors import ModelError
@@ -31,17 +31,15 @@ def build_descriptor(
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
         raise ModelError(f"block_tokens must be an integer >= 1, got {block_tokens!r}")
     config = files.config
-    document: dict[str, Any] = {
-        "model": model if model is not None else config.name,
-        "model_digest": model_digest(files.weight_files),
-        "tokenizer_digest": tokenizer_digest(files.tokenizer_file),
-        "layers": config.layers,
-        "kv_heads": config.kv_heads,
-        "head_dim": config.head_dim,
-        "kv_dtype": KV_DTYPE,
-        "positional": config.positional,
-        "block_tokens": block_tokens,
-        "layout": LAYOUT,
-    }
-    validate_descriptor(document)
-    return document
+    return make_descriptor(
+        model=model if model is not None else config.name,
+        model_digest=model_digest(files.weight_files),
+        tokenizer_digest=tokenizer_digest(files.tokenizer_file),
+        layers=config.layers,
+        kv_heads=config.kv_heads,
+        head_dim=config.head_dim,
+        kv_dtype=KV_DTYPE,
+        positional=config.positional,
+        block_tokens=block_tokens,
+        layout=LAYOUT,
+    )

@@ -9,7 +9,8 @@ vLLM creates the class twice: once in the scheduler (``KVConnectorRole.SCHEDULER
 per worker (``WORKER``); the two talk only through the step metadata (:mod:`.plan`). This
 module is the only one that imports vLLM; it forwards every call to the role's vLLM-free
 half, :class:`~.scheduler.SchedulerSide` or :class:`~.worker.WorkerSide`. Both roles derive
-the same Compatibility Descriptor from the engine's model (:mod:`.descriptor`).
+the same Compatibility Descriptors from the engine's model (:mod:`.descriptor`): the scheduler
+one per tensor-parallel rank (and adapter), each worker its own rank's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ...kvsp.compat import compat_id
-from .descriptor import descriptor_of_engine
+from .descriptor import EngineModel, kv_scales_digest
 from .plan import StepPlan, merge_counts
 from .scheduler import SchedulerSide
 from .settings import ConnectorSettings
@@ -77,6 +78,13 @@ class KVSPWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
 
+def _tensor_parallel_rank() -> int:
+    """This worker's tensor-parallel rank (0 where vLLM's groups are not set up)."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, model_parallel_is_initialized
+
+    return int(get_tensor_model_parallel_rank()) if model_parallel_is_initialized() else 0
+
+
 class KVSPConnector(KVConnectorBase_V1):
     """KV blocks shared through KVSP: IS lookup, MOQT layer-wise loads, publication."""
 
@@ -85,16 +93,19 @@ class KVSPConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         _log_like_vllm()
         self.settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config)
-        self.descriptor = descriptor_of_engine(vllm_config, self.settings.model_name)
+        self.model = EngineModel.of(vllm_config, self.settings.model_name)
+        self.rank = _tensor_parallel_rank() if role != KVConnectorRole.SCHEDULER else 0
+        self.descriptor = self.model.descriptor(self.rank)
         self.compat_id = compat_id(self.descriptor)
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = SchedulerSide(self.settings, self.compat_id, int(self.descriptor["block_tokens"]))
+            self.scheduler = SchedulerSide(self.settings, self.model)
         else:
-            self.worker = WorkerSide(self.settings, self.descriptor)
-        log.info("KVSP connector (%s): compat %s, B = %s, scopes %s", role.name, self.compat_id.hex()[:16],
-                 self.descriptor["block_tokens"], sorted(self.settings.scopes))
+            self.worker = WorkerSide(self.settings, self.descriptor, self.rank)
+        log.info("KVSP connector (%s, rank %d of %d): compat %s, %s, B = %s, scopes %s", role.name, self.rank,
+                 self.model.world_size, self.compat_id.hex()[:16], self.model.kv_dtype, self.model.block_tokens,
+                 sorted(self.settings.scopes))
 
     # -- worker side ------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -102,7 +113,20 @@ class KVSPConnector(KVConnectorBase_V1):
 
         backends = get_current_attn_backends(self._vllm_config, list(kv_caches))
         assert self.worker is not None
-        self.worker.register_kv_caches(kv_caches, backends[0].get_name() if backends else "")
+        scales = None
+        if self.model.kv_scales is not None:
+            scales = kv_scales_digest(self._layer_scales(list(kv_caches)))
+        self.worker.register_kv_caches(kv_caches, backends[0].get_name() if backends else "",
+                                       kv_scales=(scales, self.model.kv_scales))
+
+    def _layer_scales(self, layer_names: list[str]) -> list[tuple[float, float]]:
+        """The (k_scale, v_scale) each attention layer quantizes its fp8 KV with, in layer order."""
+        from .worker import layer_index
+
+        context = self._vllm_config.compilation_config.static_forward_context
+        ordered = sorted(layer_names, key=layer_index)
+        return [(float(getattr(context[n], "_k_scale_float", 1.0)), float(getattr(context[n], "_v_scale_float", 1.0)))
+                for n in ordered]
 
     def _plan(self) -> StepPlan:
         if not self.has_connector_metadata():

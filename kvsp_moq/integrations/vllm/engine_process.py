@@ -6,7 +6,8 @@ it many requests. ``python -m kvsp_moq.integrations.vllm.engine_process SPEC_JSO
 ``KVTransferConfig`` dict of :func:`.settings.kv_transfer_config` or none), prints
 ``{"ready": true}`` and then answers each request line on stdin with one line on stdout::
 
-    {"id": 1, "prompt_token_ids": [...], "max_tokens": 8, "kv_transfer_params": {...}, "cache_salt": "a"}
+    {"id": 1, "prompt_token_ids": [...], "max_tokens": 8, "kv_transfer_params": {...}, "cache_salt": "a",
+     "lora": {"name": "ad1", "id": 1, "path": "/models/ad1"}}
     -> {"id": 1, "token_ids": [...], "kv_transfer_params": {"kvsp": {...}}, "elapsed_s": 0.12}
 
 Greedy decoding (temperature 0, ``ignore_eos``). vLLM's own logs go to stderr.
@@ -43,10 +44,19 @@ class EngineSpec:
     max_model_len: int = 2048
     #: ``KVTransferConfig`` fields (None: no connector at all).
     kv_transfer_config: dict[str, Any] | None = None
-    #: vLLM's own prefix cache (off in tests, so every repeat goes through the connector).
-    enable_prefix_caching: bool = False
+    #: vLLM's own prefix cache: on, as vLLM's default is (a repeat on the same engine is then
+    #: vLLM's own hit; the connector serves what another engine computed).
+    enable_prefix_caching: bool = True
     #: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) on CPU.
     kv_cache_gib: int = 1
+    #: The model's dtype (``LLM(dtype=...)``: float32, bfloat16, float16) and the KV cache's
+    #: (``kv_cache_dtype``: auto = the model's, fp8_e4m3, fp8_e5m2).
+    dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    #: LoRA adapters served (``enable_lora``), with their largest rank.
+    max_loras: int = 0
+    max_lora_rank: int = 8
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -56,9 +66,12 @@ def _serve(spec: EngineSpec, out: IO[str]) -> None:
     from vllm.inputs import TokensPrompt
 
     kv = KVTransferConfig(**spec.kv_transfer_config) if spec.kv_transfer_config else None
-    llm = LLM(model=spec.model_dir, dtype="float32", enforce_eager=True, block_size=spec.block_size,
-              max_model_len=spec.max_model_len, enable_prefix_caching=spec.enable_prefix_caching,
-              kv_transfer_config=kv, max_num_seqs=4, seed=0)
+    lora: dict[str, Any] = {"enable_lora": True, "max_loras": spec.max_loras, "max_lora_rank": spec.max_lora_rank} \
+        if spec.max_loras else {}
+    llm = LLM(model=spec.model_dir, dtype=spec.dtype, kv_cache_dtype=spec.kv_cache_dtype, enforce_eager=True,
+              block_size=spec.block_size, max_model_len=spec.max_model_len,
+              enable_prefix_caching=spec.enable_prefix_caching, tensor_parallel_size=spec.tensor_parallel_size,
+              kv_transfer_config=kv, max_num_seqs=4, seed=0, **lora)
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     for line in sys.stdin:
@@ -71,9 +84,14 @@ def _serve(spec: EngineSpec, out: IO[str]) -> None:
         prompt = TokensPrompt(prompt_token_ids=list(req["prompt_token_ids"]))
         if req.get("cache_salt"):
             prompt["cache_salt"] = req["cache_salt"]
+        adapter = None
+        if req.get("lora"):
+            from vllm.lora.request import LoRARequest
+
+            adapter = LoRARequest(str(req["lora"]["name"]), int(req["lora"]["id"]), str(req["lora"]["path"]))
         start = time.perf_counter()
         try:
-            result = llm.generate([prompt], params, use_tqdm=False)[0]
+            result = llm.generate([prompt], params, use_tqdm=False, lora_request=adapter)[0]
         except Exception as exc:
             out.write(json.dumps({"id": req.get("id"), "error": f"{type(exc).__name__}: {exc}"}) + "\n")
             out.flush()
@@ -128,11 +146,13 @@ class EngineProcess:
             raise RuntimeError(f"{self.name}: unexpected first line")
 
     def generate(self, prompt_token_ids: list[int], *, max_tokens: int = 8, kv_transfer_params: dict[str, Any] | None = None,
-                 cache_salt: str | None = None, timeout: float = 300.0) -> dict[str, Any]:
-        """One greedy request; its answer (``token_ids``, ``kv_transfer_params``, ``elapsed_s``)."""
+                 cache_salt: str | None = None, lora: dict[str, Any] | None = None,
+                 timeout: float = 300.0) -> dict[str, Any]:
+        """One greedy request; its answer (``token_ids``, ``kv_transfer_params``, ``elapsed_s``).
+        ``lora``: ``{"name", "id", "path"}`` of an adapter to apply (the engine serves LoRA)."""
         self._next_id += 1
         req = {"id": self._next_id, "prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens,
-               "kv_transfer_params": kv_transfer_params, "cache_salt": cache_salt}
+               "kv_transfer_params": kv_transfer_params, "cache_salt": cache_salt, "lora": lora}
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(req) + "\n")
         self.process.stdin.flush()

@@ -16,8 +16,13 @@ kvsp-layout-1 is, per layer and block, a K section and a V section, each ``[toke
 head_dim]`` C-ordered little-endian (§4.3). :class:`PagedLayout` copies one block out
 (:meth:`~PagedLayout.read`: numpy arrays in that form, ready for ``BlockWriter.write_layer``)
 and in (:meth:`~PagedLayout.write`); these copies are the only work the connector does on
-vLLM's forward path. torch is imported by the caller (vLLM); this module only uses tensor
-methods.
+vLLM's forward path.
+
+Bit-exact in every dtype (DESIGN.md §9): the elements move as integers of their size, never
+through a float conversion. Out, the paged tensor is viewed as ``int32``/``int16``/``uint8``
+(fp32; fp16 and bf16; fp8) before it reaches numpy (numpy has no bfloat16 or fp8: ``.numpy()``
+of such a tensor raises); in, the section's integers are viewed back as the cache's dtype
+before the copy. A section whose element size is not the cache's is refused.
 """
 
 from __future__ import annotations
@@ -62,19 +67,41 @@ class PagedLayout:
         return kv[0, block_id], kv[1, block_id]
 
     def read(self, kv: Any, block_id: int) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of block ``block_id``'s K and V in kvsp-layout-1 (host numpy arrays)."""
+        """Copies of block ``block_id``'s K and V in kvsp-layout-1 (host numpy arrays of the
+        cache's element size, bit for bit: module notes)."""
         k, v = self._kv(kv, block_id)
-        return (k.detach().to("cpu").contiguous().numpy(), v.detach().to("cpu").contiguous().numpy())
+        return _host_bits(k), _host_bits(v)
 
     def write(self, kv: Any, block_id: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Block ``block_id``'s K and V from kvsp-layout-1 arrays ``[tokens, kv_heads, head_dim]``."""
+        """Block ``block_id``'s K and V from kvsp-layout-1 arrays ``[tokens, kv_heads, head_dim]``
+        of the cache's element size (any dtype of that size: the bits are copied)."""
         import torch  # present: vLLM runs on it
 
         dst_k, dst_v = self._kv(kv, block_id)
         for dst, src in ((dst_k, k), (dst_v, v)):
             if src.shape != (self.block_tokens, self.kv_heads, self.head_dim):
                 raise LayoutError(f"a section of shape {src.shape} is not one block of this layout")
-            dst.copy_(torch.from_numpy(np.require(src, requirements=("C", "W"))).view(dst.dtype))
+            size = dst.element_size()
+            if src.dtype.itemsize != size:
+                raise LayoutError(f"a section of {src.dtype.itemsize}-octet elements for a cache of {dst.dtype} "
+                                  f"({size}-octet elements)")
+            bits = np.require(src, requirements=("C", "W")).view(_NUMPY_BITS[size])
+            dst.copy_(torch.from_numpy(bits).view(dst.dtype))
+
+
+#: numpy integer dtype holding one element of each size (little-endian, as §4.3's sections are).
+_NUMPY_BITS: dict[int, np.dtype[Any]] = {1: np.dtype("u1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
+
+
+def _host_bits(t: Any) -> np.ndarray:
+    """A C-ordered host copy of tensor ``t`` as integers of its element size (module notes)."""
+    import torch  # present: vLLM runs on it
+
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
+    if integer is None:
+        raise LayoutError(f"KV elements of {t.element_size()} octets ({t.dtype}) have no integer view")
+    out: np.ndarray = t.detach().to("cpu").contiguous().view(integer).numpy()
+    return out
 
 
 def layout_for(backend: str, shape: tuple[int, ...], *, kv_heads: int, head_dim: int, block_tokens: int) -> PagedLayout:

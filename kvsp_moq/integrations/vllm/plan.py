@@ -21,34 +21,40 @@ COUNTERS = ("blocks_moqt", "blocks_http", "blocks_failed", "bytes_moqt", "bytes_
 
 @dataclass(frozen=True)
 class BlockLoad:
-    """One external block: where vLLM allocated it and the records of its replicas."""
+    """One external block: where vLLM allocated it and, per tensor-parallel rank (index = rank),
+    its Block Key and the records of its replicas (each rank's shard is a block of its own,
+    docs/binding.md "Tensor parallelism")."""
 
     index: int  # the block's position in the prompt
     block_id: int  # vLLM's block id (KV cache group 0)
-    block_key: bytes
-    records: tuple[Mapping[str, object], ...]
+    block_keys: tuple[bytes, ...]
+    records: tuple[tuple[Mapping[str, object], ...], ...]
 
 
 @dataclass(frozen=True)
 class RequestLoad:
     req_id: str
     scope_id: bytes
+    #: The request's Compatibility ID per rank (its adapters included, §4.1).
+    compat_ids: tuple[bytes, ...]
     blocks: tuple[BlockLoad, ...]
 
 
 @dataclass(frozen=True)
 class BlockSave:
-    """A prompt block that becomes complete in this step (computed by this engine)."""
+    """A prompt block that becomes complete in this step (computed by this engine); its Block
+    Key per rank."""
 
     index: int
     block_id: int
-    block_key: bytes
+    block_keys: tuple[bytes, ...]
 
 
 @dataclass(frozen=True)
 class RequestSave:
     req_id: str
     scope_id: bytes
+    compat_ids: tuple[bytes, ...]
     blocks: tuple[BlockSave, ...]
 
 

@@ -2,13 +2,18 @@
 
 Per request (vLLM's ``Request``, read duck-typed):
 
-- **scope** — from ``kv_transfer_params["kvsp_scope"]`` or ``cache_salt``, else the default
-  scope (:meth:`~.settings.ConnectorSettings.scope_of`); a request without a configured scope
-  neither loads nor publishes.
+- **scope** — selected by the digest of the request's secret ``cache_salt``, else the
+  default scope (:meth:`~.settings.ConnectorSettings.scope_of`); nothing the request names
+  selects one. A request without a scope neither loads nor publishes.
+- **what else makes its KV differ** — a LoRA adapter is part of the request's Compatibility
+  Descriptor (§4.1 ``adapters``, the adapter's digest); multimodal inputs and prompt embeddings
+  are not in the Block Keys (which cover token ids), so such requests share nothing.
 - **Block Keys** — over the prompt's complete blocks (kvsp-draft §4.2), under the scope's
-  key and the engine's Compatibility ID (:mod:`.descriptor`), B = vLLM's block size.
-- **one IS lookup** (``POST lookup``, §6.2) for the blocks after vLLM's own prefix-cache hit,
-  bounded by ``deadline_ms``; an IS that fails or is late means no external hit.
+  key and the request's Compatibility ID (:mod:`.descriptor`), B = vLLM's block size; one set
+  per tensor-parallel rank (each rank's shard has its own Compatibility ID).
+- **one IS lookup per rank** (``POST lookup``, §6.2, concurrently) for the blocks after vLLM's
+  own prefix-cache hit, bounded by ``deadline_ms``; the matched prefix is the shortest of the
+  ranks' (every rank must load the block); an IS that fails or is late means no external hit.
 - **matched prefix** — at most ``(prompt_len - 1) // B`` blocks: vLLM must compute at least one
   prompt token to sample from, so a prompt that is all cached blocks reuses all but its last
   block (vLLM's ExampleConnector and LMCache apply the same rule). Loading is synchronous and
@@ -17,12 +22,15 @@ Per request (vLLM's ``Request``, read duck-typed):
 - **saves** — the prompt blocks that become complete in a step and were not loaded (nor
   already known to the IS) are planned for publication by the worker.
 
-The worker's per-request counters come back through ``update_connector_output`` and are
-returned as ``kv_transfer_params["kvsp"]`` of the request's output (``request_finished``).
+The worker's per-request counters (summed over the ranks) come back through
+``update_connector_output`` and are returned as ``kv_transfer_params["kvsp"]`` of the request's
+output (``request_finished``); a request that shares nothing reports ``{"shared": false,
+"reason": ...}`` there instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +38,11 @@ from typing import Any
 
 from ...control.client.http import HttpIndexClient
 from ...kvsp.blockkeys import block_keys
+from ...kvsp.compat import compat_id
+from ...kvsp.errors import DescriptorError
 from ...kvsp.records import LookupRequest, LookupResponse
 from ...kvsp.scope import scope_id
+from .descriptor import EngineModel, adapter_digest
 from .loop import ClientLoop
 from .plan import BlockLoad, BlockSave, RequestLoad, RequestSave, StepPlan, merge_counts
 from .settings import ConnectorSettings
@@ -45,11 +56,13 @@ log = logging.getLogger(__name__)
 class _Request:
     scope: str
     scope_id: bytes
-    keys: list[bytes]  # Block Keys of the prompt's complete blocks
+    compat_ids: tuple[bytes, ...]  # per rank
+    keys: tuple[list[bytes], ...]  # per rank: the Block Keys of the prompt's complete blocks
     looked_up: bool = False
     local_blocks: int = 0  # vLLM's own prefix-cache hit, in blocks
-    matched: int = 0  # blocks the IS knows (a prefix of keys)
-    records: list[tuple[Mapping[str, object], ...]] = field(default_factory=list)  # per matched block
+    matched: int = 0  # blocks the IS knows for every rank (a prefix of keys)
+    #: per matched block, per rank: the records of its replicas
+    records: list[tuple[tuple[Mapping[str, object], ...], ...]] = field(default_factory=list)
     external: int = 0  # blocks to load: local_blocks .. local_blocks + external - 1
     load_pending: list[BlockLoad] | None = None
     block_ids: list[int] = field(default_factory=list)
@@ -62,12 +75,17 @@ class SchedulerSide:
     """The scheduler role's state and decisions (module notes). vLLM-free: the connector
     (:mod:`.connector`) forwards vLLM's calls here."""
 
-    def __init__(self, settings: ConnectorSettings, compat_id: bytes, block_tokens: int,
-                 loop: ClientLoop | None = None) -> None:
+    def __init__(self, settings: ConnectorSettings, model: EngineModel, loop: ClientLoop | None = None) -> None:
         self.settings = settings
-        self.compat_id = compat_id
-        self.block_tokens = block_tokens
+        self.model = model
+        self.block_tokens = model.block_tokens
+        self._compat: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+        #: The engine's Compatibility ID per rank, without adapters.
+        self.compat_ids = self._compat_ids(())
         self._requests: dict[str, _Request] = {}
+        #: Requests that share nothing and why (reported by request_finished).
+        self._unshared: dict[str, str] = {}
+        self._warned_scope_param = False
         self._loop = loop
         self._index: HttpIndexClient | None = None
         if settings.enabled and settings.load:
@@ -85,7 +103,7 @@ class SchedulerSide:
             return 0, False
         b = self.block_tokens
         prompt_len = len(request.prompt_token_ids or [])
-        usable = min(len(state.keys), max(0, prompt_len - 1) // b)  # the full-hit rule
+        usable = min(len(state.keys[0]), max(0, prompt_len - 1) // b)  # the full-hit rule
         local = num_computed_tokens // b
         if not state.looked_up:
             state.looked_up = True
@@ -94,9 +112,10 @@ class SchedulerSide:
             if usable > local and self._index is not None:
                 answer = self._lookup(state)
                 if answer is not None:
-                    state.matched = answer.matched
-                    state.records = [tuple(r.to_json() for r in blk.replicas) for blk in answer.blocks]
-                    state.saved_upto = max(local, min(answer.matched, len(state.keys)))
+                    state.matched = min(a.matched for a in answer)
+                    state.records = [tuple(tuple(r.to_json() for r in a.blocks[i].replicas) for a in answer)
+                                     for i in range(state.matched)]
+                    state.saved_upto = max(local, min(state.matched, len(state.keys[0])))
             state.external = max(0, min(state.matched, usable) - local)
         if state.external == 0 or local != state.local_blocks:
             return 0, False
@@ -110,14 +129,15 @@ class SchedulerSide:
         first = state.local_blocks
         count = num_external_tokens // self.block_tokens
         state.load_pending = [
-            BlockLoad(i, ids[i], state.keys[i], state.records[i]) for i in range(first, first + count)
+            BlockLoad(i, ids[i], tuple(keys[i] for keys in state.keys), state.records[i])
+            for i in range(first, first + count)
         ]
 
     def build_connector_meta(self, scheduler_output: Any) -> StepPlan:
         plan = StepPlan()
         for req_id, state in self._requests.items():
             if state.load_pending:
-                plan.loads.append(RequestLoad(req_id, state.scope_id, tuple(state.load_pending)))
+                plan.loads.append(RequestLoad(req_id, state.scope_id, state.compat_ids, tuple(state.load_pending)))
                 state.load_pending = None
         scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
@@ -147,10 +167,12 @@ class SchedulerSide:
 
     def request_finished(self, request: Any) -> dict[str, Any] | None:
         state = self._requests.pop(request.request_id, None)
+        reason = self._unshared.pop(request.request_id, None)
         if state is None:
-            return None
-        return {"kvsp": {"scope": state.scope, "compat_id": self.compat_id.hex(), "external_tokens": state.external * self.block_tokens,
-                         "matched_blocks": state.matched, "local_blocks": state.local_blocks, **state.counts}}
+            return {"kvsp": {"shared": False, "reason": reason}} if reason else None
+        return {"kvsp": {"scope": state.scope, "compat_id": state.compat_ids[0].hex(),
+                         "external_tokens": state.external * self.block_tokens, "matched_blocks": state.matched,
+                         "local_blocks": state.local_blocks, **state.counts}}
 
     def close(self) -> None:
         if self._loop is not None and self._index is not None:
@@ -161,28 +183,70 @@ class SchedulerSide:
             self._loop.close()
 
     # -- internals ----------------------------------------------------------------------------
+    def _compat_ids(self, adapters: tuple[str, ...]) -> tuple[bytes, ...]:
+        """The Compatibility ID of every rank's blocks under ``adapters`` (computed once)."""
+        ids = self._compat.get(adapters)
+        if ids is None:
+            ids = tuple(compat_id(self.model.descriptor(rank, adapters or None))
+                        for rank in range(self.model.world_size))
+            self._compat[adapters] = ids
+        return ids
+
+    def _unshare(self, request: Any, reason: str) -> None:
+        if request.request_id not in self._unshared:
+            self._unshared[request.request_id] = reason
+            log.info("KVSP: request %s shares nothing: %s", request.request_id, reason)
+
     def _state(self, request: Any) -> _Request | None:
         state = self._requests.get(request.request_id)
-        if state is not None or not self.settings.enabled:
+        if state is not None or not self.settings.enabled or request.request_id in self._unshared:
             return state
-        scope = self.settings.scope_of(getattr(request, "kv_transfer_params", None),
-                                       getattr(request, "cache_salt", None))
-        if scope is None:
+        params = getattr(request, "kv_transfer_params", None) or {}
+        if "kvsp_scope" in params and not self._warned_scope_param:
+            self._warned_scope_param = True
+            log.warning("KVSP: kv_transfer_params['kvsp_scope'] is ignored: a scope is selected only by the "
+                        "secret cache_salt the operator configured (scope_salts, docs/vllm.md)")
+        choice = self.settings.scope_of(params, getattr(request, "cache_salt", None))
+        if choice.scope is None:
+            if params.get("kvsp") is not False:
+                self._unshare(request, choice.reason or "no scope")
             return None
-        key = self.settings.scopes[scope]
+        if getattr(request, "mm_features", None):
+            self._unshare(request, "multimodal inputs are not covered by Block Keys")
+            return None
+        if getattr(request, "prompt_embeds", None) is not None:
+            self._unshare(request, "prompt embeddings are not covered by Block Keys")
+            return None
+        adapters: tuple[str, ...] = ()
+        lora = getattr(request, "lora_request", None)
+        if lora is not None:
+            try:
+                adapters = (adapter_digest(lora.lora_path),)
+            except DescriptorError as exc:
+                self._unshare(request, f"LoRA adapter {lora.lora_name!r}: {exc}")
+                return None
+        compat_ids = self._compat_ids(adapters)
+        key = self.settings.scopes[choice.scope]
         tokens: Sequence[int] = request.prompt_token_ids or []
-        state = _Request(scope, scope_id(key), block_keys(key, self.compat_id, list(tokens), self.block_tokens))
+        keys = tuple(block_keys(key, c, list(tokens), self.block_tokens) for c in compat_ids)
+        state = _Request(choice.scope, scope_id(key), compat_ids, keys)
         self._requests[request.request_id] = state
         return state
 
-    def _lookup(self, state: _Request) -> LookupResponse | None:
-        """One lookup of every complete block (also those the full-hit rule leaves to compute:
-        a block the IS knows is not published again)."""
+    def _lookup(self, state: _Request) -> list[LookupResponse] | None:
+        """One lookup per rank of every complete block (also those the full-hit rule leaves to
+        compute: a block the IS knows is not published again), concurrently."""
         assert self._loop is not None and self._index is not None
+        index = self._index
         self.lookups += 1
-        body = LookupRequest(scope_id=state.scope_id, compat_id=self.compat_id, block_keys=tuple(state.keys))
+        bodies = [LookupRequest(scope_id=state.scope_id, compat_id=c, block_keys=tuple(keys))
+                  for c, keys in zip(state.compat_ids, state.keys)]
+
+        async def all_ranks() -> list[LookupResponse]:
+            return list(await asyncio.gather(*(index.lookup(body) for body in bodies)))
+
         try:
-            return self._loop.run(self._index.lookup(body), self.settings.deadline_s)
+            return self._loop.run(all_ranks(), self.settings.deadline_s)
         except Exception as exc:  # the IS is advisory (§6.1): no hit, compute
             self.lookup_failures += 1
             log.warning("KVSP lookup failed (%s): computing the prompt", exc)
@@ -196,9 +260,10 @@ class SchedulerSide:
             # saved again (the worker discarded the saves of the failed step).
             state.saved_upto = min(state.saved_upto, computed // self.block_tokens)
         state.frontier = computed + scheduled
-        complete = min((computed + scheduled) // self.block_tokens, len(state.keys), len(state.block_ids))
+        complete = min((computed + scheduled) // self.block_tokens, len(state.keys[0]), len(state.block_ids))
         if complete <= state.saved_upto:
             return
-        blocks = tuple(BlockSave(i, state.block_ids[i], state.keys[i]) for i in range(state.saved_upto, complete))
+        blocks = tuple(BlockSave(i, state.block_ids[i], tuple(keys[i] for keys in state.keys))
+                       for i in range(state.saved_upto, complete))
         state.saved_upto = complete
-        plan.saves.append(RequestSave(req_id, state.scope_id, blocks))
+        plan.saves.append(RequestSave(req_id, state.scope_id, state.compat_ids, blocks))

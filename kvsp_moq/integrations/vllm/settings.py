@@ -7,27 +7,51 @@ module imports no vLLM) from a cluster's URLs and tokens, for ``LLM(kv_transfer_
 and ``vllm serve --kv-transfer-config '<json>'`` alike.
 
 Scopes (kvsp-draft §4.2): ``scopes`` maps a scope name to its Scope Key (hex, at least 32
-octets). A request names its scope with ``kv_transfer_params={"kvsp_scope": NAME}`` or with
-its ``cache_salt`` (a salt equal to a scope name); otherwise it is in ``default_scope``. A
-request naming a scope that is not configured neither loads nor publishes: blocks never
-cross scopes, and an unknown tenant shares nothing. ``kv_transfer_params={"kvsp": false}``
-switches the connector off for one request.
+octets). A tenant's scope is chosen only by something the operator controls (DESIGN.md §9),
+never by a name in the client's request body:
+
+- ``scope_salts`` maps a scope name to the SHA-256 digests (``sha-256:<hex>``, see
+  :func:`salt_digest`) of the secret salts that select it. The operator's gateway sets each
+  tenant's secret as the request's ``cache_salt`` (vLLM's per-tenant prefix-cache salt, which
+  also keeps vLLM's own cache apart); the connector stores only the digests.
+- A request without a ``cache_salt`` is in ``default_scope`` (none: it shares nothing; a
+  multi-tenant engine sets none).
+- A ``cache_salt`` that selects no scope shares nothing: no lookup, no load, no publication
+  (reported in the request's ``kv_transfer_params["kvsp"]``, and logged).
+- ``kv_transfer_params["kvsp_scope"]`` selects nothing (it came from the request body); it is
+  ignored with a warning. ``kv_transfer_params={"kvsp": false}`` switches the connector off for
+  one request (opting out takes nothing from anyone).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...kvsp.scope import check_scope_key
 
-__all__ = ["CONNECTOR_CLASS", "CONNECTOR_MODULE", "ConnectorSettings", "SettingsError",
-           "connector_extra_config", "kv_transfer_config"]
+__all__ = ["CONNECTOR_CLASS", "CONNECTOR_MODULE", "ConnectorSettings", "ScopeChoice", "SettingsError",
+           "connector_extra_config", "kv_transfer_config", "salt_digest"]
 
 #: What ``KVTransferConfig`` names to load the connector (``kv_connector_module_path``).
 CONNECTOR_MODULE = "kvsp_moq.integrations.vllm.connector"
 CONNECTOR_CLASS = "KVSPConnector"
+
+
+def salt_digest(salt: str) -> str:
+    """How ``scope_salts`` names a secret salt: ``sha-256:`` + the hex SHA-256 of its UTF-8."""
+    return "sha-256:" + hashlib.sha256(salt.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ScopeChoice:
+    """A request's scope (None: it shares nothing) and, when it shares nothing, why."""
+
+    scope: str | None
+    reason: str | None = None
 
 
 class SettingsError(ValueError):
@@ -58,6 +82,8 @@ class ConnectorSettings:
     #: scope name -> Scope Key (hex); ``default_scope`` names the scope of requests naming none.
     scopes: Mapping[str, bytes] = field(default_factory=dict)
     default_scope: str | None = None
+    #: salt digest (``sha-256:<hex>``) -> scope name: the secret ``cache_salt`` that selects it.
+    scope_salts: Mapping[str, str] = field(default_factory=dict)
     #: TLS of the MOQT client: CA file to verify the relay with; ``insecure`` skips that.
     ca_file: str | None = None
     insecure: bool = False
@@ -99,6 +125,7 @@ class ConnectorSettings:
         default = strings["default_scope"]
         if default is not None and default not in scopes:
             raise SettingsError("default_scope", f"{default!r} is not in scopes")
+        salts = _scope_salts(extra.get("scope_salts", {}), scopes)
         relay = strings["relay_url"]
         if relay is not None and not relay.startswith("moqt://"):
             raise SettingsError("relay_url", "must be a moqt:// URL")
@@ -106,6 +133,7 @@ class ConnectorSettings:
             **{k: v for k, v in strings.items() if k != "default_scope"},
             default_scope=default,
             scopes=scopes,
+            scope_salts=salts,
             insecure=_bool(extra, "insecure", False),
             load=_bool(extra, "load", True),
             publish=_bool(extra, "publish", True),
@@ -123,17 +151,42 @@ class ConnectorSettings:
     def deadline_s(self) -> float:
         return self.deadline_ms / 1000
 
-    def scope_of(self, kv_transfer_params: Mapping[str, Any] | None, cache_salt: str | None) -> str | None:
-        """The scope name of a request (module notes); None: not configured, share nothing."""
+    def scope_of(self, kv_transfer_params: Mapping[str, Any] | None, cache_salt: str | None) -> ScopeChoice:
+        """The scope of a request (module notes): selected by the digest of its secret
+        ``cache_salt``, else ``default_scope``; nothing the request names selects one."""
         params = kv_transfer_params or {}
         if params.get("kvsp") is False:
-            return None
-        named = params.get("kvsp_scope")
-        if named is None and cache_salt is not None:
-            named = cache_salt
-        if named is None:
-            return self.default_scope
-        return named if isinstance(named, str) and named in self.scopes else None
+            return ScopeChoice(None, "switched off by the request")
+        if cache_salt is None or cache_salt == "":
+            if self.default_scope is None:
+                return ScopeChoice(None, "no cache_salt and no default_scope")
+            return ScopeChoice(self.default_scope)
+        wanted = salt_digest(cache_salt)
+        for digest, scope in self.scope_salts.items():
+            if hmac.compare_digest(digest, wanted):
+                return ScopeChoice(scope)
+        return ScopeChoice(None, "its cache_salt selects no scope")
+
+
+def _scope_salts(raw: object, scopes: Mapping[str, bytes]) -> dict[str, str]:
+    """``scope_salts`` ({scope: [salt digest, ...]}) as salt digest -> scope, checked."""
+    if not isinstance(raw, Mapping):
+        raise SettingsError("scope_salts", "must be an object of scope name -> [sha-256:<hex> salt digests]")
+    out: dict[str, str] = {}
+    for scope, digests in raw.items():
+        if scope not in scopes:
+            raise SettingsError("scope_salts", f"{scope!r} is not in scopes")
+        if isinstance(digests, str) or not isinstance(digests, (list, tuple)) or not digests:
+            raise SettingsError("scope_salts", f"scope {scope!r}: must be a non-empty array of salt digests")
+        for digest in digests:
+            if not isinstance(digest, str) or not digest.startswith("sha-256:") or len(digest) != 72 \
+                    or any(c not in "0123456789abcdef" for c in digest[8:]):
+                raise SettingsError("scope_salts", f"scope {scope!r}: {digest!r} is not sha-256:<64 lowercase hex> "
+                                    "(salt_digest(salt); the salt itself is never configured)")
+            if out.get(digest, scope) != scope:
+                raise SettingsError("scope_salts", f"one salt selects two scopes ({out[digest]!r}, {scope!r})")
+            out[digest] = scope
+    return out
 
 
 def _opt_str(extra: Mapping[str, Any], key: str) -> str | None:
@@ -160,6 +213,7 @@ def _positive(extra: Mapping[str, Any], key: str, default: int) -> int:
 
 
 def connector_extra_config(*, index_url: str, scopes: Mapping[str, bytes], default_scope: str | None = None,
+                           scope_salts: Mapping[str, list[str]] | None = None,
                            relay_url: str | None = None, holder_url: str | None = None,
                            index_token: str | None = None, moqt_token: str | None = None,
                            holder_token: str | None = None, ca_file: str | None = None,
@@ -170,7 +224,7 @@ def connector_extra_config(*, index_url: str, scopes: Mapping[str, bytes], defau
         "index_url": index_url, "relay_url": relay_url, "holder_url": holder_url,
         "index_token": index_token, "moqt_token": moqt_token, "holder_token": holder_token,
         "ca_file": ca_file, "scopes": {name: key.hex() for name, key in scopes.items()},
-        "default_scope": default_scope, **more,
+        "default_scope": default_scope, "scope_salts": dict(scope_salts) if scope_salts else None, **more,
     }
     extra = {k: v for k, v in extra.items() if v is not None}
     ConnectorSettings.from_extra(extra)

@@ -62,8 +62,11 @@ class _Saving:
 class WorkerSide:
     """The worker role's state (module notes). vLLM-free: :mod:`.connector` forwards to it."""
 
-    def __init__(self, settings: ConnectorSettings, descriptor: Mapping[str, Any]) -> None:
+    def __init__(self, settings: ConnectorSettings, descriptor: Mapping[str, Any], rank: int = 0) -> None:
+        """``descriptor``: this rank's (its shard's geometry); ``rank``: its tensor-parallel rank,
+        which picks its Compatibility IDs, Block Keys and records out of each step's plan."""
         self.settings = settings
+        self.rank = rank
         self.compat_id = compat_id(descriptor)
         self.layers = int(descriptor["layers"])
         self.block_tokens = int(descriptor["block_tokens"])
@@ -83,9 +86,19 @@ class WorkerSide:
         self._counts: dict[str, dict[str, int]] = {}
 
     # -- registration ---------------------------------------------------------------------------
-    def register_kv_caches(self, kv_caches: Mapping[str, Any], backend: str) -> None:
+    def register_kv_caches(self, kv_caches: Mapping[str, Any], backend: str,
+                           kv_scales: tuple[str | None, str | None] = (None, None)) -> None:
+        """``kv_scales``: (the fp8 scales this worker's layers run with, those its descriptor
+        states) as ``kv_scales`` digests (:mod:`.descriptor`); when they differ the worker
+        shares nothing: every load is reported failed (recomputed), nothing is published."""
         self.caches = dict(kv_caches)
         if not self.caches:
+            return
+        actual, stated = kv_scales
+        if actual != stated:
+            log.error("KVSP: this worker's fp8 KV scales (%s) are not the checkpoint's its descriptor states (%s): "
+                      "it shares nothing (docs/vllm.md \"Dtypes\")", actual, stated)
+            self.caches = {}
             return
         shape = tuple(next(iter(self.caches.values())).shape)
         self.layout = layout_for(backend, shape, kv_heads=self.geometry.kv_heads,
@@ -100,17 +113,23 @@ class WorkerSide:
                 self._errors.update(b.block_id for b in req.blocks)
             return
         if plan.loads:
-            self._incoming = self.loop.run(self._start_loads(plan), self.settings.deadline_s)
+            try:
+                self._incoming = self.loop.run(self._start_loads(plan), self.settings.deadline_s)
+            except Exception as exc:  # never into vLLM's step: the blocks are recomputed
+                log.warning("KVSP: loads of this step not started (%s): recomputing", exc)
+                for req in plan.loads:
+                    self._errors.update(b.block_id for b in req.blocks)
 
     async def _start_loads(self, plan: StepPlan) -> list[Incoming]:
         assert self.peers is not None
         out = []
+        r = self.rank
         for req in plan.loads:
             for block in req.blocks:
                 incoming = Incoming(req.req_id, block.block_id, self.layers)
-                key = RecordKey(self.compat_id, req.scope_id, block.block_key)
+                key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
                 incoming.task = asyncio.get_running_loop().create_task(
-                    load(self.peers, incoming, key, block.records, self.geometry, self.block_tokens))
+                    load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens))
                 out.append(incoming)
         return out
 
@@ -137,11 +156,15 @@ class WorkerSide:
         assert self.layout is not None
         cache = self.caches[layer_name]
         for block, kv in zip(pending, got):
-            if kv is None:
-                self._errors.add(block.block_id)
-                block.failed_from = layer if block.failed_from is None else min(layer, block.failed_from)
-                continue
-            self.layout.write(cache, block.block_id, kv[0], kv[1])
+            if kv is not None:
+                try:
+                    self.layout.write(cache, block.block_id, kv[0], kv[1])
+                    continue
+                except Exception as exc:  # never into vLLM's step: this block is recomputed
+                    log.warning("KVSP: layer %d of block %d not placed (%s): recomputing", layer, block.block_id, exc)
+                    self.loop.call(self._give_up, [block], layer)
+            self._errors.add(block.block_id)
+            block.failed_from = layer if block.failed_from is None else min(layer, block.failed_from)
 
     @staticmethod
     async def _layer_of(blocks: list[Incoming], layer: int) -> list[Any]:
@@ -159,9 +182,10 @@ class WorkerSide:
     async def _begin_saves(self, plan: StepPlan) -> list[_Saving]:
         assert self.peers is not None
         out = []
+        r = self.rank
         for req in plan.saves:
             for block in req.blocks:
-                key = RecordKey(self.compat_id, req.scope_id, block.block_key)
+                key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
                 writer = begin_block(self.peers, key, self.geometry, self.layers, self.block_tokens)
                 if writer is not None:
                     out.append(_Saving(req.req_id, block.block_id, writer))
@@ -174,11 +198,24 @@ class WorkerSide:
             # vLLM starts a step without sync loads *after* its forward (start_load_kv), so the
             # writers are opened here, at the step's first layer.
             self._saves_begun = True
-            self._saving = self.loop.run(self._begin_saves(plan), self.settings.deadline_s)
+            try:
+                self._saving = self.loop.run(self._begin_saves(plan), self.settings.deadline_s)
+            except Exception as exc:  # never into vLLM's step: these blocks are not published
+                log.warning("KVSP: publications of this step not begun: %s", exc)
+                self._saving = []
         layer = layer_index(layer_name)
+        kept = []
         for saving in self._saving:
-            k, v = self.layout.read(kv_layer, saving.block_id)
+            try:
+                k, v = self.layout.read(kv_layer, saving.block_id)
+            except Exception as exc:  # never into vLLM's step: this block is not published
+                log.warning("KVSP: layer %d of block %d not copied out (%s): not publishing it", layer,
+                            saving.block_id, exc)
+                self.loop.call(saving.writer.abort)
+                continue
             self.loop.call(write_layer, saving.writer, layer, k, v)
+            kept.append(saving)
+        self._saving = kept
 
     def wait_for_save(self) -> None:
         self._saves_begun = False
