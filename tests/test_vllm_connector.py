@@ -1,11 +1,16 @@
-"""The KVSP connector in real vLLM engines (issue 15; docs/vllm.md).
+"""The KVSP connector in real vLLM engines (issues 15 and 26; docs/vllm.md).
 
-Two engine processes (``engine_process``, vLLM on CPU with the tiny local Llama, block size
-32, vLLM's own prefix cache off so every repeat goes through the connector) share one
-loopback cluster: a real Index Service and HTTP holder, and the MOQT relay as a child process
-(tests/vllm_support.py). Engine A computes and publishes; engine B loads. Each engine starts
-once for the module (about a minute each here) and serves every case. "B with the connector
-off" is engine B with ``kv_transfer_params={"kvsp": false}`` on that request.
+Two engine processes (``engine_process``, vLLM on CPU with the tiny local Llama in **bf16**,
+the dtype production models run, block size 32, vLLM's own prefix cache on as it is by
+default) share one loopback cluster: a real Index Service and HTTP holder, and the MOQT relay
+as a child process (tests/vllm_support.py). Engine A computes and publishes; engine B loads.
+Each engine starts once for the module (about half a minute each here) and serves every case.
+
+Tenants are chosen by the operator: ``scope_salts`` maps each scope to the digests of the
+secret ``cache_salt`` values that select it; requests without a salt are in tenant-a. The
+recomputed baseline of a prompt is a request with a fresh salt no scope knows: vLLM's prefix
+cache misses (the salt is in its hash) and the connector shares nothing, so every token is
+computed. fp32 runs in tests/test_vllm_shards.py and the vLLM demo's test.
 
 Skipped, with the reason, where vLLM is not installed (the ``vllm`` extra).
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import random
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,13 +34,13 @@ if importlib.util.find_spec("vllm") is None:
 from kvsp_moq.bridge import MoqtHolder  # noqa: E402
 from kvsp_moq.control.common.tls import TlsConfig  # noqa: E402
 from kvsp_moq.integrations.vllm.engine_process import EngineProcess, EngineSpec  # noqa: E402
-from kvsp_moq.integrations.vllm.settings import connector_extra_config, kv_transfer_config  # noqa: E402
+from kvsp_moq.integrations.vllm.settings import connector_extra_config, kv_transfer_config, salt_digest  # noqa: E402
 from kvsp_moq.integrations.vllm.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from kvsp_moq.kvsp.blockkeys import block_keys  # noqa: E402
 from kvsp_moq.kvsp.container import replica_digest  # noqa: E402
 from kvsp_moq.kvsp.hexids import format_digest  # noqa: E402
 from kvsp_moq.kvsp.layout import Geometry, encode_raw_block  # noqa: E402
-from kvsp_moq.kvsp.records import ReplicaRecord  # noqa: E402
+from kvsp_moq.kvsp.records import LookupRequest, ReplicaRecord  # noqa: E402
 from kvsp_moq.kvsp.registries import ELEMENT_TYPES  # noqa: E402
 from kvsp_moq.kvsp.scope import scope_id  # noqa: E402
 from kvsp_moq.storage import BlockStore, HostTier, RecordKey  # noqa: E402
@@ -43,7 +49,11 @@ from vllm_support import LoopbackCluster  # noqa: E402
 
 B = 32
 SCOPES = {"tenant-a": bytes(range(32)), "tenant-b": bytes(range(100, 132))}
+#: The operator's secret salts (the gateway sets a tenant's as the request's cache_salt).
+SALT_A, SALT_B = "tenant-a-secret-6f1c", "tenant-b-secret-93ad"
+SCOPE_SALTS = {"tenant-a": [salt_digest(SALT_A)], "tenant-b": [salt_digest(SALT_B)]}
 SHAPE = TinyLlama()
+DTYPE, ELEMENT = "bfloat16", ELEMENT_TYPES["bf16"]
 
 
 @pytest.fixture(scope="module")
@@ -53,34 +63,41 @@ def cluster() -> Iterator[LoopbackCluster]:
     c.close()
 
 
+def start_engines(*specs: tuple[str, EngineSpec], logs: Any) -> list[EngineProcess]:
+    """Engine processes started together (their starts overlap), each ready or an error."""
+    engines = [EngineProcess(spec, name=name, stderr=open(logs / f"{name.replace(' ', '-')}.log", "w"))  # noqa: SIM115
+               for name, spec in specs]
+    errors: list[BaseException] = []
+
+    def ready(engine: EngineProcess) -> None:
+        try:
+            engine.wait_ready(900)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    waiters = [threading.Thread(target=ready, args=(e,)) for e in engines]
+    for t in waiters:
+        t.start()
+    for t in waiters:
+        t.join()
+    if errors:
+        for e in engines:
+            e.close()
+        raise errors[0]
+    return engines
+
+
 @pytest.fixture(scope="module")
 def engines(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProcess, EngineProcess]]:
     model = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), SHAPE)
     extra = connector_extra_config(
         index_url=cluster.index_url, relay_url=cluster.relay_url, holder_url=cluster.holder_url,
         index_token=cluster.token, holder_token=cluster.token, moqt_token=cluster.token,
-        ca_file=str(cluster.tls.ca_file), scopes=SCOPES, default_scope="tenant-a",
+        ca_file=str(cluster.tls.ca_file), scopes=SCOPES, default_scope="tenant-a", scope_salts=SCOPE_SALTS,
         deadline_ms=20_000, moqt_timeout_ms=1_500)
-    spec = EngineSpec(str(model), block_size=B, kv_transfer_config=kv_transfer_config(extra))
-    logs = tmp_path_factory.mktemp("engine-logs")
-    a = EngineProcess(spec, name="engine A", stderr=open(logs / "a.log", "w"))  # noqa: SIM115 (closed with the process)
-    b = EngineProcess(spec, name="engine B", stderr=open(logs / "b.log", "w"))  # noqa: SIM115
+    spec = EngineSpec(str(model), block_size=B, dtype=DTYPE, kv_transfer_config=kv_transfer_config(extra))
+    a, b = start_engines(("engine A", spec), ("engine B", spec), logs=tmp_path_factory.mktemp("engine-logs"))
     try:
-        errors: list[BaseException] = []
-
-        def ready(engine: EngineProcess) -> None:
-            try:
-                engine.wait_ready(900)
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        waiters = [threading.Thread(target=ready, args=(e,)) for e in (a, b)]
-        for t in waiters:
-            t.start()
-        for t in waiters:
-            t.join()
-        if errors:
-            raise errors[0]
         yield a, b
     finally:
         a.close()
@@ -98,11 +115,26 @@ def kvsp(answer: dict[str, Any]) -> dict[str, Any]:
     return stats
 
 
-def off(engine: EngineProcess, tokens: list[int]) -> list[int]:
-    answer = engine.generate(tokens, max_tokens=8, kv_transfer_params={"kvsp": False})
-    assert kvsp(answer) == {}
+def baseline(engine: EngineProcess, tokens: list[int], max_tokens: int = 8) -> list[int]:
+    """``tokens`` computed from scratch: a fresh salt misses vLLM's prefix cache and selects no
+    scope (the connector shares nothing, and says so)."""
+    answer = engine.generate(tokens, max_tokens=max_tokens, cache_salt=f"baseline-{uuid.uuid4()}")
+    assert kvsp(answer) == {"shared": False, "reason": "its cache_salt selects no scope"}
     out: list[int] = answer["token_ids"]
     return out
+
+
+def block_octets(layers: int = SHAPE.layers) -> int:
+    return layers * 2 * B * SHAPE.kv_heads * SHAPE.head_dim * ELEMENT.itemsize
+
+
+def matched_at_is(cluster: LoopbackCluster, scope: str, compat_hex: str, tokens: list[int]) -> int:
+    """How many leading blocks of ``tokens`` the IS has records for in ``scope``."""
+    compat = bytes.fromhex(compat_hex)
+    keys = tuple(block_keys(SCOPES[scope], compat, tokens, B))
+    answer = cluster.run(cluster.index.lookup(LookupRequest(scope_id=scope_id(SCOPES[scope]), compat_id=compat,
+                                                            block_keys=keys)))
+    return int(answer.matched)
 
 
 def test_long_prompt_loads_every_full_block_over_moqt_through_the_relay(
@@ -118,11 +150,25 @@ def test_long_prompt_loads_every_full_block_over_moqt_through_the_relay(
     stats = kvsp(from_b)
     assert stats["external_tokens"] == 9 * B
     assert stats["blocks_moqt"] == 9 and "blocks_failed" not in stats and "blocks_http" not in stats
-    assert stats["bytes_moqt"] == 9 * SHAPE.layers * 2 * B * SHAPE.kv_heads * SHAPE.head_dim * 4
+    assert stats["bytes_moqt"] == 9 * block_octets()  # bf16: two octets an element, bit for bit
     # Every block through the relay: one FETCH each, every layer an object out of it.
     assert after["relay_fetches_total"] - before["relay_fetches_total"] >= 9
     assert after["relay_objects_out_total"] - before["relay_objects_out_total"] >= 9 * SHAPE.layers
-    assert from_b["token_ids"] == from_a["token_ids"] == off(b, p)
+    assert from_b["token_ids"] == from_a["token_ids"] == baseline(b, p)
+
+
+def test_a_repeat_on_the_same_engine_is_vllms_own_prefix_hit(engines: tuple[EngineProcess, EngineProcess]) -> None:
+    """vLLM's prefix cache is on (its default): a prompt engine B has seen is its own hit, the
+    connector is asked only for what follows and loads nothing."""
+    a, b = engines
+    p = prompt(10, 4 * B + 7)
+    a.generate(p, max_tokens=2)
+    first = kvsp(b.generate(p, max_tokens=2))
+    assert first["external_tokens"] == 4 * B and first["local_blocks"] == 0
+    again = b.generate(p, max_tokens=8)
+    stats = kvsp(again)
+    assert stats["local_blocks"] == 4 and stats["external_tokens"] == 0 and "blocks_moqt" not in stats
+    assert again["token_ids"] == baseline(b, p)
 
 
 def test_a_prompt_sharing_the_first_blocks_loads_only_those(engines: tuple[EngineProcess, EngineProcess]) -> None:
@@ -133,7 +179,7 @@ def test_a_prompt_sharing_the_first_blocks_loads_only_those(engines: tuple[Engin
     stats = kvsp(from_b := b.generate(q, max_tokens=8))
     assert stats["external_tokens"] == 3 * B
     assert stats["matched_blocks"] == 3 and stats["blocks_moqt"] == 3
-    assert from_b["token_ids"] == off(b, q)
+    assert from_b["token_ids"] == baseline(b, q)
 
 
 def test_a_full_hit_leaves_the_last_block_to_compute(engines: tuple[EngineProcess, EngineProcess]) -> None:
@@ -142,21 +188,39 @@ def test_a_full_hit_leaves_the_last_block_to_compute(engines: tuple[EngineProces
     a.generate(p, max_tokens=2)
     stats = kvsp(from_b := b.generate(p, max_tokens=8))
     assert stats["matched_blocks"] == 4 and stats["external_tokens"] == 3 * B
-    assert from_b["token_ids"] == off(b, p)
+    assert from_b["token_ids"] == baseline(b, p)
 
 
-def test_two_scopes_do_not_share(engines: tuple[EngineProcess, EngineProcess]) -> None:
+def test_a_tenant_is_chosen_by_the_operator_never_by_the_request(
+        cluster: LoopbackCluster, engines: tuple[EngineProcess, EngineProcess]) -> None:
+    """Engine A publishes tenant-b's prompt (its secret salt). On engine B, a request naming
+    tenant-b in its body (``kvsp_scope``, or tenant-b's *name* as its ``cache_salt``) gets no
+    hit, loads nothing and publishes nothing into tenant-b; tenant-b's secret gets the hit."""
     a, b = engines
-    p = prompt(5, 150)
-    published = kvsp(a.generate(p, max_tokens=2, kv_transfer_params={"kvsp_scope": "tenant-b"}))
+    p = prompt(5, 150)  # 4 full blocks
+    published = kvsp(a.generate(p, max_tokens=2, cache_salt=SALT_B))
     assert published["scope"] == "tenant-b" and published["blocks_published"] == 4
-    other = kvsp(b.generate(p, max_tokens=2))  # the default scope, tenant-a
-    assert other["scope"] == "tenant-a" and other["external_tokens"] == 0 and other["matched_blocks"] == 0
-    unknown = b.generate(p, max_tokens=2, kv_transfer_params={"kvsp_scope": "tenant-z"})
-    assert kvsp(unknown) == {}  # a scope not configured shares nothing
-    same = b.generate(p, max_tokens=8, cache_salt="tenant-b")  # the scope named by cache_salt
+    compat = published["compat_id"]
+
+    # kvsp_scope in the body selects nothing: the request stays in the default scope, tenant-a.
+    q = prompt(55, 150)
+    named = b.generate(p, max_tokens=2, kv_transfer_params={"kvsp_scope": "tenant-b"})
+    assert kvsp(named)["scope"] == "tenant-a" and kvsp(named)["external_tokens"] == 0
+    assert "blocks_moqt" not in kvsp(named) and "blocks_http" not in kvsp(named)
+    b.generate(q, max_tokens=2, kv_transfer_params={"kvsp_scope": "tenant-b"})
+    assert matched_at_is(cluster, "tenant-b", compat, q) == 0  # nothing published into tenant-b
+    assert matched_at_is(cluster, "tenant-a", compat, q) == 4
+
+    # A scope's name is not its salt: shares nothing, says why, publishes nothing anywhere.
+    r = prompt(56, 150)
+    by_name = kvsp(b.generate(r, max_tokens=2, cache_salt="tenant-b"))
+    assert by_name == {"shared": False, "reason": "its cache_salt selects no scope"}
+    assert matched_at_is(cluster, "tenant-b", compat, r) == matched_at_is(cluster, "tenant-a", compat, r) == 0
+
+    # The tenant's secret (set by its gateway) is the only way in.
+    same = b.generate(p, max_tokens=8, cache_salt=SALT_B)
     assert kvsp(same)["scope"] == "tenant-b" and kvsp(same)["external_tokens"] == 4 * B
-    assert same["token_ids"] == off(b, p)
+    assert same["token_ids"] == baseline(b, p)
 
 
 class LyingStore(BlockStore):
@@ -176,11 +240,11 @@ def random_block(store: BlockStore, cluster: LoopbackCluster, compat: bytes, tok
     """A block of random octets for the first block of ``tokens`` in ``store``, served through
     the relay by a MOQT holder of this process."""
     key = RecordKey(compat, scope_id(SCOPES["tenant-a"]), block_keys(SCOPES["tenant-a"], compat, tokens, B)[0])
-    geometry = Geometry(SHAPE.kv_heads, SHAPE.head_dim, ELEMENT_TYPES["fp32"])
+    geometry = Geometry(SHAPE.kv_heads, SHAPE.head_dim, ELEMENT)
     rnd = np.random.default_rng(0)
-    layers = [(rnd.standard_normal((B, SHAPE.kv_heads, SHAPE.head_dim), dtype=np.float32),
-               rnd.standard_normal((B, SHAPE.kv_heads, SHAPE.head_dim), dtype=np.float32))
-              for _ in range(SHAPE.layers)]
+    # bf16 values near N(0, 1) (random bits would be mostly huge or NaN), as their bit patterns
+    layers = [tuple((rnd.standard_normal((B, SHAPE.kv_heads, SHAPE.head_dim), dtype=np.float32).view(np.uint32) >> 16)
+                    .astype(np.uint16) for _ in range(2)) for _ in range(SHAPE.layers)]
     store.put(key, encode_raw_block(layers, geometry))
     return key, MoqtHolder(store)
 
@@ -210,8 +274,8 @@ def test_a_layer_tampered_in_transit_is_recomputed(cluster: LoopbackCluster,
         stats = kvsp(from_b := b.generate(p, max_tokens=8))
         assert stats["matched_blocks"] == 1 and stats["external_tokens"] == B
         assert stats["blocks_failed"] == 1 and "blocks_moqt" not in stats
-        assert stats["bytes_moqt"] == 2 * 2 * B * SHAPE.kv_heads * SHAPE.head_dim * 4  # layers 0 and 1 arrived
-        assert from_b["token_ids"] == off(b, p)
+        assert stats["bytes_moqt"] == block_octets(layers=2)  # layers 0 and 1 arrived
+        assert from_b["token_ids"] == baseline(b, p)
     finally:
         cluster.run(holder.close())
 
@@ -239,7 +303,7 @@ def test_a_tampered_layer_is_recomputed(cluster: LoopbackCluster, engines: tuple
         stats = kvsp(from_b := b.generate(p, max_tokens=8))
         assert stats["matched_blocks"] == 1 and stats["external_tokens"] == B
         assert stats["blocks_failed"] == 1 and "blocks_moqt" not in stats
-        assert from_b["token_ids"] == off(b, p)
+        assert from_b["token_ids"] == baseline(b, p)
     finally:
         cluster.run(holder.close())
 
@@ -255,4 +319,4 @@ def test_with_the_relay_down_blocks_come_over_http(cluster: LoopbackCluster,
     stats = kvsp(from_b := b.generate(p, max_tokens=8))
     assert stats["external_tokens"] == 5 * B
     assert stats["blocks_http"] == 5 and "blocks_failed" not in stats
-    assert from_b["token_ids"] == off(b, p)
+    assert from_b["token_ids"] == baseline(b, p)

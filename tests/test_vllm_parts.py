@@ -443,3 +443,29 @@ async def test_a_relay_down_at_start_is_attached_once_it_is_up(tmp_path: Path) -
         await peers.close()
         if relay is not None:
             await relay.close()
+
+
+def test_a_worker_whose_fp8_scales_are_not_its_descriptors_shares_nothing(tmp_path: Path) -> None:
+    """The scales the layers run with are checked against those the descriptor (hence the
+    Compatibility ID) states: on a mismatch the worker places and publishes nothing, and every
+    block planned to load is reported failed (vLLM recomputes it)."""
+    from safetensors.torch import save_file
+
+    from kvsp_moq.integrations.vllm.plan import BlockLoad, RequestLoad, StepPlan
+    from kvsp_moq.integrations.vllm.worker import WorkerSide
+
+    root = _model_dir(tmp_path / "model")
+    save_file({"model.layers.0.mlp.weight": torch.zeros(2)}, str(root / "model.safetensors"))
+    model = EngineModel.of(_vllm_config(root, cache_dtype="fp8_e4m3"))
+    caches = {f"model.layers.{i}.self_attn.attn": torch.zeros(BLOCKS, 4, 32, 64, dtype=torch.uint8) for i in range(4)}
+    stated = model.kv_scales
+    plan = StepPlan(loads=[RequestLoad("r", bytes(16), (bytes(32),), (BlockLoad(0, 3, (bytes(32),), ((),)),))])
+    for actual, shares in ((stated, True), (kv_scales_digest([(0.5, 1.0)] * 4), False)):
+        worker = WorkerSide(ConnectorSettings(), model.descriptor())
+        try:
+            worker.register_kv_caches(caches, "CPU_ATTN", kv_scales=(actual, stated))
+            assert (worker.layout is not None) == shares
+            worker.start_load_kv(plan)  # no peers here either way: the block is reported failed
+            assert worker.get_block_ids_with_load_errors() == {3}
+        finally:
+            worker.close()

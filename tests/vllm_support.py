@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,3 +111,4 @@ class LoopbackCluster:
         with contextlib.suppress(Exception):
             self.run(self._stack.aclose(), 30)
         self.loop.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)  # the relay's key and the run's CA

@@ -170,7 +170,8 @@ class SchedulerSide:
         reason = self._unshared.pop(request.request_id, None)
         if state is None:
             return {"kvsp": {"shared": False, "reason": reason}} if reason else None
-        return {"kvsp": {"scope": state.scope, "compat_id": state.compat_ids[0].hex(),
+        ranks = {"compat_ids": [c.hex() for c in state.compat_ids]} if len(state.compat_ids) > 1 else {}
+        return {"kvsp": {"scope": state.scope, "compat_id": state.compat_ids[0].hex(), **ranks,
                          "external_tokens": state.external * self.block_tokens, "matched_blocks": state.matched,
                          "local_blocks": state.local_blocks, **state.counts}}
 

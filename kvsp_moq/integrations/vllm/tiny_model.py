@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TinyLlama", "prompt_words", "write_tiny_llama"]
+__all__ = ["TinyLlama", "prompt_words", "write_tiny_llama", "write_tiny_lora"]
 
 #: Special tokens at the start of the vocabulary.
 SPECIAL_TOKENS = ("[UNK]", "<s>", "</s>")
@@ -101,5 +101,32 @@ def write_tiny_llama(directory: str | Path, shape: TinyLlama = TinyLlama()) -> P
         "tokenizer_class": "PreTrainedTokenizerFast",
         "unk_token": "[UNK]", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "[UNK]",
         "model_max_length": shape.max_positions,
+    }, indent=1) + "\n")
+    return out
+
+
+def write_tiny_lora(directory: str | Path, shape: TinyLlama = TinyLlama(), *, rank: int = 8, seed: int = 1,
+                    scale: float = 0.5) -> Path:
+    """A LoRA adapter for the tiny model in PEFT's format (``adapter_config.json``,
+    ``adapter_model.safetensors``) on ``k_proj`` and ``v_proj``, so the KV it gives differs from
+    the base model's from layer 0 on. Deterministic: the same arguments give the same bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    kv_out = shape.kv_heads * shape.head_dim
+    tensors = {}
+    for layer in range(shape.layers):
+        for proj in ("k_proj", "v_proj"):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn((rank, shape.hidden), generator=generator) * shape.hidden ** -0.5
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn((kv_out, rank), generator=generator) * scale * rank ** -0.5
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "lora_dropout": 0.0,
+        "target_modules": ["k_proj", "v_proj"], "bias": "none", "fan_in_fan_out": False,
+        "base_model_name_or_path": None, "modules_to_save": None,
     }, indent=1) + "\n")
     return out
