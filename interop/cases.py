@@ -5,7 +5,8 @@ observed (negotiated version, every object's group/object/status/length/SHA-256,
 how sessions ended); ``tests/test_interop_*.py`` compare that with the expected bytes. Run one
 by hand with::
 
-    python -m interop.cases CASE --draft 22 --peer-bin .peers/moq-rs/bin --cert C --key K
+    python -m interop.cases CASE --draft 22 --peer-bin .peers/moq-rs@moq-rs==0.5.1/bin \\
+        --cert C --key K
 
 (``interop.testing.run_case`` does this from the tests, through ``unshare -n`` where the peer
 is an aiomoqt server.) ``--transport webtransport`` runs the same case with every session over

@@ -1,7 +1,8 @@
 """The "peer via our relay" cells: third-party publishers and subscribers through OUR relay
 (``python -m relay``), per draft, with exact payload bytes, counts and negotiated versions.
 
-    python -m interop.relay_cases CASE --draft 22 --peer-bin .peers/moq-rs/bin --cert C --key K
+    python -m interop.relay_cases CASE --draft 22 --peer-bin .peers/moq-rs@moq-rs==0.5.1/bin \\
+        --cert C --key K
 
 Every case starts a fresh relay (``python -m relay --listen 127.0.0.1:0 --log-format json``,
 our certificate); for drafts below 22 the relay's ALPN list is pinned to ``moqt-<draft>``

@@ -1,4 +1,5 @@
-"""A real ``redis-server`` for the tests (Debian's package; `.ci/run` installs it).
+"""A real ``redis-server`` for the tests (Debian's package, listed in .ci/system-packages.txt;
+``bash .ci/system-packages.sh``, which the README's test command runs, installs it).
 
 :class:`RedisServer` runs one server process on a free loopback port in its own folder, with
 or without the append-only file, and can be killed (SIGKILL), stopped (SIGSTOP, a hung store)
@@ -9,7 +10,6 @@ and restarted on the same port and data. Use the ``redis_server`` fixture (one p
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from system_programs import require
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_SERVER = "/usr/bin/redis-server"  # the path in .ci/system-packages.txt
 START_TIMEOUT_S = 10.0
 #: How far past a store timeout a 503 may come on the busy 2-core CI machine: a bound that tells
 #: "answered after the timeout" from a hang, not a measure of speed.
@@ -59,8 +60,9 @@ class RedisServer:
     def start(self) -> None:
         """Start the server and wait, bounded, for its systemd-style ``READY=1`` notice (sent
         once it accepts connections, after replaying its AOF)."""
-        if not os.path.exists(REDIS_SERVER):
-            pytest.fail(f"{REDIS_SERVER} is missing: apt-get install redis-server (.ci/run does)")
+        # The listed modules' tests are skipped at collection when it is missing (conftest.py);
+        # this catches a use elsewhere, with the same reason.
+        require(REDIS_SERVER)
         notify_path = self.folder / "notify.sock"
         notify_path.unlink(missing_ok=True)
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
