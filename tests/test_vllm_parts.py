@@ -469,3 +469,63 @@ def test_a_worker_whose_fp8_scales_are_not_its_descriptors_shares_nothing(tmp_pa
             assert worker.get_block_ids_with_load_errors() == {3}
         finally:
             worker.close()
+
+
+# -- the scheduler's lookup never blocks vLLM's scheduler --------------------------------------------
+
+
+def test_the_lookup_never_blocks_the_scheduler(tmp_path: Path) -> None:
+    """A real ``kvsp index`` process, stalled (SIGSTOP): vLLM's scheduler is answered at once
+    with "not yet" (``None``) while the lookup is in flight, and with no hit once its deadline
+    has passed. Resumed (SIGCONT), the next request's lookup answers."""
+    import concurrent.futures
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from kvsp_moq.integrations.vllm.scheduler import SchedulerSide
+
+    token = "lookup-token-0123456789abcdef"
+    config = tmp_path / "kvsp.toml"
+    config.write_text(f'[index]\nbase_path = "/"\n\n[[principals]]\nname = "e"\ntoken = "{token}"\nscopes = ["*"]\n')
+    proc = subprocess.Popen([sys.executable, "-m", "kvsp_moq", "index", "--listen", "127.0.0.1:0", "--config",
+                             str(config)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    scheduler = None
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the process's first line (it exits, ending the read, on failure)
+        assert line.startswith("kvsp index: listening on "), line
+        url = line.split()[-1]
+        settings = ConnectorSettings.from_extra({"index_url": url, "index_token": token, "scopes": {"a": KEY.hex()},
+                                                 "default_scope": "a", "deadline_ms": 500})
+        scheduler = SchedulerSide(settings, EngineModel.of(_vllm_config(_model_dir(tmp_path / "model"))))
+
+        def request(rid: str) -> SimpleNamespace:
+            return SimpleNamespace(request_id=rid, prompt_token_ids=list(range(3, 3 + 3 * 32 + 5)),
+                                   kv_transfer_params=None, cache_salt=None, lora_request=None, mm_features=[])
+
+        os.kill(proc.pid, signal.SIGSTOP)
+        stalled = request("stalled")
+        assert scheduler.get_num_new_matched_tokens(stalled, 0) == (None, False)  # not waited for
+        lookup = scheduler._requests["stalled"].lookup
+        assert lookup is not None
+        concurrent.futures.wait([lookup], timeout=30)  # bounded on the client loop by deadline_ms
+        assert lookup.done()
+        assert scheduler.get_num_new_matched_tokens(stalled, 0) == (0, False)  # late: no hit, compute
+        assert scheduler.lookup_failures == 1
+
+        os.kill(proc.pid, signal.SIGCONT)
+        answered = request("answered")
+        assert scheduler.get_num_new_matched_tokens(answered, 0) in ((None, False), (0, False))
+        lookup = scheduler._requests["answered"].lookup
+        assert lookup is not None
+        concurrent.futures.wait([lookup], timeout=30)
+        assert scheduler.get_num_new_matched_tokens(answered, 0) == (0, False)  # answered: nothing matched
+        assert scheduler.lookup_failures == 1 and scheduler.lookups == 2
+    finally:
+        if scheduler is not None:
+            scheduler.close()
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        proc.wait(30)

@@ -14,6 +14,9 @@ Per request (vLLM's ``Request``, read duck-typed):
 - **one IS lookup per rank** (``POST lookup``, §6.2, concurrently) for the blocks after vLLM's
   own prefix-cache hit, bounded by ``deadline_ms``; the matched prefix is the shortest of the
   ranks' (every rank must load the block); an IS that fails or is late means no external hit.
+  The lookup never blocks vLLM's scheduler: it runs on the client loop, and until it answers
+  (or its deadline passes) ``get_num_new_matched_tokens`` returns ``None`` — vLLM's "not yet":
+  the request waits while the others are scheduled, and is asked again next step.
 - **matched prefix** — at most ``(prompt_len - 1) // B`` blocks: vLLM must compute at least one
   prompt token to sample from, so a prompt that is all cached blocks reuses all but its last
   block (vLLM's ExampleConnector and LMCache apply the same rule). Loading is synchronous and
@@ -31,7 +34,9 @@ output (``request_finished``); a request that shares nothing reports ``{"shared"
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +64,9 @@ class _Request:
     compat_ids: tuple[bytes, ...]  # per rank
     keys: tuple[list[bytes], ...]  # per rank: the Block Keys of the prompt's complete blocks
     looked_up: bool = False
+    #: The lookup in flight on the client loop, and when the scheduler stops waiting for it.
+    lookup: concurrent.futures.Future[list[LookupResponse]] | None = None
+    lookup_deadline: float = 0.0
     local_blocks: int = 0  # vLLM's own prefix-cache hit, in blocks
     matched: int = 0  # blocks the IS knows for every rank (a prefix of keys)
     #: per matched block, per rank: the records of its replicas
@@ -97,7 +105,7 @@ class SchedulerSide:
         self.lookup_failures = 0
 
     # -- vLLM's scheduler calls -------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._state(request)
         if state is None:
             return 0, False
@@ -106,17 +114,23 @@ class SchedulerSide:
         usable = min(len(state.keys[0]), max(0, prompt_len - 1) // b)  # the full-hit rule
         local = num_computed_tokens // b
         if not state.looked_up:
+            if state.lookup is None:
+                state.local_blocks = local
+                state.saved_upto = local
+                if usable > local and self._index is not None:
+                    self._start_lookup(state)
+            answer = None
+            if state.lookup is not None:
+                if not state.lookup.done() and time.monotonic() < state.lookup_deadline:
+                    return None, False  # vLLM's "not yet": asked again next step (module notes)
+                answer = self._lookup_result(state.lookup)
             state.looked_up = True
-            state.local_blocks = local
-            state.saved_upto = local
-            if usable > local and self._index is not None:
-                answer = self._lookup(state)
-                if answer is not None:
-                    state.matched = min(a.matched for a in answer)
-                    state.records = [tuple(tuple(r.to_json() for r in a.blocks[i].replicas) for a in answer)
-                                     for i in range(state.matched)]
-                    state.saved_upto = max(local, min(state.matched, len(state.keys[0])))
-            state.external = max(0, min(state.matched, usable) - local)
+            if answer is not None:
+                state.matched = min(a.matched for a in answer)
+                state.records = [tuple(tuple(r.to_json() for r in a.blocks[i].replicas) for a in answer)
+                                 for i in range(state.matched)]
+                state.saved_upto = max(state.local_blocks, min(state.matched, len(state.keys[0])))
+            state.external = max(0, min(state.matched, usable) - state.local_blocks)
         if state.external == 0 or local != state.local_blocks:
             return 0, False
         return state.external * b, False
@@ -168,6 +182,8 @@ class SchedulerSide:
     def request_finished(self, request: Any) -> dict[str, Any] | None:
         state = self._requests.pop(request.request_id, None)
         reason = self._unshared.pop(request.request_id, None)
+        if state is not None and state.lookup is not None:
+            state.lookup.cancel()  # aborted while its lookup was in flight
         if state is None:
             return {"kvsp": {"shared": False, "reason": reason}} if reason else None
         ranks = {"compat_ids": [c.hex() for c in state.compat_ids]} if len(state.compat_ids) > 1 else {}
@@ -234,23 +250,35 @@ class SchedulerSide:
         self._requests[request.request_id] = state
         return state
 
-    def _lookup(self, state: _Request) -> list[LookupResponse] | None:
+    def _start_lookup(self, state: _Request) -> None:
         """One lookup per rank of every complete block (also those the full-hit rule leaves to
-        compute: a block the IS knows is not published again), concurrently."""
+        compute: a block the IS knows is not published again), concurrently, on the client loop;
+        bounded there and here by ``deadline_ms``."""
         assert self._loop is not None and self._index is not None
-        index = self._index
+        index, deadline = self._index, self.settings.deadline_s
         self.lookups += 1
         bodies = [LookupRequest(scope_id=state.scope_id, compat_id=c, block_keys=tuple(keys))
                   for c, keys in zip(state.compat_ids, state.keys)]
 
         async def all_ranks() -> list[LookupResponse]:
-            return list(await asyncio.gather(*(index.lookup(body) for body in bodies)))
+            lookups = asyncio.gather(*(index.lookup(body) for body in bodies))
+            return list(await asyncio.wait_for(lookups, deadline))
 
-        try:
-            return self._loop.run(all_ranks(), self.settings.deadline_s)
-        except Exception as exc:  # the IS is advisory (§6.1): no hit, compute
+        state.lookup = self._loop.submit(all_ranks())
+        state.lookup_deadline = time.monotonic() + deadline
+
+    def _lookup_result(self, lookup: concurrent.futures.Future[list[LookupResponse]]) -> list[LookupResponse] | None:
+        """The lookup's answer; None (no hit: the IS is advisory, §6.1) if it failed or is late."""
+        if not lookup.done():
+            lookup.cancel()
             self.lookup_failures += 1
-            log.warning("KVSP lookup failed (%s): computing the prompt", exc)
+            log.warning("KVSP lookup not answered within %d ms: computing the prompt", self.settings.deadline_ms)
+            return None
+        try:
+            return lookup.result()
+        except (Exception, concurrent.futures.CancelledError) as exc:
+            self.lookup_failures += 1
+            log.warning("KVSP lookup failed (%s): computing the prompt", exc or type(exc).__name__)
             return None
 
     def _plan_saves(self, plan: StepPlan, req_id: str, state: _Request, computed: int, scheduled: int) -> None:
