@@ -45,7 +45,7 @@ from kvsp_moq.kvsp.registries import ELEMENT_TYPES  # noqa: E402
 from kvsp_moq.kvsp.scope import scope_id  # noqa: E402
 from kvsp_moq.storage import BlockStore, HostTier, RecordKey  # noqa: E402
 
-from vllm_support import LoopbackCluster  # noqa: E402
+from vllm_support import ROOT, LoopbackCluster  # noqa: E402
 
 B = 32
 SCOPES = {"tenant-a": bytes(range(32)), "tenant-b": bytes(range(100, 132))}
@@ -306,6 +306,49 @@ def test_a_tampered_layer_is_recomputed(cluster: LoopbackCluster, engines: tuple
         assert from_b["token_ids"] == baseline(b, p)
     finally:
         cluster.run(holder.close())
+
+
+def test_a_holder_that_stalls_mid_block_costs_a_bounded_wait_and_the_block_is_recomputed(
+        cluster: LoopbackCluster, engines: tuple[EngineProcess, EngineProcess], tmp_path: Any) -> None:
+    """A real MOQT holder process that sends layer 0 and half of layer 1, then nothing (no FIN,
+    no reset: tests/fault_moqt_peer.py ``stall:1``). B's asynchronous load of that block ends
+    at the MOQT idle bound (``moqt_timeout_ms``), nothing of it is placed, the block is reported
+    failed and recomputed: the output is right and the request did not wait for the holder."""
+    import json
+    import subprocess
+    import sys
+
+    from faults_support import peer_blocks
+
+    a, b = engines
+    p = prompt(12, 2 * B + 9)
+    compat = bytes.fromhex(kvsp(a.generate(prompt(7, 40), max_tokens=1))["compat_id"])
+    store = BlockStore([HostTier(1 << 20)])
+    key, holder = random_block(store, cluster, compat, p)
+    blocks = tmp_path / "blocks.json"
+    blocks.write_text(json.dumps({"blocks": peer_blocks(store, [key])}))
+    peer = subprocess.Popen([sys.executable, "tests/fault_moqt_peer.py", "stall:1", str(cluster.tls.cert_file),
+                             str(cluster.tls.key_file), str(blocks)], cwd=str(ROOT), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer.stdout is not None
+        url = peer.stdout.readline().strip()  # its first line (the read ends if it exits)
+        assert url.startswith("moqt://"), url
+        cluster.run(cluster.index.publish(holder.replica_record(key, holder=url, ttl_ms=60_000)))
+        answer = b.generate(p, max_tokens=8)
+        assert peer.stdout.readline().startswith("stalled")  # it did send layer 0 and half of layer 1
+        stats = kvsp(answer)
+        assert stats["matched_blocks"] == 1 and stats["external_tokens"] == B
+        assert stats["blocks_failed"] == 1 and "blocks_moqt" not in stats
+        assert answer["token_ids"] == baseline(b, p)
+    finally:
+        assert peer.stdin is not None
+        peer.stdin.close()
+        try:
+            peer.wait(30)
+        except subprocess.TimeoutExpired:
+            peer.kill()
+            peer.wait(10)
 
 
 def test_with_the_relay_down_blocks_come_over_http(cluster: LoopbackCluster,

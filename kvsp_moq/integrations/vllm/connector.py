@@ -151,6 +151,10 @@ class KVSPConnector(KVConnectorBase_V1):
         assert self.worker is not None
         self.worker.wait_for_save()
 
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        assert self.worker is not None
+        return self.worker.get_finished(finished_req_ids)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         assert self.worker is not None
         return self.worker.get_block_ids_with_load_errors()

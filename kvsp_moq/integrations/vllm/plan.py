@@ -38,6 +38,9 @@ class RequestLoad:
     #: The request's Compatibility ID per rank (its adapters included, §4.1).
     compat_ids: tuple[bytes, ...]
     blocks: tuple[BlockLoad, ...]
+    #: Asynchronous (the request waits outside the batch until ``get_finished`` reports it) or
+    #: layer-wise during this step's forward pass.
+    asynchronous: bool = True
 
 
 @dataclass(frozen=True)

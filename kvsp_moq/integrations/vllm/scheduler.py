@@ -19,9 +19,10 @@ Per request (vLLM's ``Request``, read duck-typed):
   the request waits while the others are scheduled, and is asked again next step.
 - **matched prefix** — at most ``(prompt_len - 1) // B`` blocks: vLLM must compute at least one
   prompt token to sample from, so a prompt that is all cached blocks reuses all but its last
-  block (vLLM's ExampleConnector and LMCache apply the same rule). Loading is synchronous and
-  layer-wise (``get_num_new_matched_tokens`` returns ``load_kv_async=False``): the worker
-  loads during the forward step, layer l waited for just before layer l is computed.
+  block (vLLM's ExampleConnector and LMCache apply the same rule). Loads are asynchronous
+  (``load_kv_async=True``): the request waits outside the batch, the others run, and the
+  workers report it loaded in ``get_finished``. With ``async_loads`` off they are layer-wise
+  during the request's forward step, layer l waited for just before layer l is computed.
 - **saves** — the prompt blocks that become complete in a step and were not loaded (nor
   already known to the IS) are planned for publication by the worker.
 
@@ -73,6 +74,10 @@ class _Request:
     records: list[tuple[tuple[Mapping[str, object], ...], ...]] = field(default_factory=list)
     external: int = 0  # blocks to load: local_blocks .. local_blocks + external - 1
     load_pending: list[BlockLoad] | None = None
+    #: A load was handed to the workers: vLLM asking again (it rescheduled the request after a
+    #: failed load, or after a preemption) is answered 0 — what failed is recomputed, never
+    #: fetched in a loop.
+    load_handed: bool = False
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int | None = None  # blocks below this are computed/loaded/known: not saved
     frontier: int = 0  # tokens computed once the last scheduled step is done
@@ -131,9 +136,9 @@ class SchedulerSide:
                                  for i in range(state.matched)]
                 state.saved_upto = max(state.local_blocks, min(state.matched, len(state.keys[0])))
             state.external = max(0, min(state.matched, usable) - state.local_blocks)
-        if state.external == 0 or local != state.local_blocks:
+        if state.external == 0 or local != state.local_blocks or state.load_handed:
             return 0, False
-        return state.external * b, False
+        return state.external * b, self.settings.async_loads
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         state = self._requests.get(request.request_id)
@@ -142,6 +147,7 @@ class SchedulerSide:
         ids = list(blocks.get_block_ids()[0])
         first = state.local_blocks
         count = num_external_tokens // self.block_tokens
+        state.load_handed = True
         state.load_pending = [
             BlockLoad(i, ids[i], tuple(keys[i] for keys in state.keys), state.records[i])
             for i in range(first, first + count)
@@ -151,7 +157,8 @@ class SchedulerSide:
         plan = StepPlan()
         for req_id, state in self._requests.items():
             if state.load_pending:
-                plan.loads.append(RequestLoad(req_id, state.scope_id, state.compat_ids, tuple(state.load_pending)))
+                plan.loads.append(RequestLoad(req_id, state.scope_id, state.compat_ids, tuple(state.load_pending),
+                                              asynchronous=self.settings.async_loads))
                 state.load_pending = None
         scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:

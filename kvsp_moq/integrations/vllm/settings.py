@@ -89,6 +89,10 @@ class ConnectorSettings:
     insecure: bool = False
     #: Load and publish (either can be switched off: a consumer-only or producer-only engine).
     load: bool = True
+    #: Loads are asynchronous (vLLM's ``load_kv_async``: the request waits outside the batch
+    #: while its blocks arrive, the other requests run); false: layer-wise during the request's
+    #: first forward pass (layer l waited for just before layer l is computed).
+    async_loads: bool = True
     publish: bool = True
     #: The bound on every wait on a peer, in ms: the IS lookup in the scheduler, each layer in
     #: ``wait_for_layer_load``, the completion of publications in ``wait_for_save``.
@@ -136,6 +140,7 @@ class ConnectorSettings:
             scope_salts=salts,
             insecure=_bool(extra, "insecure", False),
             load=_bool(extra, "load", True),
+            async_loads=_bool(extra, "async_loads", True),
             publish=_bool(extra, "publish", True),
             deadline_ms=_positive(extra, "deadline_ms", 5_000),
             moqt_timeout_ms=_positive(extra, "moqt_timeout_ms", 2_000),

@@ -6,7 +6,13 @@ paged cache and host arrays (:mod:`.layout`) and hand work to the client loop
 
 - :meth:`WorkerSide.start_load_kv` — starts the loads of the step's external blocks (one
   :func:`~.transfers.load` task per block); vLLM calls it before the forward pass of a step
-  with loads (synchronous loads), after it otherwise;
+  with synchronous loads, after it otherwise;
+- :meth:`WorkerSide.get_finished` — asynchronous loads (the default): after each step, the
+  requests whose blocks have all arrived verified (or failed, or passed ``deadline_ms``) have
+  their layers copied into the paged cache at the block ids vLLM allocated, on vLLM's thread
+  while the request is outside the batch, and are reported loaded; their failed blocks are
+  reported by :meth:`get_block_ids_with_load_errors` in the same step (vLLM recomputes from
+  the first one). A step never waits for a transfer;
 - :meth:`WorkerSide.wait_for_layer_load` — layer l of every loading block, once verified,
   copied into the paged cache at the block ids vLLM allocated; a block that failed (or is not
   in by the deadline) is reported by :meth:`get_block_ids_with_load_errors` and nothing of its
@@ -53,6 +59,15 @@ def layer_index(name: str) -> int:
 
 
 @dataclass
+class _AsyncLoad:
+    """One request's asynchronous load: its blocks and when the worker stops waiting."""
+
+    req_id: str
+    blocks: list[Incoming]
+    deadline: float
+
+
+@dataclass
 class _Saving:
     req_id: str
     block_id: int
@@ -78,7 +93,9 @@ class WorkerSide:
             self.peers = self.loop.run(Peers.open(settings), max(30.0, 2 * settings.deadline_s))
         self.caches: dict[str, Any] = {}
         self.layout: PagedLayout | None = None
-        self._incoming: list[Incoming] = []
+        self._incoming: list[Incoming] = []  # this step's layer-wise (synchronous) loads
+        self._loading: dict[str, _AsyncLoad] = {}  # asynchronous loads in flight, by request
+        self._layer_names: dict[int, str] = {}
         self._saving: list[_Saving] = []
         self._saves_begun = False
         self._deadline = 0.0
@@ -100,6 +117,7 @@ class WorkerSide:
                       "it shares nothing (docs/vllm.md \"Dtypes\")", actual, stated)
             self.caches = {}
             return
+        self._layer_names = {layer_index(name): name for name in self.caches}
         shape = tuple(next(iter(self.caches.values())).shape)
         self.layout = layout_for(backend, shape, kv_heads=self.geometry.kv_heads,
                                  head_dim=self.geometry.head_dim, block_tokens=self.block_tokens)
@@ -114,11 +132,21 @@ class WorkerSide:
             return
         if plan.loads:
             try:
-                self._incoming = self.loop.run(self._start_loads(plan), self.settings.deadline_s)
+                started = self.loop.run(self._start_loads(plan), self.settings.deadline_s)
             except Exception as exc:  # never into vLLM's step: the blocks are recomputed
                 log.warning("KVSP: loads of this step not started (%s): recomputing", exc)
                 for req in plan.loads:
                     self._errors.update(b.block_id for b in req.blocks)
+                    if req.asynchronous:
+                        self._loading[req.req_id] = _AsyncLoad(req.req_id, [], 0.0)  # reported at once
+                return
+            deadline = time.monotonic() + self.settings.deadline_s
+            for req in plan.loads:
+                blocks = [b for b in started if b.req_id == req.req_id]
+                if req.asynchronous:
+                    self._loading[req.req_id] = _AsyncLoad(req.req_id, blocks, deadline)
+                else:
+                    self._incoming.extend(blocks)
 
     async def _start_loads(self, plan: StepPlan) -> list[Incoming]:
         assert self.peers is not None
@@ -165,6 +193,81 @@ class WorkerSide:
                     self.loop.call(self._give_up, [block], layer)
             self._errors.add(block.block_id)
             block.failed_from = layer if block.failed_from is None else min(layer, block.failed_from)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """The asynchronous loads that are over (module notes): (None, request ids)."""
+        if not self._loading:
+            return None, None
+        loads = list(self._loading.values())
+        try:
+            over = set(self.loop.run(self._settled(loads, set(finished_req_ids)), self.settings.deadline_s))
+        except Exception as exc:  # the client loop is gone or stuck: give every load up
+            log.warning("KVSP: asynchronous loads not settled (%s): recomputing them", exc)
+            for load in loads:
+                for block in load.blocks:
+                    block.failed_from = 0  # not placed, reported failed (the loop is not touched)
+            over = {load.req_id for load in loads}
+        done: set[str] = set()
+        counts: dict[str, dict[str, int]] = {}
+        for req_id in over:
+            load = self._loading.pop(req_id)
+            for block in load.blocks:
+                self._place(block)
+            self._count(counts, load.blocks)
+            done.add(req_id)
+        merge_counts(self._counts, counts)
+        return None, done
+
+    async def _settled(self, loads: list[_AsyncLoad], aborted: set[str]) -> list[str]:
+        """On the loop: the requests whose every block has arrived or failed; a request past its
+        deadline, or aborted by vLLM, is given up (what has not arrived fails)."""
+        now = time.monotonic()
+        out = []
+        for load in loads:
+            pending = [b for b in load.blocks if not all(e.is_set() for e in b.ready)]
+            if pending and (now >= load.deadline or load.req_id in aborted):
+                if load.req_id not in aborted:
+                    log.warning("KVSP: request %s not loaded within %d ms: recomputing what is missing",
+                                load.req_id, self.settings.deadline_ms)
+                for block in pending:
+                    first = next(i for i, e in enumerate(block.ready) if not e.is_set())
+                    block.fail(first)
+                    if block.task is not None:
+                        block.task.cancel()
+                pending = []
+            if not pending:
+                out.append(load.req_id)
+        return out
+
+    def _place(self, block: Incoming) -> None:
+        """Every layer of a block that arrived whole into the paged cache; a block that did not
+        (or cannot be placed) is reported failed."""
+        if block.failed_from is None and self.layout is not None:
+            try:
+                for layer, kv in enumerate(block.kv):
+                    assert kv is not None
+                    self.layout.write(self.caches[self._layer_names[layer]], block.block_id, kv[0], kv[1])
+                return
+            except Exception as exc:  # never into vLLM's step: this block is recomputed
+                log.warning("KVSP: block %d not placed (%s): recomputing", block.block_id, exc)
+                block.failed_from = 0
+        self._errors.add(block.block_id)
+
+    @staticmethod
+    def _count(counts: dict[str, dict[str, int]], blocks: list[Incoming]) -> set[str]:
+        """Add loaded blocks' counters; the requests with a failed block."""
+        failed = set()
+        for block in blocks:
+            c = counts.setdefault(block.req_id, {})
+            if block.failed_from is not None:
+                failed.add(block.req_id)
+                c["blocks_failed"] = c.get("blocks_failed", 0) + 1
+            elif block.source is not None:
+                name = "blocks_moqt" if block.source == "moqt" else "blocks_http"
+                c[name] = c.get(name, 0) + 1
+            for via, octets in block.octets.items():
+                c[f"bytes_{via}"] = c.get(f"bytes_{via}", 0) + octets
+        return failed
 
     @staticmethod
     async def _layer_of(blocks: list[Incoming], layer: int) -> list[Any]:
@@ -231,20 +334,12 @@ class WorkerSide:
     async def _settle(self, saving: list[_Saving], incoming: list[Incoming]) -> None:
         assert self.peers is not None
         counts: dict[str, dict[str, int]] = {}
-        failed_requests = set()
         for block in incoming:
             if block.task is not None and not block.task.done():
                 block.task.cancel()  # vLLM is past this step: what did not arrive is recomputed
-            c = counts.setdefault(block.req_id, {})
             if block.failed_from is not None:
                 self._errors.add(block.block_id)
-                failed_requests.add(block.req_id)
-                c["blocks_failed"] = c.get("blocks_failed", 0) + 1
-            elif block.source is not None:
-                name = "blocks_moqt" if block.source == "moqt" else "blocks_http"
-                c[name] = c.get(name, 0) + 1
-            for via, octets in block.octets.items():
-                c[f"bytes_{via}"] = c.get(f"bytes_{via}", 0) + octets
+        failed_requests = self._count(counts, incoming)
         # Blocks computed over a context that failed to load are wrong: never published
         # (vLLM recomputes the request from its first failed block; the scheduler plans the
         # saves again).
@@ -272,6 +367,10 @@ class WorkerSide:
         return counts
 
     def close(self) -> None:
+        for load in self._loading.values():
+            for block in load.blocks:
+                if block.task is not None:
+                    self.loop.call(block.task.cancel)
         if self.peers is not None:
             try:
                 self.loop.run(self.peers.close(), 10)
