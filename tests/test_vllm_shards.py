@@ -1,5 +1,5 @@
-"""The KVSP connector on a tensor-parallel engine with LoRA adapters, in fp32 (issue 26;
-docs/vllm.md "Tensor parallelism", "Adapters").
+"""The KVSP connector on a tensor-parallel engine with LoRA adapters, in fp32, and on an fp8 KV
+cache loading layer-wise (issue 26; docs/vllm.md "Dtypes, tensor parallelism, adapters").
 
 One real vLLM CPU engine with ``tensor_parallel_size=2`` (a worker process per rank, each bound
 to its own core) and LoRA enabled, in fp32, shares blocks with itself through a loopback cluster
@@ -154,7 +154,7 @@ def fp8_engine(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFactor
         index_url=cluster.index_url, relay_url=cluster.relay_url, index_token=cluster.token,
         moqt_token=cluster.token, ca_file=str(cluster.tls.ca_file), scopes={"tenant-a": KEY},
         scope_salts={"tenant-a": [salt_digest(SALT_1), salt_digest(SALT_2)]}, deadline_ms=20_000,
-        moqt_timeout_ms=1_500)
+        moqt_timeout_ms=1_500, async_loads=False)  # the layer-wise path: layer l placed before layer l runs
     spec = EngineSpec(str(model), block_size=B, dtype="bfloat16", kv_cache_dtype="fp8_e4m3",
                       kv_transfer_config=kv_transfer_config(extra))
     e = EngineProcess(spec, name="engine fp8", stderr=open(tmp_path_factory.mktemp("fp8-logs") / "fp8.log", "w"))  # noqa: SIM115
@@ -168,7 +168,8 @@ def fp8_engine(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFactor
 def test_an_fp8_kv_cache_moves_bit_exact_under_its_scales(cluster: LoopbackCluster, fp8_engine: EngineProcess) -> None:
     """fp8-e4m3 KV (one octet an element) with its scales named in the descriptor (kv_scales,
     checked by the worker against the scales its layers run with) goes out and comes back
-    bit for bit: the output is the recomputed one."""
+    bit for bit: the output is the recomputed one. This engine loads layer-wise
+    (``async_loads`` off): each layer placed during the forward pass, before it is used."""
     p = prompt(3, 4 * B + 9)
     computed = fp8_engine.generate(p, max_tokens=8, cache_salt=SALT_1)
     assert kvsp(computed)["blocks_published"] == 4
