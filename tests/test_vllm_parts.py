@@ -529,3 +529,11 @@ def test_the_lookup_never_blocks_the_scheduler(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGCONT)
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("value", [1199, 65528, True, "16384"])
+def test_max_datagram_size_is_checked(value: object) -> None:
+    with pytest.raises(SettingsError) as info:
+        ConnectorSettings.from_extra({"max_datagram_size": value})
+    assert info.value.key == "max_datagram_size"
+    assert ConnectorSettings.from_extra({"max_datagram_size": 16384}).max_datagram_size == 16384

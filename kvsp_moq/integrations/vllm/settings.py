@@ -106,6 +106,10 @@ class ConnectorSettings:
     store_bytes: int = 256 * 1024 * 1024
     #: Model name in the Compatibility Descriptor (default: the engine's served model name).
     model_name: str | None = None
+    #: The largest QUIC datagram the worker's MOQT sessions send (its publications to the relay
+    #: above all): None keeps the transport's default (1200, safe on any path); inside a
+    #: datacenter or on loopback a larger one costs far fewer packets (docs/transport.md).
+    max_datagram_size: int | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
@@ -146,6 +150,7 @@ class ConnectorSettings:
             moqt_timeout_ms=_positive(extra, "moqt_timeout_ms", 2_000),
             record_ttl_ms=_positive(extra, "record_ttl_ms", 600_000),
             store_bytes=_positive(extra, "store_bytes", 256 * 1024 * 1024),
+            max_datagram_size=_datagram_size(extra),
         )
 
     @property
@@ -192,6 +197,15 @@ def _scope_salts(raw: object, scopes: Mapping[str, bytes]) -> dict[str, str]:
                 raise SettingsError("scope_salts", f"one salt selects two scopes ({out[digest]!r}, {scope!r})")
             out[digest] = scope
     return out
+
+
+def _datagram_size(extra: Mapping[str, Any]) -> int | None:
+    value = extra.get("max_datagram_size")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1200 <= value <= 65527:
+        raise SettingsError("max_datagram_size", "must be an integer in [1200, 65527] (QUIC's minimum to UDP's maximum)")
+    return value
 
 
 def _opt_str(extra: Mapping[str, Any], key: str) -> str | None:

@@ -75,8 +75,9 @@ class Peers:
         storer = HttpBlockStorer(settings.holder_token, timeout_s=settings.deadline_s) if settings.holder_url else None
         peers = cls(settings, store, index, fetcher, storer)
         if settings.relay_url is not None:
+            sizes = {"max_datagram_size": settings.max_datagram_size} if settings.max_datagram_size else {}
             transport = TlsConfig().transport(ca_file=settings.ca_file, insecure=settings.insecure,
-                                              purpose="the KVSP connector's MOQT relay")
+                                              purpose="the KVSP connector's MOQT relay", **sizes)
             tokens = (settings.moqt_token,) if settings.moqt_token else ()
             peers.pool = MoqtPool(transport, connect_timeout=settings.moqt_timeout_ms / 1000, setup_tokens=tokens)
             if settings.publish:

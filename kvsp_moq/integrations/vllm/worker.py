@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -95,6 +96,11 @@ class WorkerSide:
         self.layout: PagedLayout | None = None
         self._incoming: list[Incoming] = []  # this step's layer-wise (synchronous) loads
         self._loading: dict[str, _AsyncLoad] = {}  # asynchronous loads in flight, by request
+        #: Set (on the client loop) when a load task ends: until then, and until a deadline,
+        #: ``get_finished`` answers without a round trip to the loop. vLLM calls it every
+        #: millisecond while a request waits for its KV, and each round trip would take the
+        #: GIL from the transfers it waits for.
+        self._settled_any = threading.Event()
         self._layer_names: dict[int, str] = {}
         self._saving: list[_Saving] = []
         self._saves_begun = False
@@ -158,6 +164,7 @@ class WorkerSide:
                 key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
                 incoming.task = asyncio.get_running_loop().create_task(
                     load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens))
+                incoming.task.add_done_callback(lambda _task: self._settled_any.set())
                 out.append(incoming)
         return out
 
@@ -199,6 +206,10 @@ class WorkerSide:
         if not self._loading:
             return None, None
         loads = list(self._loading.values())
+        if not self._settled_any.is_set() and not finished_req_ids.intersection(self._loading) \
+                and time.monotonic() < min(load.deadline for load in loads):
+            return None, None  # nothing can have changed (module notes)
+        self._settled_any.clear()
         try:
             over = set(self.loop.run(self._settled(loads, set(finished_req_ids)), self.settings.deadline_s))
         except Exception as exc:  # the client loop is gone or stuck: give every load up
