@@ -11,7 +11,7 @@ upstream relay's certificate is verified (against ``--upstream-ca``, else the sy
 store); ``--insecure-upstream`` turns that off, with a warning logged. Prints
 ``relay listening on moqt://HOST:PORT/moq`` once bound (port 0 picks one). On SIGTERM or
 SIGINT: GOAWAY to every session, wait for them to leave (``--drain-timeout``), exit 0.
-A bad ``--config`` file: a message naming the file and key on stderr, exit 2.
+A bad ``--config`` file: one line naming the file and key on stderr (not the usage), exit 2.
 """
 
 from __future__ import annotations
@@ -159,8 +159,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
     if args.config:
         try:
             args.auth = load_auth_config(args.config)
-        except AuthConfigError as exc:
-            p.error(f"--config: {exc}")  # exit status 2
+        except AuthConfigError as exc:  # one line, exit status 2: the usage would bury it
+            p.exit(2, f"{p.prog}: error: {exc}\n")
     return args
 
 

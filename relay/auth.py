@@ -244,10 +244,10 @@ def load_auth_config(path: str | Path) -> AuthConfig:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)
     except OSError as exc:
-        raise AuthConfigError(f"{path}: {exc.strerror or exc}") from None
+        raise AuthConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise AuthConfigError(f"{path}: {exc}") from None
+        raise AuthConfigError(f"invalid config {path}: not valid TOML: {exc}") from None
     try:
         return parse_auth_config(doc)
     except AuthConfigError as exc:
-        raise AuthConfigError(f"{path}: {exc}") from None
+        raise AuthConfigError(f"invalid config {path}: {exc}") from None

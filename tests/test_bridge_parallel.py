@@ -6,7 +6,13 @@ straight into the caller's shared-memory torch buffer.
 Everything is real: a MoqtHolder on loopback QUIC, a real tampering publisher, real worker
 processes (spawned), real shared memory. No mocks, no sleeps: waits are on protocol, sink or
 process events (``within`` only turns a hang into a failure); a stuck range is made with a
-source whose UDP port nobody answers (its connect hangs until cancelled)."""
+source whose UDP port, the test's own, nobody answers (its connect hangs until cancelled).
+
+Nothing outlives a load: the shared memory (fd-passed torch segments, named ``torch_<pid>_...``
+by the process that made them, unlinked at once) is freed when the sink and the workers are
+gone, also when a worker was killed, and the workers leave nothing in their ``TMPDIR``. Only
+what the test's own processes made is counted (tests/leftovers_support.py): other processes on
+the machine have segments of their own."""
 
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ import asyncio
 import gc
 import os
 import signal
+import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +31,6 @@ from bridge_support import (
     HolderNode,
     TamperingPublisher,
     client_config,
-    closed_port_url,
     make_key,
     make_layers,
     record_at,
@@ -40,6 +48,7 @@ from kvsp_moq.bridge import (
     split_layers,
 )
 from kvsp_moq.sinks import LayerFailed, LayerState
+from leftovers_support import left_in, own_segments, shm_mappings as mapped_by
 
 torch = pytest.importorskip("torch")
 
@@ -51,10 +60,6 @@ def tensor_octets(sink, layer: int) -> bytes:
     k, v = sink.layer(layer)
     return (k.contiguous().view(torch.uint8).numpy().tobytes()
             + v.contiguous().view(torch.uint8).numpy().tobytes())
-
-
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 def shm_mappings(pid: int | str = "self") -> list[str]:
@@ -78,6 +83,15 @@ async def holder():
         yield node
     finally:
         await node.close()
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A moqt:// URL on a UDP port this test holds and never reads: a connect to it hangs, and
+    no other process on the machine can take the port meanwhile."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"moqt://127.0.0.1:{s.getsockname()[1]}/moq"
 
 
 def test_split_layers() -> None:
@@ -127,14 +141,14 @@ async def test_connections_bit_identical_to_sequential(holder: HolderNode, paral
 async def test_processes_bit_identical_and_release_shared_memory(holder: HolderNode) -> None:
     """N = 1, 2, 3 worker processes (one set of three, reused); layers land in the caller's
     shared buffer, bit for bit as the sequential path; nothing of the shared memory remains
-    in the workers after each load, nor anywhere after close."""
+    in the workers after each load, nor in /dev/shm after close."""
     key, layers = make_key(50), make_layers(LAYERS)
     holder.put(key, layers)
     record = holder.holder.replica_record(key)
     expected = await sequential(record, layers)
-    shm_before = shm_entries()
     workers = await within(ProcessWorkers(3, client_config()).start(), GUARD)
     pids = workers.pids
+    seen: set[int] = set()  # inodes of what the workers map in /dev/shm
     try:
         assert len(set(pids)) == 3 and os.getpid() not in pids
         await within(workers.warm([holder.url]))
@@ -154,6 +168,7 @@ async def test_processes_bit_identical_and_release_shared_memory(holder: HolderN
             assert order == list(range(LAYERS))
             for layer in range(LAYERS):
                 assert tensor_octets(sink, layer) == expected[layer]
+            seen |= mapped_by(pids).keys()
             # Each worker dropped its mapping of our buffer before it reported "done".
             for pid in pids:
                 assert shm_mappings(pid) == []
@@ -169,7 +184,7 @@ async def test_processes_bit_identical_and_release_shared_memory(holder: HolderN
     assert all(gone(pid) for pid in pids)
     gc.collect()
     assert shm_mappings() == []  # our sinks are gone: so is their shared memory
-    assert shm_entries() <= shm_before  # fd-passed segments never had a name to leak
+    assert own_segments([os.getpid(), *pids], seen) == set()  # fd-passed: never had a name to leak
 
 
 @pytest.mark.parametrize("workers", ["connections", "processes"])
@@ -183,7 +198,6 @@ async def test_tampered_layer_detected_and_reported(holder: HolderNode, workers:
     payloads = {layer: holder.payload(key, layer) for layer in range(LAYERS)}
     liar = await TamperingPublisher().start(record.block_name(), payloads,
                                             list(record.layer_digests), bad_layer=4)
-    shm_before = shm_entries()
     try:
         sink = sink_for_record(record, layers.geometry, layers.tokens, backend="torch")
         result = await within(load_block_parallel(record_at(record, liar.url), sink,
@@ -204,7 +218,7 @@ async def test_tampered_layer_detected_and_reported(holder: HolderNode, workers:
         assert tensor_octets(sink, layer) == payloads[layer]
     del sink
     gc.collect()
-    assert shm_mappings() == [] and shm_entries() <= shm_before
+    assert shm_mappings() == [] and own_segments([os.getpid()]) == set()
 
 
 async def test_processes_tampered_range_falls_back_to_the_next_source(holder: HolderNode) -> None:
@@ -233,17 +247,23 @@ async def test_processes_tampered_range_falls_back_to_the_next_source(holder: Ho
     assert all(tensor_octets(sink, x) == payloads[x] for x in range(LAYERS))
 
 
-async def stuck_second_range(holder: HolderNode, seed: int):
+async def stuck_second_range(holder: HolderNode, seed: int, silent_url: str):
     """A block whose range 1 (of 2) is stuck: it tries a source nobody answers first."""
     key, layers = make_key(seed), make_layers(LAYERS)
     holder.put(key, layers)
     record = holder.holder.replica_record(key)
-    sources = [Source.from_record(record), Source.from_record(record_at(record, closed_port_url()))]
+    sources = [Source.from_record(record), Source.from_record(record_at(record, silent_url))]
     return key, layers, record, sources
 
 
-async def test_worker_killed_mid_load_its_range_is_reported(holder: HolderNode) -> None:
-    key, layers, record, sources = await stuck_second_range(holder, 62)
+async def test_worker_killed_mid_load_its_range_is_reported(
+        holder: HolderNode, silent_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL to the worker of the stuck range, mapping the caller's buffer: its range is
+    reported, and nothing of the load outlives it and the sink: no segment of the test's
+    processes in /dev/shm, no mapping left in the caller, nothing in the workers' TMPDIR."""
+    key, layers, record, sources = await stuck_second_range(holder, 62, silent_url)
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.gettempdir())  # this process keeps its own
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the workers' (spawned with this environment)
     workers = await within(ProcessWorkers(2, client_config(), connect_timeout=60.0).start(), GUARD)
     pids = workers.pids
     try:
@@ -252,6 +272,8 @@ async def test_worker_killed_mid_load_its_range_is_reported(holder: HolderNode) 
         load = ParallelLoad(sink, sources, workers)
         run = asyncio.ensure_future(load.run())
         await within(sink.wait_for_layer(3))  # range 0 (0..3) is in; range 1 hangs connecting
+        assert shm_mappings(pids[1]) != []  # it is killed while it maps our buffer
+        seen = set(mapped_by(pids))
         os.kill(pids[1], signal.SIGKILL)
         result = await within(run)
         assert result.verified == (0, 1, 2, 3) and result.recompute == (4, 5, 6, 7)
@@ -265,12 +287,17 @@ async def test_worker_killed_mid_load_its_range_is_reported(holder: HolderNode) 
     finally:
         await within(workers.close())
     assert all(gone(pid) for pid in pids)
+    del sink, load, run
+    gc.collect()
+    assert shm_mappings() == []
+    assert own_segments([os.getpid(), *pids], seen) == set()
+    assert left_in(tmp_path) == []
 
 
 @pytest.mark.parametrize("kind", ["connections", "processes"])
-async def test_cancel_stops_every_range_and_workers_stay_usable(holder: HolderNode,
+async def test_cancel_stops_every_range_and_workers_stay_usable(holder: HolderNode, silent_url: str,
                                                                 kind: str) -> None:
-    key, layers, record, sources = await stuck_second_range(holder, 63)
+    key, layers, record, sources = await stuck_second_range(holder, 63, silent_url)
     workers = (ConnectionWorkers(2, client_config(), connect_timeout=60.0) if kind == "connections"
                else ProcessWorkers(2, client_config(), connect_timeout=60.0))
     await within(workers.start(), GUARD)

@@ -2,20 +2,37 @@
 request a §6.8 session through the front end): the report's numbers agree with each other and
 with what the components counted (the instances' engine counters, the relay's metrics, the IS,
 the front end's tally), reused KV gives the same greedy output, nothing is left running after it
-exits, and Ctrl-C shuts everything down with 130."""
+exits, and Ctrl-C shuts everything down with 130. The relay serves only the run's tokens: asked
+while the demo runs, it refuses a session without one or with a wrong one, and an instance's
+token outside the run's scope (tests/relay_probe_support.py).
+
+Nothing of a run outlives it, counted over what the run made only (tests/leftovers_support.py):
+no process of its session, no shared-memory segment its processes made or mapped, nothing in
+the ``TMPDIR`` of its own, where its temporary directory held the run's keys (the relay's TLS
+key, the CA, the scope key) while it ran."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from leftovers_support import (
+    Snapshot,
+    Watched,
+    left_in,
+    own_segments,
+    private_tmpdir,
+    run_env,
+    run_watched,
+    session_members,
+)
+from relay_probe_support import DemoRelay
 
 CMD = [sys.executable, "-m", "kvsp_moq", "demo"]
 GUARD = 180.0  # safety net only: the demo takes a few seconds
@@ -29,16 +46,9 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _port_free(port: int, protocol: str) -> bool:
-    kind = socket.SOCK_DGRAM if protocol == "udp" else socket.SOCK_STREAM
-    with socket.socket(socket.AF_INET, kind) as s:
-        if protocol == "tcp":
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not a listener
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def had_its_keys(up: Snapshot) -> bool:
+    """The run's temporary directory held its keys (in the TMPDIR it was given)."""
+    return any(e.startswith("kvsp-demo-") and e.endswith(("/relay.key", "/scope.key")) for e in up.tmp)
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +56,53 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("model"))
 
 
+@dataclass
+class DemoRun:
+    report: dict[str, Any]
+    run: Watched
+    up: Snapshot
+    #: What was left in its TMPDIR after it exited.
+    left: list[str]
+    #: What its relay answered clients of ours while the cluster was up.
+    relay: DemoRelay
+
+
 @pytest.fixture(scope="module")
-def demo(model_dir: str) -> tuple[dict[str, Any], str]:
-    proc = subprocess.run(CMD + ["--json", "--model-dir", model_dir], capture_output=True, text=True, timeout=GUARD)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout), proc.stderr
+def demo(model_dir: str) -> Iterator[DemoRun]:
+    with private_tmpdir() as tmp:
+        up = Snapshot()
+        relay = DemoRelay()
+
+        def on_line(line: str, sid: int) -> None:
+            if line.startswith("[demo] cluster up"):
+                up.take(sid, tmp)
+            relay.see(line, tmp)
+
+        run = run_watched(CMD + ["--json", "--model-dir", model_dir], env=run_env(tmp), timeout=GUARD,
+                          on_line=on_line)
+        assert run.code == 0, run.stderr
+        yield DemoRun(json.loads(run.stdout), run, up, left_in(tmp), relay)
 
 
-def test_the_report_adds_up(demo: tuple[dict[str, Any], str]) -> None:
-    report, _ = demo
+def test_the_relay_serves_only_the_runs_tokens(demo: DemoRun) -> None:
+    """The relay runs with the ``--config`` the demo writes (docs/relay.md "Authorization"): a
+    session without a token, or with one the run did not make, is refused; each instance's
+    token is served in the run's scope (a track nobody publishes: DOES_NOT_EXIST, the answer
+    past authorization) and refused outside it. The report's MOQT figures (test above) show the
+    instances' own sessions were served."""
+    assert demo.relay.answers == {
+        "no token": "REQUEST_ERROR UNAUTHORIZED",
+        "a wrong token": "session termination UNAUTHORIZED",
+        "instance-1": "REQUEST_ERROR DOES_NOT_EXIST",
+        "instance-1 outside its scope": "REQUEST_ERROR UNAUTHORIZED",
+        "instance-2": "REQUEST_ERROR DOES_NOT_EXIST",
+        "instance-2 outside its scope": "REQUEST_ERROR UNAUTHORIZED",
+    }
+    assert "authorized: the tokens of instance-1, instance-2 only" in demo.run.stderr
+
+
+def test_the_report_adds_up(demo: DemoRun) -> None:
+    report = demo.report
     assert report["ok"] is True and report["outputs_match"] is True
     cold, warm, *more = report["requests"]
     prompt_blocks, system_blocks = cold["prompt_blocks"], report["system_blocks"]
@@ -125,40 +173,43 @@ def test_the_report_adds_up(demo: tuple[dict[str, Any], str]) -> None:
     assert report["block_octets"] == layers * 2 * g["block_tokens"] * g["kv_heads"] * g["head_dim"] * 4
 
 
-def test_progress_goes_to_stderr_and_everything_is_shut_down(demo: tuple[dict[str, Any], str]) -> None:
-    report, stderr = demo
+def test_progress_goes_to_stderr_and_everything_is_shut_down(demo: DemoRun) -> None:
+    report, stderr, up = demo.report, demo.run.stderr, demo.up
     assert "[demo] cluster up" in stderr and "[demo] all servers stopped, relay and instances exited" in stderr
     roles = {s["role"] for s in report["servers"]}
     assert {"index", "relay", "holder", "pc", "frontend", "instance-1", "instance-2"} <= roles
-    for server in report["servers"]:
-        if "pid" in server:
-            assert _gone(server["pid"]), server
-        assert _port_free(server["port"], server["protocol"]), server
+    children = {server["pid"] for server in report["servers"] if "pid" in server}
+    assert len(children) == 3 and children <= up.pids  # the relay and the instances, seen while up
+    # Nothing of the run is left: no process of its session (nor the ports they held), ...
+    assert all(_gone(pid) for pid in children) and session_members(demo.run.pid) == []
+    # ... no shared memory of its processes, ...
+    assert own_segments(up.pids, up.segments) == set()
+    # ... and its temporary directory, with the run's keys while it ran, is gone.
+    assert had_its_keys(up), up.tmp
+    assert demo.left == []
 
 
 def test_ctrl_c_shuts_down_cleanly_with_130(model_dir: str) -> None:
-    proc = subprocess.Popen(CMD + ["--model-dir", model_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(GUARD, proc.kill)
-    watchdog.start()
-    try:
-        assert proc.stderr is not None
-        lines: list[str] = []
-        pids = []
-        for line in proc.stderr:
-            lines.append(line)
+    """SIGINT once the cluster is up: 130, and nothing of the run left (its temporary
+    directory, which held its keys, included)."""
+    pids: list[int] = []
+    up = Snapshot()
+    with private_tmpdir() as tmp:
+        def on_line(line: str, sid: int) -> None:
             if line.startswith(("[demo] relay ", "[demo] instance ")) and "(pid " in line:
                 pids.append(int(line.split("(pid ")[1].split(",")[0].split(";")[0]))
             if line.startswith("[demo] cluster up"):
-                break
-        assert len(pids) == 3, "".join(lines)
-        proc.send_signal(signal.SIGINT)
-        rest = proc.stderr.read()
-        code = proc.wait()
-    finally:
-        watchdog.cancel()
-        proc.kill()
-    assert code == 130, "".join(lines) + rest
-    assert "[demo] interrupted: shutting down" in rest
-    assert "[demo] interrupted: clean shutdown, exit 130" in rest
-    assert "Traceback" not in rest
-    assert all(_gone(pid) for pid in pids)
+                up.take(sid, tmp)
+                os.kill(sid, signal.SIGINT)
+
+        run = run_watched(CMD + ["--model-dir", model_dir], env=run_env(tmp), timeout=GUARD, on_line=on_line)
+        left = left_in(tmp)
+    assert len(pids) == 3, run.stderr
+    assert run.code == 130, run.stderr
+    assert "[demo] interrupted: shutting down" in run.stderr
+    assert "[demo] interrupted: clean shutdown, exit 130" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert all(_gone(pid) for pid in pids) and session_members(run.pid) == []
+    assert own_segments(up.pids, up.segments) == set()
+    assert had_its_keys(up), up.tmp
+    assert left == []

@@ -89,4 +89,4 @@ async def test_kvsp_index_rejects_a_bad_config(tmp_path: Path) -> None:
     )
     _, err = await asyncio.wait_for(proc.communicate(), GUARD)
     assert proc.returncode == 2
-    assert err.decode().startswith("kvsp: index.max_ttl_ms:")
+    assert err.decode().startswith(f"kvsp: invalid config {tmp_path / 'bad.toml'}: index.max_ttl_ms:")

@@ -67,7 +67,8 @@ async def test_bad_config_exits_2(tmp_path: Path) -> None:
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), GUARD)
-    assert proc.returncode == 2 and err.decode().startswith("kvsp: pc.sleep_policy:")
+    assert proc.returncode == 2
+    assert err.decode().startswith(f"kvsp: invalid config {tmp_path / 'bad.toml'}: pc.sleep_policy:")
 
 
 def test_the_pc_urls_and_leader_lease_keys(tmp_path: Path) -> None:

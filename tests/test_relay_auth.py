@@ -361,4 +361,6 @@ async def test_bad_config_file_exits_2(tmp_path: Path) -> None:
             cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         _out, err = await within(proc.communicate())
         assert proc.returncode == 2
-        assert str(path) in err.decode() and "--config" in err.decode()
+        # one line naming the file, not the usage first (issue 25)
+        assert err.decode().startswith("python -m relay: error: ") and err.decode().count("\n") == 1
+        assert f"config {path}: " in err.decode()

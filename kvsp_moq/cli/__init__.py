@@ -2,22 +2,20 @@
 
 A bad flag prints the usage of the (sub)command it was given to, not the top-level one
 (:class:`_Parser`); every failure of a handler is one ``kvsp: ...`` line (cli/errors.py).
+Only the module of the subcommand that is run is imported (cli/commands.py): ``kvsp --version``
+and ``kvsp --help`` import none of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Collection
 from importlib import metadata
 from typing import Sequence
 
-
-from ..control.frontend import cli as cli_frontend
-from ..control.holder import cli as cli_holder
-from ..control.index import cli as cli_index
-from ..control.instance import cli as cli_instance
-from ..control.pc import cli as cli_pc
-from . import bench, core, dashboard, demo, errors, moq, relay_cmd, soak
+from . import relay_cmd
+from .commands import GROUPS
 
 
 def _version() -> str:
@@ -43,30 +41,38 @@ class _Parser(argparse.ArgumentParser):
         return parsed, extras
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``kvsp`` parser. With ``commands``, only the modules of those subcommands are
+    imported and registered; every other subcommand is a stub with its name and help line,
+    enough for ``kvsp --help`` and for argparse to refuse an unknown command."""
     parser: argparse.ArgumentParser = _Parser(prog="kvsp", description="KV Cache Storage Protocol over MOQT")
     parser.add_argument("--version", action="version", version=f"kvsp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    core.register(sub)
-    bench.register(sub)
-    demo.register(sub)
-    soak.register(sub)
-    dashboard.register(sub)
-    moq.register(sub)
-    cli_index.register_cli(sub)
-    cli_holder.register_cli(sub)
-    cli_pc.register_cli(sub)
-    cli_instance.register_cli(sub)
-    cli_frontend.register_cli(sub)
-    relay_cmd.register(sub)
+    for group in GROUPS:
+        if commands is None or not set(group.names).isdisjoint(commands):
+            group.load()(sub)
+        else:
+            group.add_stubs(sub)
     return parser
+
+
+def _command_of(args: Sequence[str]) -> set[str]:
+    """The subcommand named in ``args``: the first word that is not an option (the top-level
+    options take no value). Empty when there is none, or when ``--help`` or ``--version``
+    comes first: argparse answers that before it reaches any subcommand."""
+    for arg in args:
+        if arg in ("-h", "--help", "--version"):
+            return set()
+        if not arg.startswith("-"):
+            return {arg}
+    return set()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["relay"]:
         return relay_cmd.run(args_list[1:])
-    parser = build_parser()
+    parser = build_parser(_command_of(args_list))
     args = parser.parse_args(args_list)
     try:
         return int(args.handler(args) or 0)
@@ -74,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("kvsp: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # every failure: one line, with the hint it needs
+        from . import errors  # imports the MOQT stack: only once a handler has failed
+
         errors.print_traceback(exc)
         message, status = errors.describe(exc)
         print(f"kvsp: {message}", file=sys.stderr)

@@ -441,6 +441,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if args.dashboard:
             raise UsageError("--dashboard needs the reference engine (--engine reference)")
         return cmd_demo_vllm(args)
+    if args.dtype != "float32":
+        raise UsageError("--dtype needs --engine vllm (the reference model runs float32)")
     loop = new_event_loop(use_uvloop=True)
     interrupted = False
     shown: list[dict[str, Any]] = []
@@ -511,6 +513,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                    help="the reference model's files (generated there once; default: $KVSP_MODEL_DIR/<name>, "
                         "else ~/.cache/kvsp/model/<name>); with --engine vllm: a local Hugging Face model "
                         "directory to serve instead of the tiny Llama written for the run")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="with --engine vllm: the engines' dtype (and their KV cache's); the report names it")
     p.add_argument("--dashboard", action="store_true",
                    help="after the report, keep the cluster up with the live dashboard (docs/dashboard.md) and print "
                         "its URL; Ctrl-C stops everything")

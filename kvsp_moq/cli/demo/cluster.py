@@ -8,7 +8,9 @@ generated for this run (no configuration file of the user's):
 * a MOQT relay: ``python -m relay`` as a child process (its metrics endpoint on for the
   report's cross-checks), serving a certificate of a CA made for this run
   (``transport.tls.make_self_signed``): the instances verify it against that CA's file
-  (``[tls] ca_file``), so the instances' tokens only ever cross verified TLS;
+  (``[tls] ca_file``), so the instances' tokens only ever cross verified TLS. It is not open:
+  its ``--config`` (:func:`relay_auth_toml`) lets only the instances' tokens publish and
+  subscribe, under the run's scope (docs/relay.md "Authorization");
 * a Placement Controller (``serve_pc``) fed by the IS: it places sessions (§6.4), sends prefetch
   directives (§6.5) and keeps checkpoints (§6.8);
 * a front end (``serve_frontend``): clients start sessions there (it asks the PC to place them)
@@ -47,12 +49,14 @@ import secrets
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from relay.names import format_namespace
 
 from ...control.common.auth import Authorizer, Grant, Principal
 from ...control.common.clock import MonotonicClock
@@ -73,10 +77,12 @@ from ...control.http.server import RunningServer
 from ...control.holder.serve import serve_holder
 from ...control.index.serve import serve_index
 from ...control.pc.service import PlacementController
+from ...kvsp import compat, scope
+from ...kvsp.naming import scope_prefix
 from ...transport.tls import make_self_signed
 
-__all__ = ["Cluster", "HttpReply", "InstanceProcess", "KvPlane", "demo_authorizer", "http_request", "start_cluster",
-           "start_kv_plane"]
+__all__ = ["Cluster", "HttpReply", "InstanceProcess", "KvPlane", "demo_authorizer", "http_request", "relay_auth_toml",
+           "start_cluster", "start_kv_plane"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding kvsp_moq/ and relay/
 ROLES = ("holder", "instance-1", "instance-2", "pc", "frontend", "client")
@@ -223,10 +229,23 @@ def make_demo_tls(workdir: Path) -> DemoTls:
     return DemoTls(cert_file, key_file, ca_file)
 
 
-async def _start_relay(stack: AsyncExitStack, tls: DemoTls) -> RelayProcess:
+def relay_auth_toml(tokens: Mapping[str, str], prefixes: Sequence[str]) -> str:
+    """The relay's ``--config`` (docs/relay.md "Authorization"): the principal of each
+    ``name -> token`` may publish and subscribe under ``prefixes`` (namespace prefixes, as
+    ``relay.names.format_namespace`` writes them). There is no ``[anonymous]``: a request
+    without one of these tokens is refused (REQUEST_ERROR UNAUTHORIZED), and a SETUP with
+    another token closes the session."""
+    lines: list[str] = []
+    for name, token in tokens.items():
+        lines += ["[[principals]]", f"name = {_toml(name)}", f"token = {_toml(token)}",
+                  f"publish = {_toml(list(prefixes))}", f"subscribe = {_toml(list(prefixes))}", ""]
+    return "\n".join(lines)
+
+
+async def _start_relay(stack: AsyncExitStack, tls: DemoTls, auth_file: Path) -> RelayProcess:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "relay", "--listen", "127.0.0.1:0", "--metrics", "0", "--cache-mib", "64",
-        "--cert", str(tls.cert_file), "--key", str(tls.key_file),
+        "--cert", str(tls.cert_file), "--key", str(tls.key_file), "--config", str(auth_file),
         "--drain-timeout", "2", "--max-datagram-size", str(DATAGRAM_SIZE), "--log-level", "ERROR",
         cwd=str(ROOT), env=_child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
     )
@@ -350,19 +369,25 @@ class KvPlane:
 
 
 async def start_kv_plane(stack: AsyncExitStack, *, auth: Authorizer, holder_token: str, workdir: Path,
-                         descriptors: tuple[Mapping[str, Any], ...], progress: Callable[[str], None],
+                         descriptors: tuple[Mapping[str, Any], ...], relay_tokens: Mapping[str, str],
+                         relay_prefixes: Sequence[str], progress: Callable[[str], None],
                          clock: MonotonicClock | None = None) -> KvPlane:
     """Start the IS (knowing ``descriptors``), the relay and the holder (which publishes its
-    records to the IS with ``holder_token``), all entered into ``stack``."""
+    records to the IS with ``holder_token``), all entered into ``stack``. The relay serves
+    only the MOQT clients of ``relay_tokens`` (name -> token), under ``relay_prefixes``
+    (:func:`relay_auth_toml`; its file is written into ``workdir``)."""
     clock = clock or MonotonicClock()
     index = await stack.enter_async_context(await serve_index(
         ControlConfig(auth=auth, index=IndexConfig(descriptors=descriptors)), clock=clock))
     progress(f"index service  {index.url}")
 
     tls = make_demo_tls(workdir)
-    relay = await _start_relay(stack, tls)
+    auth_file = workdir / "relay-auth.toml"
+    auth_file.touch(mode=0o600)  # bearer tokens: readable by this user only, before they are written
+    auth_file.write_text(relay_auth_toml(relay_tokens, relay_prefixes))
+    relay = await _start_relay(stack, tls, auth_file)
     progress(f"relay          {relay.url} (pid {relay.process.pid}, metrics {relay.metrics_url}; "
-             "no authorization config: open, loopback only)")
+             f"authorized: the tokens of {', '.join(relay_tokens)} only; loopback only)")
 
     hc = HolderConfig(index_url=index.url, index_token=holder_token, tiers=(TierConfig("host", 256 * MiB),))
     holder = await stack.enter_async_context(
@@ -383,8 +408,12 @@ async def start_cluster(stack: AsyncExitStack, *, descriptor: Mapping[str, Any],
     key_file.write_text(scope_key.hex() + "\n")
     key_file.chmod(0o600)
 
+    # The instances are the relay's only MOQT clients: they publish and load the run's scope.
+    relay_clients = {role: tokens[role] for role in ("instance-1", "instance-2")}
+    prefix = format_namespace(scope_prefix(compat.compat_id(descriptor), scope.scope_id(scope_key)))
     plane = await start_kv_plane(stack, auth=auth, holder_token=tokens["holder"], workdir=workdir,
-                                 descriptors=(descriptor,), progress=progress, clock=clock)
+                                 descriptors=(descriptor,), relay_tokens=relay_clients, relay_prefixes=(prefix,),
+                                 progress=progress, clock=clock)
     index, tls, relay, holder = plane.index, plane.tls, plane.relay, plane.holder
 
     pcc = PcConfig(index_url=index.url, index_token=tokens["pc"], instance_token=tokens["pc"],

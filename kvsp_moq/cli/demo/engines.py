@@ -13,9 +13,10 @@ The model is the connector's tiny random-weight Llama (``integrations.vllm.tiny_
 written into the run's directory, unless a local Hugging Face model directory is given.
 vLLM's logs go to one file per engine in that directory (their tails are shown when an engine
 fails). :meth:`VllmPlane.close` stops the engines in parallel (stdin closed, then killed after
-a grace period, with what they started), the holder, the relay and the IS, and removes the
-directory; it runs on every exit, Ctrl-C and SIGTERM
-(:func:`interrupts_as_keyboard_interrupt`) included.
+a grace period, with what they started; the shared memory a killed engine left is unlinked and
+said, and each engine's own temporary directory removed: ``EngineProcess.close``), the holder,
+the relay and the IS, and removes the run's directory (its relay key and CA with it); it runs
+on every exit, an error, Ctrl-C and SIGTERM (:func:`interrupts_as_keyboard_interrupt`) included.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from typing import IO, Any
 
 from ...integrations.vllm.engine_process import EngineProcess, EngineSpec
 from ...integrations.vllm.loop import ClientLoop
-from ...integrations.vllm.settings import connector_extra_config, kv_transfer_config
+from ...integrations.vllm.settings import connector_extra_config, kv_transfer_config, salt_digest
 from ...integrations.vllm.tiny_model import TinyLlama, write_tiny_llama
 from ..errors import UsageError
-from .cluster import KvPlane, demo_authorizer, start_kv_plane
+from .cluster import DATAGRAM_SIZE, KvPlane, demo_authorizer, start_kv_plane
 
 __all__ = ["BLOCK_TOKENS", "SCOPE", "VllmPlane", "interrupts_as_keyboard_interrupt", "kvsp_stats", "require_vllm"]
 
@@ -102,6 +103,9 @@ class VllmPlane:
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
         self.tokens = {role: secrets.token_urlsafe(32) for role in ("holder", "engine-a", "engine-b", "engine-c")}
         self.scope_key = os.urandom(32)
+        #: A secret cache_salt that selects the scope (``scope_salts``): a request under it misses
+        #: the engine's own prefix cache (vLLM keys it on the salt) but not the KVSP scope.
+        self.scope_salt = secrets.token_urlsafe(16)
         self.engines: list[EngineProcess] = []
         self._logs: dict[str, tuple[Path, IO[str]]] = {}
         self._stack = AsyncExitStack()
@@ -117,9 +121,12 @@ class VllmPlane:
     # -- the KV plane -------------------------------------------------------------------------------
     def start_plane(self) -> KvPlane:
         self._loop = ClientLoop("kvsp-demo-plane")
+        # The relay serves the engines' tokens only (their connectors' MOQT sessions), under every
+        # KVSP namespace: an engine's Compatibility ID (model, dtype, rank) is only known inside it.
+        engines = {role: token for role, token in self.tokens.items() if role.startswith("engine-")}
         self.plane = self._loop.run(start_kv_plane(
             self._stack, auth=demo_authorizer(self.tokens), holder_token=self.tokens["holder"], workdir=self.workdir,
-            descriptors=(), progress=self.progress), PLANE_S)
+            descriptors=(), relay_tokens=engines, relay_prefixes=("kvsp-1",), progress=self.progress), PLANE_S)
         return self.plane
 
     def relay_stats(self) -> dict[str, float]:
@@ -150,15 +157,17 @@ class VllmPlane:
                       f"{shape.kv_heads} KV heads x {shape.head_dim}, vocab {shape.vocab}) written to {path}")
         return path, shape.vocab
 
-    def kvsp_spec(self, model_dir: Path, role: str, *, max_model_len: int = 2048) -> EngineSpec:
-        """An engine with the KVSP connector on this plane, with ``role``'s token."""
+    def kvsp_spec(self, model_dir: Path, role: str, *, max_model_len: int = 2048, dtype: str = "float32") -> EngineSpec:
+        """An engine with the KVSP connector on this plane, with ``role``'s token, running
+        ``dtype`` (vLLM's prefix cache on, its default)."""
         assert self.plane is not None
         p, token = self.plane, self.tokens[role]
         extra = connector_extra_config(
             index_url=p.index.url, relay_url=p.relay.url, holder_url=p.holder.url, index_token=token,
             holder_token=token, moqt_token=token, ca_file=str(p.tls.ca_file), scopes={SCOPE: self.scope_key},
-            default_scope=SCOPE, deadline_ms=20_000, moqt_timeout_ms=5_000)
-        return EngineSpec(str(model_dir), block_size=BLOCK_TOKENS, max_model_len=max_model_len,
+            default_scope=SCOPE, scope_salts={SCOPE: [salt_digest(self.scope_salt)]}, deadline_ms=20_000,
+            moqt_timeout_ms=5_000, max_datagram_size=DATAGRAM_SIZE)  # loopback, as the demo's relay
+        return EngineSpec(str(model_dir), block_size=BLOCK_TOKENS, max_model_len=max_model_len, dtype=dtype,
                           kv_transfer_config=kv_transfer_config(extra))
 
     def start_engine(self, name: str, spec: EngineSpec) -> EngineProcess:
@@ -197,11 +206,13 @@ class VllmPlane:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def generate(self, engine: EngineProcess, prompt: list[int], max_tokens: int, *,
-                 kvsp: bool = True) -> dict[str, Any]:
-        """One greedy request (the connector off for it unless ``kvsp``)."""
+                 kvsp: bool = True, cache_salt: str | None = None) -> dict[str, Any]:
+        """One greedy request. Unless ``kvsp``, it is computed from scratch: the connector off,
+        and a fresh ``cache_salt`` so that vLLM's own prefix cache misses too."""
+        salt = cache_salt if kvsp else f"recompute-{secrets.token_hex(8)}"
         try:
             return engine.generate(prompt, max_tokens=max_tokens, timeout=REQUEST_S,
-                                   kv_transfer_params=None if kvsp else {"kvsp": False})
+                                   kv_transfer_params=None if kvsp else {"kvsp": False}, cache_salt=salt)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; the end of its log:\n{self.log_tail(engine.name)}") from None
 
@@ -213,6 +224,9 @@ class VllmPlane:
                 engine.close(timeout=10.0 if interrupted else ENGINE_STOP_S)
             except RuntimeError as exc:
                 self.progress(f"{engine.name}: {exc}")
+            if engine.unlinked:  # it was killed (or died): vLLM did not free them itself
+                self.progress(f"{engine.name:<14} unlinked the {len(engine.unlinked)} shared-memory segments "
+                              f"its processes left: {', '.join(engine.unlinked)}")
 
         def stop_plane() -> None:
             if self._loop is not None:
@@ -222,12 +236,17 @@ class VllmPlane:
                 self._loop = None
 
         def stop_all() -> None:  # the engines in parallel (each may wait out its grace period)
-            stoppers = [threading.Thread(target=stop, args=(e,), name=f"stop {e.name}") for e in self.engines]
-            for t in stoppers:
-                t.start()
-            for t in stoppers:
-                t.join()
-            stop_plane()
+            try:
+                stoppers = [threading.Thread(target=stop, args=(e,), name=f"stop {e.name}") for e in self.engines]
+                for t in stoppers:
+                    t.start()
+                for t in stoppers:
+                    t.join()
+                stop_plane()
+            finally:  # the run's directory (the relay's key, the CA) goes whatever failed above
+                for _, log in self._logs.values():
+                    log.close()
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
         # On a thread of its own, so that a second Ctrl-C or SIGTERM does not cut it short.
         worker = threading.Thread(target=stop_all, name="kvsp-demo-stop")
@@ -237,9 +256,6 @@ class VllmPlane:
                 worker.join()
             except KeyboardInterrupt:
                 self.progress("already shutting down")
-        for _, log in self._logs.values():
-            log.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def progress_line(message: str) -> None:

@@ -1,8 +1,11 @@
 """``kvsp demo --engine vllm``: two real vLLM engines share a prompt's KV through KVSP over MOQT.
 
 On loopback (``.engines``): an Index Service, the MOQT relay (a child process) and an HTTP
-holder; two vLLM engine processes (CPU build, the tiny local Llama, block size 32), each with
-the ``KVSPConnector`` (docs/vllm.md) and a token of its own, in one scope:
+holder; two vLLM engine processes (CPU build, the tiny local Llama, block size 32, ``--dtype``
+float32 or bfloat16, vLLM's own prefix cache on as it is by default), each with the
+``KVSPConnector`` (docs/vllm.md) and a token of its own, in one scope. "Connector off" requests
+are computed from scratch: the connector off for them and a fresh ``cache_salt``, so that
+vLLM's own prefix cache misses too.
 
 1. both engines answer a short warm-up request with the connector off (first-call costs out
    of the timings); engine B answers request 1 (a long shared "system" prefix and a question)
@@ -16,11 +19,15 @@ the ``KVSPConnector`` (docs/vllm.md) and a token of its own, in one scope:
    layer into its paged KV cache, each layer verified against its layer digest before it is
    used, and computes only the last tokens: its time to first token *with* the cache. The
    relay's own counters (FETCHes, objects, bytes) are read before and after;
-4. B answers request 1 again for its whole output (a warm relay; the blocks and octets per
-   transport are this request's and request 2's), and with the connector off: greedy outputs
-   must equal A's and each other;
-5. request 2 shares only the system prefix: B loads those blocks, recomputes the rest, and its
-   output equals its own with the connector off.
+4. B answers request 1 again for its whole output (now vLLM's own prefix cache holds the
+   blocks B loaded: its hit is local), and with the connector off: greedy outputs must equal
+   A's and each other;
+5. request 2 shares only the system prefix (B has it, from request 1), recomputes the rest, and
+   its output equals its own with the connector off.
+
+The blocks B loaded over MOQT are counted by the relay (one FETCH per block, during B's
+first-token request: the connector's own counters of that step reach vLLM's scheduler only
+after the request finished), its later hits by vLLM (``local_blocks``).
 
 The report (stdout; ``--json``: one object) has whether the outputs matched, the hit tokens,
 blocks and KV octets per transport (MOQT, HTTP, recomputed), the times to first token with and
@@ -37,6 +44,7 @@ import json
 import random
 import time
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from .engines import BLOCK_TOKENS, VllmPlane, interrupts_as_keyboard_interrupt, kvsp_stats, progress_line, require_vllm
@@ -68,13 +76,15 @@ def _vllm_version() -> str | None:
 def _line(name: str, engine: str, prompt: list[int], answer: dict[str, Any], connector: bool) -> dict[str, Any]:
     stats = kvsp_stats(answer)
     external = int(stats.get("external_tokens", 0))
+    local = int(stats.get("local_blocks", 0)) * BLOCK_TOKENS
     return {
         "request": name,
         "engine": engine,
         "connector": connector,
         "prompt_tokens": len(prompt),
         "hit_tokens": external,
-        "computed_tokens": len(prompt) - external,
+        "local_hit_tokens": local,
+        "computed_tokens": len(prompt) - external - local,
         "output_tokens": len(answer["token_ids"]),
         "elapsed_ms": round(float(answer["elapsed_s"]) * 1e3, 3),
         "kvsp": stats,
@@ -82,34 +92,42 @@ def _line(name: str, engine: str, prompt: list[int], answer: dict[str, Any], con
     }
 
 
-def _transports(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """Blocks and KV octets per transport over engine B's whole-output requests with the
-    connector. (The first-token request is left out: it ends in the step that loads its
-    blocks, and the connector's worker counters of that step reach vLLM's scheduler after the
-    request finished, so its ``kvsp`` has the scheduler's figures only; the relay's counters
-    show its load.)"""
+def _transports(lines: list[dict[str, Any]], relay: dict[str, int], block_octets: int) -> dict[str, Any]:
+    """Blocks and KV octets per transport over engine B's requests with the connector: MOQT
+    from the relay's counters during B's first-token load (one FETCH per block: module notes),
+    HTTP and failures from the connector's counters, local hits from vLLM's prefix cache."""
     def total(key: str) -> int:
         return sum(int(r["kvsp"].get(key, 0)) for r in lines)
 
-    loaded_blocks = total("blocks_moqt") + total("blocks_http")
-    per_token = (total("bytes_moqt") + total("bytes_http")) / (loaded_blocks * BLOCK_TOKENS) if loaded_blocks else None
     computed = sum(r["computed_tokens"] for r in lines)
+    moqt_blocks = int(relay.get("fetches_total", 0))
     return {
-        "moqt": {"blocks": total("blocks_moqt"), "bytes": total("bytes_moqt")},
+        "moqt": {"blocks": moqt_blocks, "bytes": moqt_blocks * block_octets,
+                 "relay_bytes_out": int(relay.get("bytes_out_total", 0))},
         "http": {"blocks": total("blocks_http"), "bytes": total("bytes_http")},
         "failed": {"blocks": total("blocks_failed")},
+        "vllm_prefix_cache": {"blocks": total("local_blocks")},
         "recomputed": {"tokens": computed, "full_blocks": sum(r["computed_tokens"] // BLOCK_TOKENS for r in lines),
-                       "kv_bytes": round(computed * per_token) if per_token else None},
+                       "kv_bytes": computed * block_octets // BLOCK_TOKENS},
     }
 
 
-def run_demo(plane: VllmPlane, model_dir: str | None) -> dict[str, Any]:
+def _block_octets(model: Path, dtype: str) -> int:
+    """KV octets of one block of the model in ``dtype`` (its config's geometry)."""
+    config = json.loads((model / "config.json").read_text())
+    heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    return int(config["num_hidden_layers"]) * 2 * BLOCK_TOKENS * heads * head_dim * size
+
+
+def run_demo(plane: VllmPlane, model_dir: str | None, dtype: str = "float32") -> dict[str, Any]:
     """The scenario (module notes) on a started ``plane``; the report."""
     started = time.perf_counter()
     plane.start_plane()
     model, vocab = plane.model(model_dir)
-    a = plane.start_engine("engine A", plane.kvsp_spec(model, "engine-a"))
-    b = plane.start_engine("engine B", plane.kvsp_spec(model, "engine-b"))
+    a = plane.start_engine("engine A", plane.kvsp_spec(model, "engine-a", dtype=dtype))
+    b = plane.start_engine("engine B", plane.kvsp_spec(model, "engine-b", dtype=dtype))
     plane.progress("engines        starting 2 vLLM engines in parallel (about 40 s each alone; minutes on a busy machine)")
     plane.wait_ready([a, b])
 
@@ -156,7 +174,8 @@ def run_demo(plane: VllmPlane, model_dir: str | None) -> dict[str, Any]:
     partial = _line("2: B, KVSP", "B", second, plane.generate(b, second, MAX_TOKENS), True)
     partial_off = _line("2: B, connector off", "B", second, plane.generate(b, second, MAX_TOKENS, kvsp=False), False)
     second_match = partial["token_ids"] == partial_off["token_ids"]
-    plane.progress(f"request 2 -> B, KVSP: {partial['hit_tokens']} hit tokens (the shared prefix), "
+    plane.progress(f"request 2 -> B, KVSP: {partial['hit_tokens'] + partial['local_hit_tokens']} hit tokens (the "
+                   f"shared prefix, {partial['local_hit_tokens']} of them in vLLM's own cache since request 1), "
                    f"{partial['computed_tokens']} computed; output {'==' if second_match else '!='} without the cache")
 
     lines = [cold, published, warm, b_cached, b_off, partial, partial_off]
@@ -165,6 +184,7 @@ def run_demo(plane: VllmPlane, model_dir: str | None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "engine": "vllm",
         "vllm": _vllm_version(),
+        "dtype": dtype,
         "model": str(model),
         "block_tokens": BLOCK_TOKENS,
         "compat_id": w.get("compat_id"),
@@ -174,8 +194,8 @@ def run_demo(plane: VllmPlane, model_dir: str | None) -> dict[str, Any]:
         "shared_prefix_blocks": SYSTEM_BLOCKS,
         "blocks_published": int(published["kvsp"].get("blocks_published", 0)),
         "hit_tokens": warm["hit_tokens"],
-        "hit_tokens_shared_prefix": partial["hit_tokens"],
-        "transports": _transports([b_cached, partial]),
+        "hit_tokens_shared_prefix": partial["hit_tokens"] + partial["local_hit_tokens"],
+        "transports": _transports([warm, b_cached, partial], relay, _block_octets(model, dtype)),
         "ttft_ms": {"without_cache": cold["elapsed_ms"], "with_cache": warm["elapsed_ms"], "speedup": speedup,
                     "measured": "engine B's llm.generate with max_tokens=1, in its process"},
         "outputs_match": outputs_match,
@@ -183,7 +203,7 @@ def run_demo(plane: VllmPlane, model_dir: str | None) -> dict[str, Any]:
         "requests": lines,
         "servers": plane.servers(),
     }
-    report["ok"] = bool(outputs_match and warm["hit_tokens"] > 0 and partial["hit_tokens"] > 0
+    report["ok"] = bool(outputs_match and warm["hit_tokens"] > 0 and report["hit_tokens_shared_prefix"] > 0
                         and report["transports"]["moqt"]["blocks"] > 0)
     report["seconds"] = round(time.perf_counter() - started, 3)
     return report
@@ -192,16 +212,17 @@ def run_demo(plane: VllmPlane, model_dir: str | None) -> dict[str, Any]:
 def _print_report(report: dict[str, Any]) -> None:
     t, ttft = report["transports"], report["ttft_ms"]
     print(f"kvsp demo --engine vllm — two vLLM {report['vllm']} engines share KV through KVSP over MOQT on loopback "
-          f"(B = {report['block_tokens']})")
+          f"(B = {report['block_tokens']}, {report['dtype']})")
     print(f"  model              {report['model']}")
     print(f"  request 1          {report['prompt_tokens']} tokens = {report['prompt_blocks']} full blocks; A published "
           f"{report['blocks_published']}")
     for r in report["requests"]:
         k = r["kvsp"]
-        print(f"  {r['request']:<34} hit {r['hit_tokens']:>4} tokens, computed {r['computed_tokens']:>4}, MOQT "
-              f"{k.get('blocks_moqt', 0)} blocks, HTTP {k.get('blocks_http', 0)}; {r['elapsed_ms']:.1f} ms for "
+        print(f"  {r['request']:<34} hit {r['hit_tokens']:>4} tokens (+{r['local_hit_tokens']} vLLM's own), computed "
+              f"{r['computed_tokens']:>4}, HTTP {k.get('blocks_http', 0)} blocks; {r['elapsed_ms']:.1f} ms for "
               f"{r['output_tokens']} tokens")
-    print(f"  MOQT via relay     {t['moqt']['blocks']} blocks, {t['moqt']['bytes']} bytes")
+    print(f"  MOQT via relay     {t['moqt']['blocks']} blocks, {t['moqt']['bytes']} KV bytes (the relay's counters)")
+    print(f"  vLLM prefix cache  {t['vllm_prefix_cache']['blocks']} blocks (B's own, after it loaded them)")
     print(f"  HTTP               {t['http']['blocks']} blocks, {t['http']['bytes']} bytes")
     print(f"  recomputed         {t['recomputed']['tokens']} tokens ({t['recomputed']['kv_bytes']} KV bytes)")
     relay = report["relay_during_load"]
@@ -220,7 +241,7 @@ def cmd_demo_vllm(args: argparse.Namespace) -> int:
     try:
         with interrupts_as_keyboard_interrupt(), VllmPlane(progress_line) as plane:
             try:
-                report = run_demo(plane, args.model_dir)
+                report = run_demo(plane, args.model_dir, getattr(args, "dtype", "float32"))
             except (RuntimeError, TimeoutError, OSError) as exc:  # reported after the cleanup ran
                 progress_line(f"failed: {type(exc).__name__}: {exc}")
                 return 1

@@ -2,7 +2,8 @@
 
 A role command loads the TOML configuration, starts its HTTP service (its ``serve.serve_*``),
 prints one line ``kvsp <role>: listening on URL`` (the bound port, useful with port 0), and
-serves until SIGINT or SIGTERM. A bad ``--listen`` or configuration exits 2 with the reason.
+serves until SIGINT or SIGTERM. A bad ``--listen`` or configuration exits 2 with the reason, one
+line (``kvsp: cannot read config FILE: ...``, ``kvsp: invalid config FILE: KEY: ...``).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def run(role: RoleCommand, args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen(args.listen)
         config = load_config(args.config)
-    except (ValueError, ConfigError) as exc:
-        print(f"kvsp: {exc}", file=sys.stderr)
+    except ValueError as exc:  # ConfigError too: one line, the file and the key at fault
+        where = f"invalid config {args.config}: " if isinstance(exc, ConfigError) and exc.key else ""
+        print(f"kvsp: {where}{exc}", file=sys.stderr)
         return 2
     asyncio.run(_serve(role, config, host, port))
     return 0

@@ -535,9 +535,9 @@ def load_config(path: str | Path) -> ControlConfig:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("", f"{path}: not valid TOML: {exc}") from None
+        raise ConfigError("", f"invalid config {path}: not valid TOML: {exc}") from None
     except OSError as exc:
-        raise ConfigError("", f"{path}: {exc.strerror or exc}") from None
+        raise ConfigError("", f"cannot read config {path}: {exc.strerror or exc}") from None
     return config_from_mapping(doc, base_dir=path.parent)
 
 

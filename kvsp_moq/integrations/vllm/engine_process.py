@@ -18,21 +18,37 @@ builds, workers) as child processes, which outlive an engine that is killed whil
 :meth:`EngineProcess.close` therefore ends the whole group, and waits (bounded) until none of
 its processes is left, zombies aside. A terminal's Ctrl-C reaches only the parent, which closes
 each engine's stdin: the engine's own way to stop.
+
+Nothing of an engine outlives :meth:`EngineProcess.close`, however the engine ended (it exited
+on its stdin's end, was killed after its grace period, or died by itself): the shared-memory
+segments vLLM makes (``/dev/shm/psm_*``, freed by vLLM only when it shuts down cleanly) are
+noted while its processes map them, when it is ready and before each stop, and unlinked once
+they are gone (:mod:`.shm`); what vLLM puts in the temporary directory (its ZMQ IPC sockets,
+torch.distributed's rendezvous file) goes to a directory of the engine's own, ``TMPDIR`` and
+``VLLM_RPC_BASE_PATH`` of its processes, removed at the end; torch's compile cache stays where
+torch keeps it for every process of the user (``TORCHINDUCTOR_CACHE_DIR``), shared across runs.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import queue
+import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import IO, Any
+
+from .shm import SegmentLedger
 
 __all__ = ["EngineProcess", "EngineSpec"]
 
@@ -110,11 +126,22 @@ class EngineProcess:
                  python: str = sys.executable) -> None:
         self.spec = spec
         self.name = name
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(spec.kv_cache_gib), **spec.env)
-        self.process = subprocess.Popen(
-            [python, "-m", "kvsp_moq.integrations.vllm.engine_process", json.dumps(asdict(spec))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, bufsize=1,
-            process_group=0)  # its own group (module notes)
+        #: The shared memory its processes were seen mapping, and what close() had to unlink.
+        self.segments = SegmentLedger()
+        self.unlinked: list[str] = []
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="kvsp-engine-"))  # the engine's own (module notes)
+        try:
+            _check_ipc_room(self.tmpdir)
+            env = {"TORCHINDUCTOR_CACHE_DIR": _torch_cache_dir(), **os.environ,
+                   "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gib), "TMPDIR": str(self.tmpdir),
+                   "VLLM_RPC_BASE_PATH": str(self.tmpdir), **spec.env}
+            self.process = subprocess.Popen(
+                [python, "-m", "kvsp_moq.integrations.vllm.engine_process", json.dumps(asdict(spec))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, bufsize=1,
+                process_group=0)  # its own group (module notes)
+        except BaseException:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
         self._reader.start()
@@ -144,6 +171,7 @@ class EngineProcess:
     def wait_ready(self, timeout: float = 600.0) -> None:
         if not self._line(timeout).get("ready"):
             raise RuntimeError(f"{self.name}: unexpected first line")
+        self.segments.note(_group_members(self.process.pid))  # vLLM makes its segments while it starts
 
     def generate(self, prompt_token_ids: list[int], *, max_tokens: int = 8, kv_transfer_params: dict[str, Any] | None = None,
                  cache_salt: str | None = None, lora: dict[str, Any] | None = None,
@@ -163,20 +191,50 @@ class EngineProcess:
 
     def close(self, timeout: float = 60.0) -> None:
         """Close stdin and give the engine ``timeout`` s to exit, then kill it; then kill what is
-        left of its process group (module notes). Safe to call twice."""
-        if self.process.poll() is None:
-            assert self.process.stdin is not None
-            try:
-                self.process.stdin.close()
-                self.process.wait(timeout)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait(10)
-        _end_group(self.process.pid, GROUP_EXIT_S)
+        left of its process group, unlink the shared memory its processes left (the names go
+        to ``unlinked``) and remove its temporary directory (module notes). Safe to call twice."""
+        pgid = self.process.pid
+        self.segments.note(_group_members(pgid))  # while they live: a killed engine frees nothing
+        try:
+            if self.process.poll() is None:
+                assert self.process.stdin is not None
+                try:
+                    self.process.stdin.close()
+                    self.process.wait(timeout)
+                except (OSError, subprocess.TimeoutExpired):
+                    self.process.kill()
+                    self.process.wait(10)
+            _end_group(pgid, GROUP_EXIT_S, self.segments)
+        finally:
+            self.unlinked += self.segments.sweep()
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 #: Bound (s) on the exit of the processes left in an engine's group once they are sent SIGKILL.
 GROUP_EXIT_S = 10.0
+#: Room for a path in a Unix socket's address (``sun_path``, less its final NUL): vLLM binds
+#: ZMQ IPC sockets at ``VLLM_RPC_BASE_PATH/<uuid4>``.
+_IPC_PATH_MAX = 107
+_UUID_LEN = 36
+
+
+def _torch_cache_dir() -> str:
+    """torch's compile cache where torch puts it by default for this process's user
+    (``torch._inductor.runtime.cache_dir_utils.default_cache_dir``), for an engine whose
+    temporary directory is its own: the cache is the user's, kept across runs."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def _check_ipc_room(directory: Path) -> None:
+    """ValueError where vLLM's IPC sockets would not fit under ``directory`` (a long TMPDIR):
+    said before the engine starts, not as a ZMQ error deep in its start."""
+    if len(os.fsencode(directory)) + 1 + _UUID_LEN > _IPC_PATH_MAX:
+        raise ValueError(f"the engine's temporary directory {directory} is too long for vLLM's IPC socket "
+                         f"paths ({_IPC_PATH_MAX} octets at most): set TMPDIR to a shorter directory")
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -200,12 +258,14 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _end_group(pgid: int, timeout: float) -> None:
+def _end_group(pgid: int, timeout: float, ledger: SegmentLedger | None = None) -> None:
     """SIGKILL to every process left in group ``pgid``, then wait until none is alive (each
     waited on through a pidfd, readable once it has exited; bounded: RuntimeError after
-    ``timeout`` s)."""
+    ``timeout`` s). ``ledger`` notes what they map just before (module notes)."""
     deadline = time.monotonic() + timeout
     while members := _group_members(pgid):
+        if ledger is not None:
+            ledger.note(members)
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:  # the group emptied meanwhile
