@@ -537,3 +537,39 @@ def test_max_datagram_size_is_checked(value: object) -> None:
         ConnectorSettings.from_extra({"max_datagram_size": value})
     assert info.value.key == "max_datagram_size"
     assert ConnectorSettings.from_extra({"max_datagram_size": 16384}).max_datagram_size == 16384
+
+
+def test_requests_whose_kv_block_keys_do_not_cover_share_nothing(tmp_path: Path) -> None:
+    """Multimodal inputs and prompt embeddings make KV that token ids do not name: such a
+    request shares nothing (no lookup, no load, no publication) and says why; so does an adapter
+    that is not a local directory. A plain request of the same tokens is shared."""
+    from kvsp_moq.integrations.vllm.scheduler import SchedulerSide
+
+    settings = ConnectorSettings.from_extra({"index_url": "http://127.0.0.1:9/", "scopes": {"a": KEY.hex()},
+                                             "default_scope": "a"})
+    scheduler = SchedulerSide(settings, EngineModel.of(_vllm_config(_model_dir(tmp_path / "model"))))
+    try:
+        def request(rid: str, **kw: object) -> SimpleNamespace:
+            fields: dict[str, object] = {"request_id": rid, "prompt_token_ids": list(range(3, 40)),
+                                         "kv_transfer_params": None, "cache_salt": None, "lora_request": None,
+                                         "mm_features": [], "prompt_embeds": None}
+            return SimpleNamespace(**{**fields, **kw})
+
+        cases = {
+            "image": (request("image", mm_features=[SimpleNamespace(identifier="abc")]), "multimodal inputs"),
+            "embeds": (request("embeds", prompt_embeds=torch.zeros(37, 8)), "prompt embeddings"),
+            "lora": (request("lora", lora_request=SimpleNamespace(lora_name="x", lora_path=str(tmp_path / "nope"))),
+                     "LoRA adapter 'x'"),
+        }
+        for rid, (req, reason) in cases.items():
+            assert scheduler.get_num_new_matched_tokens(req, 0) == (0, False)
+            assert rid not in scheduler._requests  # no Block Keys, no lookup, no saves planned
+            finished = scheduler.request_finished(req)
+            assert finished is not None and finished["kvsp"]["shared"] is False
+            assert reason in finished["kvsp"]["reason"], finished
+        assert scheduler.lookups == 0
+        plain = request("plain")
+        scheduler.get_num_new_matched_tokens(plain, 0)  # 1 complete block of 32: nothing to look up
+        assert "plain" in scheduler._requests
+    finally:
+        scheduler.close()
