@@ -12,6 +12,13 @@ The geometry is that of the issue's measurements: 2 KV heads x head_dim 32 (4 qu
 hidden 128). Weights are drawn with unit-variance activations in mind (a linear map
 of fan-in n gets N(0, 1/n)); the output head is scaled by ``logit_gain`` so greedy decoding has
 clear winners (near-uniform logits would let argmax hang on rounding).
+
+:data:`LLAMA3_8B_LAYERS` is another shape: each layer is Llama-3-8B's (hidden 4096, 32 query
+heads, 8 KV heads x head_dim 128, intermediate 14336), few of them and a small vocabulary, so
+that per layer its KV bytes and FLOPs per token are Llama-3-8B's (``kvsp bench vllm --geometry
+llama8b``).
+``dtype`` is that of the saved weights: the draw is the same (float32, from the seed), then
+cast; the default, float32, writes exactly the bytes it always did.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TinyLlama", "prompt_words", "write_tiny_llama", "write_tiny_lora"]
+__all__ = ["LLAMA3_8B_LAYERS", "TinyLlama", "prompt_words", "write_tiny_llama", "write_tiny_lora"]
 
 #: Special tokens at the start of the vocabulary.
 SPECIAL_TOKENS = ("[UNK]", "<s>", "</s>")
@@ -40,10 +47,31 @@ class TinyLlama:
     rope_theta: float = 10000.0
     logit_gain: float = 8.0
     seed: int = 15
+    #: The saved weights' dtype (``config.json``'s ``torch_dtype``): float32 or bfloat16.
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPE_BYTES:
+            raise ValueError(f"TinyLlama.dtype: one of {', '.join(_DTYPE_BYTES)}, not {self.dtype!r}")
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int | None = None) -> int:
+        """Octets of K and V per token over all layers, in the weights' dtype unless
+        ``kv_dtype_bytes`` is given (an engine running another dtype)."""
+        width = _DTYPE_BYTES[self.dtype] if kv_dtype_bytes is None else kv_dtype_bytes
+        return 2 * self.layers * self.kv_heads * self.head_dim * width
+
+
+#: Octets per element of the dtypes the weights may be saved in.
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+#: Llama-3-8B's layer (hidden 4096, 32 query heads, 8 KV heads x 128, intermediate 14336) in
+#: bf16, 2 of them and a 512-word vocabulary (module notes).
+LLAMA3_8B_LAYERS = TinyLlama(layers=2, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=512,
+                             dtype="bfloat16")
 
 
 def _words(vocab: int) -> list[str]:
@@ -79,7 +107,7 @@ def write_tiny_llama(directory: str | Path, shape: TinyLlama = TinyLlama()) -> P
         eos_token_id=2,
         pad_token_id=0,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        torch_dtype=shape.dtype,
     )
     generator = torch.Generator().manual_seed(shape.seed)
     model = LlamaForCausalLM(config)
@@ -92,6 +120,8 @@ def write_tiny_llama(directory: str | Path, shape: TinyLlama = TinyLlama()) -> P
                 if name.startswith("lm_head"):
                     scale *= shape.logit_gain
                 param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    if shape.dtype != "float32":
+        model = model.to(getattr(torch, shape.dtype))
     model.save_pretrained(out, safe_serialization=True)
     vocab = {w: i for i, w in enumerate(_words(shape.vocab))}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
