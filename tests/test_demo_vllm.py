@@ -94,7 +94,7 @@ def test_engine_b_loads_a_s_blocks_over_moqt_and_answers_the_same(demo: tuple[di
     assert blocks == report["prompt_tokens"] // B and report["blocks_published"] == blocks
     assert report["hit_tokens"] == blocks * B  # every full block (the full-hit rule keeps one token)
     assert report["hit_tokens_shared_prefix"] == report["shared_prefix_blocks"] * B
-    cold, published, warm, cached, off, partial, partial_off = report["requests"]
+    cold, published, warm, cached, off, partial, partial_off, local = report["requests"]
     assert cold["connector"] is False and cold["hit_tokens"] == 0 and cold["kvsp"] == {}
     assert published["kvsp"]["blocks_published"] == blocks and published["hit_tokens"] == 0
     assert warm["hit_tokens"] == blocks * B and warm["local_hit_tokens"] == 0
@@ -120,6 +120,13 @@ def test_engine_b_loads_a_s_blocks_over_moqt_and_answers_the_same(demo: tuple[di
     assert relay["objects_out_total"] == 4 * blocks and relay["bytes_out_total"] == blocks * block_bytes
     ttft = report["ttft_ms"]
     assert ttft["without_cache"] == cold["elapsed_ms"] > 0 and ttft["with_cache"] == warm["elapsed_ms"] > 0
+    # Whether the cache helped, and where the time went, measured (not a speed assertion).
+    assert local["local_hit_tokens"] == blocks * B and ttft["local_hit"] == local["elapsed_ms"] > 0
+    went = report["where_the_time_went"]
+    assert report["cache_helped"] is (warm["elapsed_ms"] < cold["elapsed_ms"]) is went["helped"]
+    assert went["load_ms"] == round(warm["elapsed_ms"] - local["elapsed_ms"], 3)
+    assert went["recompute_ms"] == round(cold["elapsed_ms"] - local["elapsed_ms"], 3)
+    assert ("did NOT help" in went["why"]) is not report["cache_helped"]
 
 
 def test_progress_and_shutdown(demo: tuple[dict[str, Any], str, int]) -> None:

@@ -86,6 +86,10 @@ def interrupts_as_keyboard_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+#: How often (s) the demo and the bench say which engines are still starting.
+STILL_STARTING_S = 20.0
+
+
 def model_vocab(model_dir: Path) -> int:
     """``vocab_size`` of a Hugging Face model directory's ``config.json``."""
     try:
@@ -194,8 +198,13 @@ class VllmPlane:
         waiters = [threading.Thread(target=ready, args=(e,), daemon=True) for e in engines]
         for t in waiters:
             t.start()
-        for t in waiters:
-            t.join()
+        while any(t.is_alive() for t in waiters):  # a line every STILL_STARTING_S: never silent for minutes
+            for t in waiters:
+                t.join(STILL_STARTING_S / len(waiters))
+            waiting = [e.name for e, t in zip(engines, waiters) if t.is_alive()]
+            if waiting:
+                self.progress(f"engines        {', '.join(waiting)} still starting after "
+                              f"{time.perf_counter() - started:.0f} s (vLLM loads the model and compiles)")
         if errors:
             engine, exc = errors[0]
             raise RuntimeError(f"{exc}; the end of its log:\n{self.log_tail(engine.name)}")

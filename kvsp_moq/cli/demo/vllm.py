@@ -178,9 +178,15 @@ def run_demo(plane: VllmPlane, model_dir: str | None, dtype: str = "float32") ->
                    f"shared prefix, {partial['local_hit_tokens']} of them in vLLM's own cache since request 1), "
                    f"{partial['computed_tokens']} computed; output {'==' if second_match else '!='} without the cache")
 
-    lines = [cold, published, warm, b_cached, b_off, partial, partial_off]
+    # 6. where the time went: the same first token from vLLM's own cache (only the tail computed)
+    local = _line("1: B, vLLM's own cache (first token)", "B", first, plane.generate(b, first, 1), True)
+    lines = [cold, published, warm, b_cached, b_off, partial, partial_off, local]
     outputs_match = first_match and second_match
     speedup = round(cold["elapsed_ms"] / warm["elapsed_ms"], 3) if warm["elapsed_ms"] else None
+    block_octets = _block_octets(model, dtype)
+    verdict = _verdict(cold["elapsed_ms"], warm["elapsed_ms"], local["elapsed_ms"], warm["hit_tokens"],
+                       warm["hit_tokens"] // BLOCK_TOKENS * block_octets)
+    plane.progress(verdict["why"])
     report: dict[str, Any] = {
         "engine": "vllm",
         "vllm": _vllm_version(),
@@ -195,9 +201,12 @@ def run_demo(plane: VllmPlane, model_dir: str | None, dtype: str = "float32") ->
         "blocks_published": int(published["kvsp"].get("blocks_published", 0)),
         "hit_tokens": warm["hit_tokens"],
         "hit_tokens_shared_prefix": partial["hit_tokens"] + partial["local_hit_tokens"],
-        "transports": _transports([warm, b_cached, partial], relay, _block_octets(model, dtype)),
+        "transports": _transports([warm, b_cached, partial], relay, block_octets),
         "ttft_ms": {"without_cache": cold["elapsed_ms"], "with_cache": warm["elapsed_ms"], "speedup": speedup,
+                    "local_hit": local["elapsed_ms"],
                     "measured": "engine B's llm.generate with max_tokens=1, in its process"},
+        "cache_helped": verdict["helped"],
+        "where_the_time_went": verdict,
         "outputs_match": outputs_match,
         "relay_during_load": relay,
         "requests": lines,
@@ -207,6 +216,25 @@ def run_demo(plane: VllmPlane, model_dir: str | None, dtype: str = "float32") ->
                         and report["transports"]["moqt"]["blocks"] > 0)
     report["seconds"] = round(time.perf_counter() - started, 3)
     return report
+
+
+def _verdict(without_ms: float, with_ms: float, local_ms: float, hit_tokens: int, octets: int) -> dict[str, Any]:
+    """Whether the cache helped B's first token and, measured, why (or why not): what loading
+    added over the same first token from vLLM's own cache (``local_ms``: only the tail
+    computed), against what recomputing the hit tokens added over it."""
+    load_ms = round(with_ms - local_ms, 3)
+    recompute_ms = round(without_ms - local_ms, 3)
+    rate = round(octets / (load_ms / 1e3) / 1e6, 1) if load_ms > 0 else None
+    loaded = f"loading {hit_tokens} tokens of KV ({octets} bytes) through a cold relay added {load_ms:.1f} ms" + (
+        f" ({rate} MB/s)" if rate else "")
+    computed = f"recomputing them added {recompute_ms:.1f} ms (over {local_ms:.1f} ms for the same first token " \
+               "from vLLM's own cache)"
+    helped = with_ms < without_ms
+    why = (f"the cache helped: {loaded}; {computed}" if helped else
+           f"the cache did NOT help: {loaded}, more than {computed}: this model computes its tokens faster than "
+           "their KV crosses the relay here")
+    return {"helped": helped, "load_ms": load_ms, "recompute_ms": recompute_ms, "local_hit_ms": local_ms,
+            "load_mb_s": rate, "why": why}
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -229,7 +257,8 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"  relay (B's load)   {relay.get('fetches_total', 0)} FETCHes, {relay.get('upstream_fetches_total', 0)} "
           f"upstream, {relay.get('objects_out_total', 0)} objects out, {relay.get('bytes_out_total', 0)} bytes out")
     print(f"  TTFT               {ttft['without_cache']:.1f} ms without the cache, {ttft['with_cache']:.1f} ms with "
-          f"(x{ttft['speedup']})")
+          f"(x{ttft['speedup']}), {ttft['local_hit']:.1f} ms from vLLM's own cache")
+    print(f"  helped             {report['cache_helped']}: {report['where_the_time_went']['why']}")
     print(f"  outputs match      {report['outputs_match']} (greedy: B with A's KV, A, B recomputing)")
     print(f"  time               {report['seconds']} s")
     print(f"  ok                 {report['ok']}")
