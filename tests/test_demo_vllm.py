@@ -181,7 +181,7 @@ def test_sigterm_while_the_engines_start_stops_everything() -> None:
         def on_line(line: str, sid: int) -> None:
             if m := re.match(r"\[demo\] (engine \w) +starting \(pid (\d+);", line):
                 engines[m[1]] = int(m[2])
-            if line.startswith("[demo] engines "):  # both engine processes are started
+            if line.startswith("[demo] engines ") and not up.pids:  # both engine processes are started
                 hang_then_sigterm(sid, tmp)
 
         run = run_watched(CMD, env=run_env(tmp), timeout=GUARD, on_line=on_line)

@@ -203,8 +203,8 @@ class VllmPlane:
                 t.join(STILL_STARTING_S / len(waiters))
             waiting = [e.name for e, t in zip(engines, waiters) if t.is_alive()]
             if waiting:
-                self.progress(f"engines        {', '.join(waiting)} still starting after "
-                              f"{time.perf_counter() - started:.0f} s (vLLM loads the model and compiles)")
+                self.progress(f"still starting {', '.join(waiting)}, {time.perf_counter() - started:.0f} s "
+                              "(vLLM loads the model and compiles)")
         if errors:
             engine, exc = errors[0]
             raise RuntimeError(f"{exc}; the end of its log:\n{self.log_tail(engine.name)}")
