@@ -213,3 +213,44 @@ def test_ctrl_c_shuts_down_cleanly_with_130(model_dir: str) -> None:
     assert own_segments(up.pids, up.segments) == set()
     assert had_its_keys(up), up.tmp
     assert left == []
+
+
+def test_a_demo_killed_with_sigkill_leaves_no_child_running() -> None:
+    """SIGKILL to the demo alone (no cleanup of its own can run) once its relay and both
+    instances are up: each child was started to receive SIGTERM when its parent dies
+    (``setpriv --pdeathsig``), so every one of them exits: nothing of its session is left."""
+    import re
+    import select
+    import subprocess
+
+    children: list[int] = []
+    with private_tmpdir() as tmp:
+        proc = subprocess.Popen(CMD, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=run_env(tmp),
+                                start_new_session=True)
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:  # ends if the demo exits first: then the assertion below fails
+                if m := re.match(r"\[demo\] (relay|instance \d) .*\(pid (\d+)", line):
+                    children.append(int(m[2]))
+                if len(children) == 3:
+                    break
+            assert len(children) == 3, f"the demo ended before starting its relay and instances ({proc.poll()})"
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            for pid in children:  # each waited on through a pidfd: readable once it has exited
+                try:
+                    fd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue  # already gone
+                try:
+                    ready, _, _ = select.select([fd], [], [], 60)
+                    assert ready, f"child {pid} of the killed demo still runs 60 s later"
+                finally:
+                    os.close(fd)
+            assert session_members(proc.pid) == []
+        finally:
+            for pid in session_members(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)

@@ -46,6 +46,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -242,9 +243,17 @@ def relay_auth_toml(tokens: Mapping[str, str], prefixes: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def die_with_parent(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` run so that the kernel sends it SIGTERM when the thread that started it ends
+    (``setpriv --pdeathsig TERM``, util-linux): a demo killed with SIGKILL, or one whose own
+    shutdown is cut short, leaves no child of its own running. As given where setpriv is missing."""
+    setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else list(cmd)
+
+
 async def _start_relay(stack: AsyncExitStack, tls: DemoTls, auth_file: Path) -> RelayProcess:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relay", "--listen", "127.0.0.1:0", "--metrics", "0", "--cache-mib", "64",
+        *die_with_parent([sys.executable, "-m", "relay"]), "--listen", "127.0.0.1:0", "--metrics", "0", "--cache-mib", "64",
         "--cert", str(tls.cert_file), "--key", str(tls.key_file), "--config", str(auth_file),
         "--drain-timeout", "2", "--max-datagram-size", str(DATAGRAM_SIZE), "--log-level", "ERROR",
         cwd=str(ROOT), env=_child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -314,7 +323,7 @@ def instance_toml(*, tokens: Mapping[str, str], token: str, index_url: str, pc_u
 
 async def _spawn_instance(stack: AsyncExitStack, name: str, config_path: Path) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvsp_moq", "instance", "--listen", "127.0.0.1:0", "--config", str(config_path),
+        *die_with_parent([sys.executable, "-m", "kvsp_moq", "instance"]), "--listen", "127.0.0.1:0", "--config", str(config_path),
         cwd=str(ROOT), env=_child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
     )
     stack.push_async_callback(_stopper(proc))
