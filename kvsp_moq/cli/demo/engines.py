@@ -45,7 +45,8 @@ from ...integrations.vllm.tiny_model import TinyLlama, write_tiny_llama
 from ..errors import UsageError
 from .cluster import DATAGRAM_SIZE, KvPlane, demo_authorizer, start_kv_plane
 
-__all__ = ["BLOCK_TOKENS", "SCOPE", "VllmPlane", "interrupts_as_keyboard_interrupt", "kvsp_stats", "require_vllm"]
+__all__ = ["BLOCK_TOKENS", "DTYPE_BYTES", "SCOPE", "VllmPlane", "interrupts_as_keyboard_interrupt", "kv_bytes_per_token_layer",
+           "kvsp_stats", "require_vllm"]
 
 #: vLLM's block size = the descriptor's B: the CPU attention backend needs a multiple of 32.
 BLOCK_TOKENS = 32
@@ -97,6 +98,25 @@ def model_vocab(model_dir: Path) -> int:
         return int(config["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{model_dir}: not a Hugging Face model directory ({exc})") from None
+
+
+#: Octets of one KV element of the engines' dtypes.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token_layer(model_dir: Path, dtype: str) -> tuple[int, int]:
+    """The model's layers and its KV octets per token per layer (K and V) in ``dtype``, from
+    its ``config.json``."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        layers = int(config["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{model_dir}: no KV geometry in its config.json ({exc})") from None
+    return layers, 2 * kv_heads * head_dim * DTYPE_BYTES[dtype]
+
 
 
 class VllmPlane:

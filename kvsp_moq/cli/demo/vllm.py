@@ -47,7 +47,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .engines import BLOCK_TOKENS, VllmPlane, interrupts_as_keyboard_interrupt, kvsp_stats, progress_line, require_vllm
+from .engines import (
+    BLOCK_TOKENS,
+    VllmPlane,
+    interrupts_as_keyboard_interrupt,
+    kv_bytes_per_token_layer,
+    kvsp_stats,
+    progress_line,
+    require_vllm,
+)
 
 __all__ = ["cmd_demo_vllm", "run_demo"]
 
@@ -114,11 +122,8 @@ def _transports(lines: list[dict[str, Any]], relay: dict[str, int], block_octets
 
 def _block_octets(model: Path, dtype: str) -> int:
     """KV octets of one block of the model in ``dtype`` (its config's geometry)."""
-    config = json.loads((model / "config.json").read_text())
-    heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
-    return int(config["num_hidden_layers"]) * 2 * BLOCK_TOKENS * heads * head_dim * size
+    layers, per_token_layer = kv_bytes_per_token_layer(model, dtype)
+    return layers * per_token_layer * BLOCK_TOKENS
 
 
 def run_demo(plane: VllmPlane, model_dir: str | None, dtype: str = "float32") -> dict[str, Any]:

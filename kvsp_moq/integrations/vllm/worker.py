@@ -35,7 +35,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...kvsp.compat import compat_id
 from ...kvsp.layout import Geometry
 from ...storage import BlockWriter, RecordKey
 from .layout import PagedLayout, layout_for
@@ -83,7 +82,6 @@ class WorkerSide:
         which picks its Compatibility IDs, Block Keys and records out of each step's plan."""
         self.settings = settings
         self.rank = rank
-        self.compat_id = compat_id(descriptor)
         self.layers = int(descriptor["layers"])
         self.block_tokens = int(descriptor["block_tokens"])
         self.geometry = Geometry.from_descriptor_fields(int(descriptor["kv_heads"]), int(descriptor["head_dim"]),

@@ -60,17 +60,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ....bench.report import Figure, emit
 from ....integrations.vllm.engine_process import EngineProcess, EngineSpec
 from ....integrations.vllm.tiny_model import LLAMA3_8B_LAYERS, TinyLlama
-from ...demo.engines import BLOCK_TOKENS, VllmPlane, interrupts_as_keyboard_interrupt, kvsp_stats, require_vllm
+from ...demo.engines import (
+    BLOCK_TOKENS,
+    VllmPlane,
+    interrupts_as_keyboard_interrupt,
+    kv_bytes_per_token_layer,
+    kvsp_stats,
+    require_vllm,
+)
 from ...errors import UsageError
 from .direct import TOKEN_BYTES, DirectRate, direct_rate
 from .lmcache import LmcacheServer, check_lmcache, chunk_tokens, lmcache_missing
@@ -86,7 +91,6 @@ GEOMETRIES = ("tiny", "llama8b")
 #: The tiny Llama's hidden size unless ``--hidden`` says otherwise.
 DEFAULT_HIDDEN = 128
 #: Octets per element of the engines' dtypes.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass
@@ -184,20 +188,6 @@ def figures(samples: Samples, params: dict[str, Any]) -> list[Figure]:
                 _rate_figure(f"vllm_kvsp_warm_relay_load_rate_prefix{n}", "kvsp_warm_relay", samples, best,
                              {**common, "relay": "warm (the same prefix from the relay's cache)"})]
     return out
-
-
-def kv_bytes_per_token_layer(model_dir: Path, dtype: str) -> tuple[int, int]:
-    """The model's layers and its KV octets per token per layer (K and V) in ``dtype``, from
-    its ``config.json``."""
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-        heads = int(config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        layers = int(config["num_hidden_layers"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{model_dir}: no KV geometry in its config.json ({exc})") from None
-    return layers, 2 * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
 def _fresh_prompt(seed: int, prefix_tokens: int, vocab: int) -> list[int]:
