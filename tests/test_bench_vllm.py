@@ -31,7 +31,7 @@ def _answer(first: int, **kvsp: int) -> dict[str, Any]:
 def _round(**changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
     loaded = {"external_tokens": N, "blocks_moqt": N // 32, "bytes_moqt": KV}
     answers = {"publish": _answer(7, blocks_published=N // 32), "kvsp": _answer(7, external_tokens=N),
-               "kvsp_warm_relay": _answer(7, **loaded), "local_hit": _answer(7, external_tokens=0, local_blocks=8),
+               "kvsp_warm_relay": _answer(7, **loaded), "local_hit": _answer(7, external_tokens=0, local_tokens=N),
                "recompute": _answer(7), "example_connector_store": _answer(7), "example_connector": _answer(7)}
     answers.update(changes)
     return answers
@@ -124,8 +124,8 @@ def test_a_round_passes_only_when_b_loaded_every_prefix_block_over_moqt_and_the_
         "a block failed": _round(kvsp_warm_relay=_answer(7, external_tokens=N, blocks_moqt=8, blocks_failed=1)),
         "fewer hit tokens": _round(kvsp=_answer(7, external_tokens=N - 32, blocks_moqt=7)),
         "other octets": _round(kvsp_warm_relay=_answer(7, external_tokens=N, blocks_moqt=8, bytes_moqt=KV // 2)),
-        "the local hit missed a block": _round(local_hit=_answer(7, external_tokens=0, local_blocks=7)),
-        "the local hit loaded": _round(local_hit=_answer(7, external_tokens=32, local_blocks=7)),
+        "the local hit missed a block": _round(local_hit=_answer(7, external_tokens=0, local_tokens=N - 32)),
+        "the local hit loaded": _round(local_hit=_answer(7, external_tokens=32, local_tokens=N - 32)),
         "another first token": _round(example_connector=_answer(8)),
     }
     for why, answers in bad.items():
@@ -204,7 +204,8 @@ def test_the_direct_baseline_s_block_and_name() -> None:
 def test_bad_arguments_exit_2_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
     for args in (["--prefix-tokens", "100"], ["--prefix-tokens", "0"], ["--hidden", "100"], ["--repeat", "0"],
                  ["--geometry", "llama8b", "--hidden", "256"], ["--hidden", "256", "--model-dir", "/models/m"],
-                 ["--geometry", "llama8b", "--model-dir", "/models/m"]):
+                 ["--geometry", "llama8b", "--model-dir", "/models/m"], ["--block-tokens", "48"],
+                 ["--block-tokens", "512", "--prefix-tokens", "256"]):
         assert main(["bench", "vllm", *args]) == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("kvsp: ") and args[0] in last, last

@@ -143,6 +143,7 @@ def test_long_prompt_loads_every_full_block_over_moqt_through_the_relay(
     p = prompt(1, 300)  # 9 full blocks and 12 tokens
     from_a = a.generate(p, max_tokens=8)
     assert kvsp(from_a)["blocks_published"] == 9
+    assert a.flush()  # A's background publications (HTTP holder, IS records) are done
     assert kvsp(from_a)["external_tokens"] == 0
     before = cluster.relay_stats()
     from_b = b.generate(p, max_tokens=8)
@@ -163,11 +164,12 @@ def test_a_repeat_on_the_same_engine_is_vllms_own_prefix_hit(engines: tuple[Engi
     a, b = engines
     p = prompt(10, 4 * B + 7)
     a.generate(p, max_tokens=2)
+    assert a.flush()
     first = kvsp(b.generate(p, max_tokens=2))
-    assert first["external_tokens"] == 4 * B and first["local_blocks"] == 0
+    assert first["external_tokens"] == 4 * B and first["local_tokens"] == 0
     again = b.generate(p, max_tokens=8)
     stats = kvsp(again)
-    assert stats["local_blocks"] == 4 and stats["external_tokens"] == 0 and "blocks_moqt" not in stats
+    assert stats["local_tokens"] == 4 * B and stats["external_tokens"] == 0 and "blocks_moqt" not in stats
     assert again["token_ids"] == baseline(b, p)
 
 
@@ -175,6 +177,7 @@ def test_a_prompt_sharing_the_first_blocks_loads_only_those(engines: tuple[Engin
     a, b = engines
     p = prompt(2, 200)
     a.generate(p, max_tokens=2)
+    assert a.flush()
     q = p[: 3 * B] + prompt(3, 70)  # the first 3 blocks shared, then other tokens
     stats = kvsp(from_b := b.generate(q, max_tokens=8))
     assert stats["external_tokens"] == 3 * B
@@ -186,6 +189,7 @@ def test_a_full_hit_leaves_the_last_block_to_compute(engines: tuple[EngineProces
     a, b = engines
     p = prompt(4, 4 * B)  # exactly 4 blocks: vLLM must still compute one token
     a.generate(p, max_tokens=2)
+    assert a.flush()
     stats = kvsp(from_b := b.generate(p, max_tokens=8))
     assert stats["matched_blocks"] == 4 and stats["external_tokens"] == 3 * B
     assert from_b["token_ids"] == baseline(b, p)
@@ -200,6 +204,7 @@ def test_a_tenant_is_chosen_by_the_operator_never_by_the_request(
     p = prompt(5, 150)  # 4 full blocks
     published = kvsp(a.generate(p, max_tokens=2, cache_salt=SALT_B))
     assert published["scope"] == "tenant-b" and published["blocks_published"] == 4
+    assert a.flush()
     compat = published["compat_id"]
 
     # kvsp_scope in the body selects nothing: the request stays in the default scope, tenant-a.
@@ -208,6 +213,7 @@ def test_a_tenant_is_chosen_by_the_operator_never_by_the_request(
     assert kvsp(named)["scope"] == "tenant-a" and kvsp(named)["external_tokens"] == 0
     assert "blocks_moqt" not in kvsp(named) and "blocks_http" not in kvsp(named)
     b.generate(q, max_tokens=2, kv_transfer_params={"kvsp_scope": "tenant-b"})
+    assert b.flush()
     assert matched_at_is(cluster, "tenant-b", compat, q) == 0  # nothing published into tenant-b
     assert matched_at_is(cluster, "tenant-a", compat, q) == 4
 
@@ -215,6 +221,7 @@ def test_a_tenant_is_chosen_by_the_operator_never_by_the_request(
     r = prompt(56, 150)
     by_name = kvsp(b.generate(r, max_tokens=2, cache_salt="tenant-b"))
     assert by_name == {"shared": False, "reason": "its cache_salt selects no scope"}
+    assert b.flush()
     assert matched_at_is(cluster, "tenant-b", compat, r) == matched_at_is(cluster, "tenant-a", compat, r) == 0
 
     # The tenant's secret (set by its gateway) is the only way in.
@@ -358,6 +365,7 @@ def test_with_the_relay_down_blocks_come_over_http(cluster: LoopbackCluster,
     a, b = engines
     p = prompt(8, 5 * B + 3)
     assert kvsp(a.generate(p, max_tokens=2))["blocks_published"] == 5
+    assert a.flush()
     cluster.stop_relay()
     stats = kvsp(from_b := b.generate(p, max_tokens=8))
     assert stats["external_tokens"] == 5 * B

@@ -407,7 +407,7 @@ async def test_a_relay_down_at_start_is_attached_once_it_is_up(tmp_path: Path) -
     import socket
 
     from bridge_support import ca_file, client_config, server_config
-    from kvsp_moq.integrations.vllm.transfers import Peers, begin_block, complete_block, write_layer
+    from kvsp_moq.integrations.vllm.transfers import Peers, begin_block, seal, write_layer
     from kvsp_moq.kvsp.layout import ELEMENT_TYPES, Geometry
     from kvsp_moq.storage import RecordKey
     from relay import Relay, RelayConfig
@@ -429,7 +429,8 @@ async def test_a_relay_down_at_start_is_attached_once_it_is_up(tmp_path: Path) -
         assert writer is not None
         for layer in range(2):
             write_layer(writer, layer, np.full((16, 1, 4), layer, np.float32), np.zeros((16, 1, 4), np.float32))
-        assert await complete_block(peers, writer) == ["store"]
+        assert seal(writer) and peers.publisher is not None
+        assert await peers.publisher.publish_written(key) == ["store"]  # no IS, no holder here
 
         relay = await Relay(RelayConfig(port=port, server_transport=server_config(),
                                         upstream_transport=client_config())).start()
@@ -459,7 +460,7 @@ def test_a_worker_whose_fp8_scales_are_not_its_descriptors_shares_nothing(tmp_pa
     model = EngineModel.of(_vllm_config(root, cache_dtype="fp8_e4m3"))
     caches = {f"model.layers.{i}.self_attn.attn": torch.zeros(BLOCKS, 4, 32, 64, dtype=torch.uint8) for i in range(4)}
     stated = model.kv_scales
-    plan = StepPlan(loads=[RequestLoad("r", bytes(16), (bytes(32),), (BlockLoad(0, 3, (bytes(32),), ((),)),))])
+    plan = StepPlan(loads=[RequestLoad("r", bytes(16), (bytes(32),), (BlockLoad(0, ((0, 3),), (bytes(32),), ((),)),))])
     for actual, shares in ((stated, True), (kv_scales_digest([(0.5, 1.0)] * 4), False)):
         worker = WorkerSide(ConnectorSettings(), model.descriptor())
         try:

@@ -181,16 +181,19 @@ class VllmPlane:
                       f"{shape.kv_heads} KV heads x {shape.head_dim}, vocab {shape.vocab}) written to {path}")
         return path, shape.vocab
 
-    def kvsp_spec(self, model_dir: Path, role: str, *, max_model_len: int = 2048, dtype: str = "float32") -> EngineSpec:
+    def kvsp_spec(self, model_dir: Path, role: str, *, max_model_len: int = 2048, dtype: str = "float32",
+                  block_tokens: int | None = None) -> EngineSpec:
         """An engine with the KVSP connector on this plane, with ``role``'s token, running
-        ``dtype`` (vLLM's prefix cache on, its default)."""
+        ``dtype`` (vLLM's prefix cache on, its default); ``block_tokens``: the KVSP block size
+        (default: vLLM's, :data:`BLOCK_TOKENS`)."""
+        more = {"block_tokens": block_tokens} if block_tokens else {}
         assert self.plane is not None
         p, token = self.plane, self.tokens[role]
         extra = connector_extra_config(
             index_url=p.index.url, relay_url=p.relay.url, holder_url=p.holder.url, index_token=token,
             holder_token=token, moqt_token=token, ca_file=str(p.tls.ca_file), scopes={SCOPE: self.scope_key},
             default_scope=SCOPE, scope_salts={SCOPE: [salt_digest(self.scope_salt)]}, deadline_ms=20_000,
-            moqt_timeout_ms=5_000, max_datagram_size=DATAGRAM_SIZE)  # loopback, as the demo's relay
+            moqt_timeout_ms=5_000, max_datagram_size=DATAGRAM_SIZE, **more)  # loopback, as the demo's relay
         return EngineSpec(str(model_dir), block_size=BLOCK_TOKENS, max_model_len=max_model_len, dtype=dtype,
                           kv_transfer_config=kv_transfer_config(extra))
 

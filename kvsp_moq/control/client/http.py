@@ -433,7 +433,7 @@ class HttpLeaseClient(HttpClient):
 
 
 class HttpBlockStorer(HttpClient):
-    """:class:`~.engine.publish.BlockStorer` over HTTP: ``PUT {holder}blocks/...`` with
+    """:class:`~.computed.BlockStorer` over HTTP: ``PUT {holder}blocks/...`` with
     ``If-None-Match: *`` (§6.7); an instance storing the blocks it computed."""
 
     async def put_block(self, holder: str, key: RecordKey, container: bytes) -> bool:

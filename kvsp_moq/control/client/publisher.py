@@ -123,7 +123,7 @@ class ReplicaPublisher:
         self.journal = journal
         #: Which of the store's replicas this publisher refreshes on its own (None: all). A
         #: publisher of ``moqt://`` records through a relay includes only the replicas its
-        #: MoqtHolder publishes (``engine.publish``); an explicit :meth:`publish` is always sent.
+        #: MoqtHolder publishes (``client.computed``); an explicit :meth:`publish` is always sent.
         self.include = include
         self.client = client
         self._holder_url = holder_url

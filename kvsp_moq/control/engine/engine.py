@@ -15,7 +15,7 @@ that outlives them (kvsp-draft §1.1; docs/http-api.md "Generation"; docs/archit
    replicas are fetched whole; a failed MOQT load falls back to HTTP, then to recomputation;
 4. the rest of the prompt is prefilled; the first token is sampled (time to first token);
 5. the new complete blocks are encoded (KVB1, codec raw) and published in the background
-   (:class:`~.engine.publish.ComputedBlockPublisher`: own store + IS, HTTP holder, MOQT via
+   (:class:`~kvsp_moq.control.client.computed.ComputedBlockPublisher`: own store + IS, HTTP holder, MOQT via
    the relay) while the tokens are decoded; the answer waits for both;
 6. every output token carries its index (the sampler step, §6.8 step 4).
 
@@ -43,6 +43,7 @@ from ...kvsp.compat import compat_id as derive_compat_id
 from ...kvsp.records import Sampler as SamplerRecord
 from ...sinks import LayerFailed
 from ...storage import BlockStore, RecordKey
+from ..client.computed import ComputedBlockPublisher
 from ..client.retrieval import BlockFetcher
 from ..common.auth import Principal, require_scope
 from ..common.engine_config import EngineConfig
@@ -51,7 +52,6 @@ from ..common.lifecycle import Lifecycle
 from ..common.session_records import OutputToken
 from .counters import EngineCounters
 from .loader import HTTP, LOCAL, MOQT, Lookup, PrefixLoader, PrefixPlan
-from .publish import ComputedBlockPublisher
 from .records import BlockUse, GenerateRequest, GenerateResult
 
 __all__ = ["Closeable", "DirectiveFinder", "DirectiveProgress", "InferenceEngine", "ModelBundle", "load_model"]

@@ -12,7 +12,7 @@ waits for it at most ``moqt_timeout_s``. So an instance whose relay is down at s
 (restarting at the same moment) starts and serves — loads over HTTP, recomputes, publishes to
 its store and HTTP holder — and attaches once the relay is back, tried again with the
 ``moqt_reconnect_*`` backoff. Its ``moqt://`` records name the relay only
-for replicas the relay accepted (``engine.publish``): none before the attach, then all of them
+for replicas the relay accepted (``client.computed``): none before the attach, then all of them
 at once.
 """
 
@@ -35,7 +35,7 @@ from ..common.tls import TlsConfig
 from .counters import EngineCounters
 from .engine import Closeable, DirectiveFinder, InferenceEngine, load_model
 from .loader import Lookup
-from .publish import BlockStorer, ComputedBlockPublisher
+from ..client.computed import BlockStorer, ComputedBlockPublisher
 
 __all__ = ["RelayAttachment", "engine_transport", "start_engine"]
 

@@ -26,7 +26,7 @@ epoch-0 checkpoint (docs/decisions/0004):
    the sampler is deterministic, else only once a checkpoint covering it is acknowledged —
    batched every ``checkpoint_every`` tokens). Each time a block of the context completes, its
    KV is encoded (KVB1, codec raw) and **published** like the engine's computed blocks (own
-   store + IS record, the HTTP holder, MOQT via the relay: ``engine.publish``), and then a
+   store + IS record, the HTTP holder, MOQT via the relay: ``client.computed``), and then a
    **checkpoint** is sent (§6.8 "whenever a block of generated tokens completes"); the output
    itself checkpoints at least every ``checkpoint_every`` (≤ 64) tokens.
 

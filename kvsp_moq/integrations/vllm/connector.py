@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["KVSPConnector", "KVSPConnectorMetadata", "KVSPWorkerMetadata"]
+__all__ = ["KVSPConnector", "KVSPConnectorMetadata", "KVSPWorkerExtension", "KVSPWorkerMetadata"]
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class KVSPConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         _log_like_vllm()
         self.settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config)
-        self.model = EngineModel.of(vllm_config, self.settings.model_name)
+        self.model = EngineModel.of(vllm_config, self.settings.model_name, self.settings.block_tokens)
         self.rank = _tensor_parallel_rank() if role != KVConnectorRole.SCHEDULER else 0
         self.descriptor = self.model.descriptor(self.rank)
         self.compat_id = compat_id(self.descriptor)
@@ -102,10 +102,10 @@ class KVSPConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(self.settings, self.model)
         else:
-            self.worker = WorkerSide(self.settings, self.descriptor, self.rank)
-        log.info("KVSP connector (%s, rank %d of %d): compat %s, %s, B = %s, scopes %s", role.name, self.rank,
-                 self.model.world_size, self.compat_id.hex()[:16], self.model.kv_dtype, self.model.block_tokens,
-                 sorted(self.settings.scopes))
+            self.worker = WorkerSide(self.settings, self.descriptor, self.rank, page_tokens=self.model.page_tokens)
+        log.info("KVSP connector (%s, rank %d of %d): compat %s, %s, B = %s (%d pages), scopes %s", role.name,
+                 self.rank, self.model.world_size, self.compat_id.hex()[:16], self.model.kv_dtype,
+                 self.model.block_tokens, self.model.block_tokens // self.model.page_tokens, sorted(self.settings.scopes))
 
     # -- worker side ------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -164,6 +164,10 @@ class KVSPConnector(KVConnectorBase_V1):
         counts = self.worker.take_counts()
         return KVSPWorkerMetadata(counts) if counts else None
 
+    def flush_publications(self, timeout: float) -> bool:
+        """Wait (bounded) for this worker's background publications (:meth:`WorkerSide.flush`)."""
+        return self.worker.flush(timeout) if self.worker is not None else True
+
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
@@ -191,3 +195,18 @@ class KVSPConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self.scheduler is not None
         return False, self.scheduler.request_finished(request)
+
+
+class KVSPWorkerExtension:
+    """Methods vLLM adds to its worker class (``LLM(worker_extension_cls=settings.WORKER_EXTENSION)``),
+    called on every worker by ``llm.collective_rpc(name, args=...)``."""
+
+    def kvsp_flush(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` s for this worker's background publications; True when none
+        is left (True too where the engine runs no KVSP connector)."""
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+        if not has_kv_transfer_group():
+            return True
+        connector = get_kv_transfer_group()
+        return connector.flush_publications(timeout) if isinstance(connector, KVSPConnector) else True

@@ -17,7 +17,8 @@ module derives each member from the engine:
 - ``positional``: RoPE in the one canonical text every producer uses
   (:func:`~kvsp_moq.kvsp.registries.format_positional`: ``theta`` always stated, ``dim`` for a
   partial rotary, ``scaling``/``factor``/``original_max_position`` when the model runs scaled);
-- ``block_tokens``: vLLM's block size (one KVSP block = one vLLM block);
+- ``block_tokens``: the connector's ``block_tokens`` (default vLLM's block size; a KVSP block is
+  a whole number of vLLM's blocks, its pages);
 - ``layout``: ``kvsp-layout-1`` (the connector converts, :mod:`.layout`).
 
 Members beyond §4.1's (docs/decisions/0002: unknown members are part of the identity):
@@ -246,7 +247,7 @@ class EngineModel:
 
     def __init__(self, *, model_dir: str | Path, name: str, tokenizer: str | Path, layers: int, total_kv_heads: int,
                  head_dim: int, kv_dtype: str, positional: str, positional_extra: Mapping[str, Any] | None,
-                 block_tokens: int, world_size: int = 1) -> None:
+                 block_tokens: int, world_size: int = 1, page_tokens: int | None = None) -> None:
         self.model_dir = Path(model_dir)
         self.name = name
         self.layers = layers
@@ -255,7 +256,13 @@ class EngineModel:
         self.kv_dtype = kv_dtype
         self.positional = positional
         self.positional_extra = dict(positional_extra) if positional_extra else None
+        #: B of the Block Keys (a KVSP block) and vLLM's block size (a page of the paged cache);
+        #: a KVSP block is ``block_tokens // page_tokens`` pages.
         self.block_tokens = block_tokens
+        self.page_tokens = page_tokens or block_tokens
+        if self.block_tokens % self.page_tokens:
+            raise DescriptorError("block_tokens", f"{block_tokens} tokens is not a whole number of vLLM's "
+                                  f"{self.page_tokens}-token blocks")
         self.world_size = world_size
         files = weight_files(self.model_dir)
         self.model_digest = files_digest(files)
@@ -264,7 +271,9 @@ class EngineModel:
         self.kv_scales = kv_scales_digest(checkpoint_kv_scales(files, layers)) if kv_dtype.startswith("fp8") else None
 
     @classmethod
-    def of(cls, vllm_config: Any, model_name: str | None = None) -> EngineModel:
+    def of(cls, vllm_config: Any, model_name: str | None = None, block_tokens: int | None = None) -> EngineModel:
+        """``block_tokens``: the KVSP block size (default: vLLM's block size, which it must be a
+        multiple of)."""
         mc = vllm_config.model_config
         model_dir = Path(mc.model)
         if not model_dir.is_dir():
@@ -283,7 +292,8 @@ class EngineModel:
                    head_dim=head_dim,
                    kv_dtype=kv_dtype_name(str(vllm_config.cache_config.cache_dtype), mc.dtype),
                    positional=positional, positional_extra=extra,
-                   block_tokens=int(vllm_config.cache_config.block_size),
+                   block_tokens=block_tokens or int(vllm_config.cache_config.block_size),
+                   page_tokens=int(vllm_config.cache_config.block_size),
                    world_size=int(getattr(parallel, "tensor_parallel_size", 1)))
 
     def shard(self, rank: int) -> Shard:

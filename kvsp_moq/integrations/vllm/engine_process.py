@@ -9,6 +9,10 @@ it many requests. ``python -m kvsp_moq.integrations.vllm.engine_process SPEC_JSO
     {"id": 1, "prompt_token_ids": [...], "max_tokens": 8, "kv_transfer_params": {...}, "cache_salt": "a",
      "lora": {"name": "ad1", "id": 1, "path": "/models/ad1"}}
     -> {"id": 1, "token_ids": [...], "kv_transfer_params": {"kvsp": {...}}, "elapsed_s": 0.12}
+    {"id": 2, "batch": [{"prompt_token_ids": [...], ...}, ...]}    several requests in one batch
+    -> {"id": 2, "results": [{"token_ids": [...], "first_token_s": 0.05, "finished_s": 0.09, ...}, ...]}
+    {"id": 3, "flush": 30}    wait for the connector's background publications
+    -> {"id": 3, "flushed": true}
 
 Greedy decoding (temperature 0, ``ignore_eos``). vLLM's own logs go to stderr.
 :class:`EngineProcess` starts and drives one from the parent, every wait bounded.
@@ -76,45 +80,86 @@ class EngineSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _serve(spec: EngineSpec, out: IO[str]) -> None:
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
+def _request(req: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The (prompt, sampling parameters, LoRA request) of one request line."""
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+
+    extra = {"kv_transfer_params": req["kv_transfer_params"]} if req.get("kv_transfer_params") else None
+    params = SamplingParams(temperature=0.0, max_tokens=int(req.get("max_tokens", 8)), ignore_eos=True,
+                            extra_args=extra)
+    prompt = TokensPrompt(prompt_token_ids=list(req["prompt_token_ids"]))
+    if req.get("cache_salt"):
+        prompt["cache_salt"] = req["cache_salt"]
+    adapter = None
+    if req.get("lora"):
+        from vllm.lora.request import LoRARequest
+
+        adapter = LoRARequest(str(req["lora"]["name"]), int(req["lora"]["id"]), str(req["lora"]["path"]))
+    return prompt, params, adapter
+
+
+def _batch(llm: Any, reqs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Several requests in one batch, stepped by hand: when each one's first token and its end
+    came (s from the batch's start), so that one request's wait can be seen not to hold the
+    others."""
+    engine = llm.llm_engine
+    start = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
+    for i, req in enumerate(reqs):
+        prompt, params, adapter = _request(req)
+        engine.add_request(f"batch-{i}", prompt, params, lora_request=adapter)
+        results[f"batch-{i}"] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            mine = results.get(output.request_id)
+            if mine is None:
+                continue
+            now = time.perf_counter() - start
+            if output.outputs and output.outputs[0].token_ids and "first_token_s" not in mine:
+                mine["first_token_s"] = now
+            if output.finished:
+                mine.update(token_ids=list(output.outputs[0].token_ids), kv_transfer_params=output.kv_transfer_params,
+                            finished_s=now)
+    return [results[f"batch-{i}"] for i in range(len(reqs))]
+
+
+def _serve(spec: EngineSpec, out: IO[str]) -> None:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    from .settings import WORKER_EXTENSION
 
     kv = KVTransferConfig(**spec.kv_transfer_config) if spec.kv_transfer_config else None
     lora: dict[str, Any] = {"enable_lora": True, "max_loras": spec.max_loras, "max_lora_rank": spec.max_lora_rank} \
         if spec.max_loras else {}
+    extension = {"worker_extension_cls": WORKER_EXTENSION} if kv is not None else {}
     llm = LLM(model=spec.model_dir, dtype=spec.dtype, kv_cache_dtype=spec.kv_cache_dtype, enforce_eager=True,
               block_size=spec.block_size, max_model_len=spec.max_model_len,
               enable_prefix_caching=spec.enable_prefix_caching, tensor_parallel_size=spec.tensor_parallel_size,
-              kv_transfer_config=kv, max_num_seqs=4, seed=0, **lora)
+              kv_transfer_config=kv, max_num_seqs=4, seed=0, **lora, **extension)
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
         req = json.loads(line)
-        extra = {"kv_transfer_params": req["kv_transfer_params"]} if req.get("kv_transfer_params") else None
-        params = SamplingParams(temperature=0.0, max_tokens=int(req.get("max_tokens", 8)), ignore_eos=True,
-                                extra_args=extra)
-        prompt = TokensPrompt(prompt_token_ids=list(req["prompt_token_ids"]))
-        if req.get("cache_salt"):
-            prompt["cache_salt"] = req["cache_salt"]
-        adapter = None
-        if req.get("lora"):
-            from vllm.lora.request import LoRARequest
-
-            adapter = LoRARequest(str(req["lora"]["name"]), int(req["lora"]["id"]), str(req["lora"]["path"]))
         start = time.perf_counter()
         try:
-            result = llm.generate([prompt], params, use_tqdm=False, lora_request=adapter)[0]
+            if "flush" in req:  # the connector's background publications (worker_extension_cls)
+                flushed = llm.collective_rpc("kvsp_flush", args=(float(req["flush"]),)) if kv is not None else []
+                answer: dict[str, Any] = {"flushed": all(flushed)}
+            elif "batch" in req:
+                answer = {"results": _batch(llm, list(req["batch"]))}
+            else:
+                prompt, params, adapter = _request(req)
+                result = llm.generate([prompt], params, use_tqdm=False, lora_request=adapter)[0]
+                answer = {"token_ids": list(result.outputs[0].token_ids), "kv_transfer_params": result.kv_transfer_params}
         except Exception as exc:
             out.write(json.dumps({"id": req.get("id"), "error": f"{type(exc).__name__}: {exc}"}) + "\n")
             out.flush()
             continue
-        elapsed = time.perf_counter() - start
-        out.write(json.dumps({"id": req.get("id"), "token_ids": list(result.outputs[0].token_ids),
-                              "kv_transfer_params": result.kv_transfer_params, "elapsed_s": elapsed}) + "\n")
+        out.write(json.dumps({"id": req.get("id"), **answer, "elapsed_s": time.perf_counter() - start}) + "\n")
         out.flush()
 
 
@@ -178,11 +223,26 @@ class EngineProcess:
                  timeout: float = 300.0) -> dict[str, Any]:
         """One greedy request; its answer (``token_ids``, ``kv_transfer_params``, ``elapsed_s``).
         ``lora``: ``{"name", "id", "path"}`` of an adapter to apply (the engine serves LoRA)."""
+        return self._ask({"prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens,
+                          "kv_transfer_params": kv_transfer_params, "cache_salt": cache_salt, "lora": lora}, timeout)
+
+    def batch(self, requests: list[dict[str, Any]], timeout: float = 300.0) -> list[dict[str, Any]]:
+        """Several requests (each as :meth:`generate`'s keyword arguments) in one batch; per
+        request its ``token_ids``, ``kv_transfer_params``, and ``first_token_s`` and
+        ``finished_s`` (s from the batch's start)."""
+        results: list[dict[str, Any]] = self._ask({"batch": requests}, timeout)["results"]
+        return results
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait (at most ``timeout`` s) until the connector's background publications are done
+        on every worker (its blocks are then at the HTTP holder and their records at the IS);
+        True when they are. Before asking another engine for what this one computed."""
+        return bool(self._ask({"flush": timeout}, timeout + 30)["flushed"])
+
+    def _ask(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         self._next_id += 1
-        req = {"id": self._next_id, "prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens,
-               "kv_transfer_params": kv_transfer_params, "cache_salt": cache_salt, "lora": lora}
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(req) + "\n")
+        self.process.stdin.write(json.dumps({"id": self._next_id, **req}) + "\n")
         self.process.stdin.flush()
         answer = self._line(timeout)
         if "error" in answer:

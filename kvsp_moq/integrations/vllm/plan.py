@@ -16,19 +16,28 @@ __all__ = ["BlockLoad", "BlockSave", "COUNTERS", "RequestLoad", "RequestSave", "
 
 #: The per-request counters the worker reports (docs/vllm.md "Counters").
 COUNTERS = ("blocks_moqt", "blocks_http", "blocks_failed", "bytes_moqt", "bytes_http",
-            "blocks_published", "publish_errors")
+            "blocks_published", "publish_errors", "publish_dropped")
 
 
 @dataclass(frozen=True)
 class BlockLoad:
-    """One external block: where vLLM allocated it and, per tensor-parallel rank (index = rank),
-    its Block Key and the records of its replicas (each rank's shard is a block of its own,
-    docs/binding.md "Tensor parallelism")."""
+    """One external KVSP block: where vLLM allocated the pages it fills and, per tensor-parallel
+    rank (index = rank), its Block Key and the records of its replicas (each rank's shard is a
+    block of its own, docs/binding.md "Tensor parallelism").
+
+    A KVSP block is m of vLLM's blocks (pages, ``block_tokens`` in docs/vllm.md); ``pages``
+    lists (page within the block, vLLM's block id) of those to fill: all m, or the last ones
+    when vLLM's own prefix cache holds the first."""
 
     index: int  # the block's position in the prompt
-    block_id: int  # vLLM's block id (KV cache group 0)
+    pages: tuple[tuple[int, int], ...]
     block_keys: tuple[bytes, ...]
     records: tuple[tuple[Mapping[str, object], ...], ...]
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        """vLLM's block ids the load fills (reported failed together)."""
+        return tuple(bid for _, bid in self.pages)
 
 
 @dataclass(frozen=True)
@@ -45,11 +54,11 @@ class RequestLoad:
 
 @dataclass(frozen=True)
 class BlockSave:
-    """A prompt block that becomes complete in this step (computed by this engine); its Block
-    Key per rank."""
+    """A prompt block that becomes complete in this step (computed by this engine): vLLM's
+    block ids of its pages, in order, and its Block Key per rank."""
 
     index: int
-    block_id: int
+    block_ids: tuple[int, ...]
     block_keys: tuple[bytes, ...]
 
 

@@ -68,11 +68,11 @@ class _Request:
     #: The lookup in flight on the client loop, and when the scheduler stops waiting for it.
     lookup: concurrent.futures.Future[list[LookupResponse]] | None = None
     lookup_deadline: float = 0.0
-    local_blocks: int = 0  # vLLM's own prefix-cache hit, in blocks
+    local_tokens: int = 0  # vLLM's own prefix-cache hit (whole pages)
     matched: int = 0  # blocks the IS knows for every rank (a prefix of keys)
     #: per matched block, per rank: the records of its replicas
     records: list[tuple[tuple[Mapping[str, object], ...], ...]] = field(default_factory=list)
-    external: int = 0  # blocks to load: local_blocks .. local_blocks + external - 1
+    external: int = 0  # tokens to load, from local_tokens on (to the end of a KVSP block)
     load_pending: list[BlockLoad] | None = None
     #: A load was handed to the workers: vLLM asking again (it rescheduled the request after a
     #: failed load, or after a preemption) is answered 0 — what failed is recomputed, never
@@ -117,12 +117,12 @@ class SchedulerSide:
         b = self.block_tokens
         prompt_len = len(request.prompt_token_ids or [])
         usable = min(len(state.keys[0]), max(0, prompt_len - 1) // b)  # the full-hit rule
-        local = num_computed_tokens // b
         if not state.looked_up:
             if state.lookup is None:
-                state.local_blocks = local
-                state.saved_upto = local
-                if usable > local and self._index is not None:
+                state.local_tokens = num_computed_tokens
+                # a KVSP block vLLM holds only some pages of is still saved: all are in its cache
+                state.saved_upto = num_computed_tokens // b
+                if usable * b > num_computed_tokens and self._index is not None:
                     self._start_lookup(state)
             answer = None
             if state.lookup is not None:
@@ -134,23 +134,24 @@ class SchedulerSide:
                 state.matched = min(a.matched for a in answer)
                 state.records = [tuple(tuple(r.to_json() for r in a.blocks[i].replicas) for a in answer)
                                  for i in range(state.matched)]
-                state.saved_upto = max(state.local_blocks, min(state.matched, len(state.keys[0])))
-            state.external = max(0, min(state.matched, usable) - state.local_blocks)
-        if state.external == 0 or local != state.local_blocks or state.load_handed:
+                state.saved_upto = max(state.saved_upto or 0, min(state.matched, len(state.keys[0])))
+            state.external = max(0, min(state.matched, usable) * b - state.local_tokens)
+        if state.external == 0 or num_computed_tokens != state.local_tokens or state.load_handed:
             return 0, False
-        return state.external * b, self.settings.async_loads
+        return state.external, self.settings.async_loads
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         state = self._requests.get(request.request_id)
         if state is None or num_external_tokens <= 0:
             return
         ids = list(blocks.get_block_ids()[0])
-        first = state.local_blocks
-        count = num_external_tokens // self.block_tokens
+        page, m = self.model.page_tokens, self.block_tokens // self.model.page_tokens
+        first, end = state.local_tokens // page, (state.local_tokens + num_external_tokens) // page  # pages
         state.load_handed = True
         state.load_pending = [
-            BlockLoad(i, ids[i], tuple(keys[i] for keys in state.keys), state.records[i])
-            for i in range(first, first + count)
+            BlockLoad(i, tuple((p, ids[i * m + p]) for p in range(m) if first <= i * m + p < end),
+                      tuple(keys[i] for keys in state.keys), state.records[i])
+            for i in range(first // m, (end + m - 1) // m)
         ]
 
     def build_connector_meta(self, scheduler_output: Any) -> StepPlan:
@@ -195,8 +196,8 @@ class SchedulerSide:
             return {"kvsp": {"shared": False, "reason": reason}} if reason else None
         ranks = {"compat_ids": [c.hex() for c in state.compat_ids]} if len(state.compat_ids) > 1 else {}
         return {"kvsp": {"scope": state.scope, "compat_id": state.compat_ids[0].hex(), **ranks,
-                         "external_tokens": state.external * self.block_tokens, "matched_blocks": state.matched,
-                         "local_blocks": state.local_blocks, **state.counts}}
+                         "external_tokens": state.external, "matched_blocks": state.matched,
+                         "local_tokens": state.local_tokens, **state.counts}}
 
     def close(self) -> None:
         if self._loop is not None and self._index is not None:
@@ -296,10 +297,11 @@ class SchedulerSide:
             # saved again (the worker discarded the saves of the failed step).
             state.saved_upto = min(state.saved_upto, computed // self.block_tokens)
         state.frontier = computed + scheduled
-        complete = min((computed + scheduled) // self.block_tokens, len(state.keys[0]), len(state.block_ids))
+        m = self.block_tokens // self.model.page_tokens
+        complete = min((computed + scheduled) // self.block_tokens, len(state.keys[0]), len(state.block_ids) // m)
         if complete <= state.saved_upto:
             return
-        blocks = tuple(BlockSave(i, state.block_ids[i], tuple(keys[i] for keys in state.keys))
+        blocks = tuple(BlockSave(i, tuple(state.block_ids[i * m:(i + 1) * m]), tuple(keys[i] for keys in state.keys))
                        for i in range(state.saved_upto, complete))
         state.saved_upto = complete
         plan.saves.append(RequestSave(req_id, state.scope_id, state.compat_ids, blocks))

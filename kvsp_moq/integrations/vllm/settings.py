@@ -33,12 +33,14 @@ from typing import Any
 
 from ...kvsp.scope import check_scope_key
 
-__all__ = ["CONNECTOR_CLASS", "CONNECTOR_MODULE", "ConnectorSettings", "ScopeChoice", "SettingsError",
+__all__ = ["CONNECTOR_CLASS", "CONNECTOR_MODULE", "WORKER_EXTENSION", "ConnectorSettings", "ScopeChoice", "SettingsError",
            "connector_extra_config", "kv_transfer_config", "salt_digest"]
 
 #: What ``KVTransferConfig`` names to load the connector (``kv_connector_module_path``).
 CONNECTOR_MODULE = "kvsp_moq.integrations.vllm.connector"
 CONNECTOR_CLASS = "KVSPConnector"
+#: ``LLM(worker_extension_cls=...)``: the workers' ``kvsp_flush`` (``llm.collective_rpc``).
+WORKER_EXTENSION = CONNECTOR_MODULE + ".KVSPWorkerExtension"
 
 
 def salt_digest(salt: str) -> str:
@@ -110,6 +112,19 @@ class ConnectorSettings:
     #: above all): None keeps the transport's default (1200, safe on any path); inside a
     #: datacenter or on loopback a larger one costs far fewer packets (docs/transport.md).
     max_datagram_size: int | None = None
+    #: Tokens per KVSP block (B of the Block Keys, kvsp-draft §4.2): a multiple of vLLM's block
+    #: size (its page), default that page. A KVSP block of m pages is one MOQT track, one FETCH
+    #: and one record for m pages: far fewer requests per prefix, at the cost of sharing only
+    #: whole blocks (docs/vllm.md "Block size").
+    block_tokens: int | None = None
+    #: Loads in flight per worker (blocks being fetched): more wait for a free place, bounded
+    #: by the request's deadline. The relay caps the requests of one session (binding §9).
+    max_loads_in_flight: int = 32
+    #: Publications in flight per worker (blocks whose HTTP holder PUT or IS record is under
+    #: way, in the background): a block computed while all are taken is kept in the worker's
+    #: store and served over MOQT, its record published by the refresh (``publish_dropped``
+    #: counts the holder PUTs so skipped).
+    max_saves_in_flight: int = 64
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
@@ -151,6 +166,9 @@ class ConnectorSettings:
             record_ttl_ms=_positive(extra, "record_ttl_ms", 600_000),
             store_bytes=_positive(extra, "store_bytes", 256 * 1024 * 1024),
             max_datagram_size=_datagram_size(extra),
+            block_tokens=_positive(extra, "block_tokens", 0) if "block_tokens" in extra else None,
+            max_loads_in_flight=_positive(extra, "max_loads_in_flight", 32),
+            max_saves_in_flight=_positive(extra, "max_saves_in_flight", 64),
         )
 
     @property

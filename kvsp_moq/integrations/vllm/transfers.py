@@ -14,11 +14,17 @@ does (docs/engine.md), so naming, containers, digests and records are never re-i
   (no relay, a refused or tampered layer), layers l..L-1 are fetched from an HTTP replica
   (``client.retrieval.retrieve_block``: Repr-Digest and layer digests verified); when that
   fails too the block is failed (vLLM recomputes it).
-- :func:`begin_block` / :func:`complete_block` — a block computed here: a
+- :func:`begin_block` / :class:`Publications` — a block computed here: a
   ``MoqtHolder.begin`` writer (each layer is published to subscribers as it is written,
-  DESIGN.md §4 "layers are published as computed"), sealed once every layer is in; then the
-  container goes to the HTTP holder (``PUT blocks/...``, the holder publishes its record) and
-  the ``moqt://`` Replica Record naming the relay goes to the IS (§4.4, §6.1).
+  DESIGN.md §4 "layers are published as computed"), sealed once every layer is in; then, in
+  the background and at most ``max_saves_in_flight`` at a time, the instance engine's own
+  publisher (``control.client.computed.ComputedBlockPublisher.publish_written``): the
+  container to the HTTP holder (``PUT blocks/...``, the holder publishes its record) and the
+  ``moqt://`` Replica Record naming the relay to the IS, only once the relay accepted the
+  namespace (binding §10), refreshed before it expires and withdrawn when the worker's store
+  evicts the block (§6.1).
+- Loads in flight are bounded too (``max_loads_in_flight``, :attr:`Peers.load_slots`): the relay
+  caps the requests of one session (binding §9).
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
 from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source
+from ...control.client.computed import ComputedBlockPublisher, PublicationCounts
 from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
 from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_block
 from ...control.common.tls import TlsConfig
@@ -43,7 +50,7 @@ from ...sinks import LayerFailed, NumpySink
 from ...storage import BlockStore, BlockWriter, HostTier, RecordKey, ReplicaExists
 from .settings import ConnectorSettings
 
-__all__ = ["Incoming", "Peers", "begin_block", "complete_block", "load"]
+__all__ = ["Incoming", "Peers", "Publications", "begin_block", "load", "seal"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,11 @@ class Peers:
     #: The holder's attachment to the relay (``MoqtHolder.attach_relay_soon``; its result: the
     #: session, or None when the holder closed first).
     attaching: asyncio.Task[MoqtSession | None] | None = None
+    #: The publisher of computed blocks (the instance engine's) and what it counted.
+    publisher: ComputedBlockPublisher | None = None
+    counts: PublicationCounts = field(default_factory=PublicationCounts)
+    #: Places for loads in flight (``max_loads_in_flight``).
+    load_slots: asyncio.Semaphore = field(default_factory=asyncio.Semaphore)
 
     @classmethod
     async def open(cls, settings: ConnectorSettings) -> Peers:
@@ -73,7 +85,7 @@ class Peers:
         fetcher = HttpBlockFetcher(settings.fetch_token or settings.holder_token, timeout_s=settings.deadline_s,
                                    read_timeout_s=settings.deadline_s)
         storer = HttpBlockStorer(settings.holder_token, timeout_s=settings.deadline_s) if settings.holder_url else None
-        peers = cls(settings, store, index, fetcher, storer)
+        peers = cls(settings, store, index, fetcher, storer, load_slots=asyncio.Semaphore(settings.max_loads_in_flight))
         if settings.relay_url is not None:
             sizes = {"max_datagram_size": settings.max_datagram_size} if settings.max_datagram_size else {}
             transport = TlsConfig().transport(ca_file=settings.ca_file, insecure=settings.insecure,
@@ -83,7 +95,7 @@ class Peers:
             if settings.publish:
                 # A relay down now (restarting beside the engine) is attached to in the
                 # background, with the holder's reconnect backoff: until then blocks are
-                # published to the store and the HTTP holder only (complete_block).
+                # published to the store and the HTTP holder only (the publisher names the relay only in records of namespaces it accepted).
                 holder = MoqtHolder(store, ttl_ms=settings.record_ttl_ms)
                 peers.holder = holder
                 peers.attaching = holder.attach_relay_soon(settings.relay_url, transport, setup_tokens=tokens)
@@ -91,6 +103,12 @@ class Peers:
                 if not done:
                     log.warning("KVSP: relay %s not attached within %g s: publishing over HTTP only until it "
                                 "is (attaching in the background)", settings.relay_url, settings.deadline_s)
+        if settings.publish:
+            peers.publisher = ComputedBlockPublisher(
+                store=store, counters=peers.counts, holder_url=settings.holder_url, storer=storer,
+                moqt_holder=peers.holder, relay_url=settings.relay_url, index=index,
+                record_ttl_ms=settings.record_ttl_ms, index_timeout_s=settings.deadline_s)
+            peers.publisher.start()  # the moqt:// records' refresh (§6.1)
         return peers
 
     @property
@@ -100,7 +118,7 @@ class Peers:
         return self.holder is not None and url is not None and self.holder.relay_session(url) is not None
 
     async def close(self) -> None:
-        for closer in (self.holder.close if self.holder else None, self.pool.close if self.pool else None,
+        for closer in (self.publisher.close if self.publisher else None, self.holder.close if self.holder else None, self.pool.close if self.pool else None,
                        self.index.close if self.index else None, self.fetcher.close,
                        self.storer.close if self.storer else None):
             if closer is not None:
@@ -110,10 +128,11 @@ class Peers:
 
 @dataclass
 class Incoming:
-    """One block being loaded: layer l's (K, V) in kvsp-layout-1 once verified."""
+    """One block being loaded: layer l's (K, V) in kvsp-layout-1 once verified; ``pages``:
+    (page within the block, vLLM's block id) of the pages it fills (``plan.BlockLoad``)."""
 
     req_id: str
-    block_id: int
+    pages: tuple[tuple[int, int], ...]
     layers: int
     kv: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
     ready: list[asyncio.Event] = field(default_factory=list)
@@ -125,6 +144,10 @@ class Incoming:
     def __post_init__(self) -> None:
         self.kv = [None] * self.layers
         self.ready = [asyncio.Event() for _ in range(self.layers)]
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return tuple(bid for _, bid in self.pages)
 
     def offer(self, layer: int, k: np.ndarray, v: np.ndarray, via: str) -> None:
         self.kv[layer] = (k, v)
@@ -154,7 +177,14 @@ def _records(raw: Sequence[Mapping[str, object]]) -> list[ReplicaRecord]:
 
 async def load(peers: Peers, incoming: Incoming, key: RecordKey, raw_records: Sequence[Mapping[str, object]],
                geometry: Geometry, tokens: int) -> None:
-    """Load one block into ``incoming`` (module notes); never raises."""
+    """Load one block into ``incoming`` (module notes), once a place among the loads in flight
+    is free; never raises."""
+    async with peers.load_slots:
+        await _load(peers, incoming, key, raw_records, geometry, tokens)
+
+
+async def _load(peers: Peers, incoming: Incoming, key: RecordKey, raw_records: Sequence[Mapping[str, object]],
+                geometry: Geometry, tokens: int) -> None:
     records = [r for r in _records(raw_records) if RecordKey.of(r) == key]
     layers = incoming.layers
     timeout = peers.settings.moqt_timeout_ms / 1000
@@ -228,38 +258,63 @@ def write_layer(writer: BlockWriter, layer: int, k: np.ndarray, v: np.ndarray) -
             writer.abort()
 
 
-async def complete_block(peers: Peers, writer: BlockWriter) -> list[str]:
-    """Seal the block, then the HTTP holder and the IS record (module notes); the
-    destinations reached. Failures are logged: the engine's output never depends on them."""
-    key = writer.key
-    done: list[str] = []
+def seal(writer: BlockWriter) -> bool:
+    """Seal a block whose every layer was written (it is then complete in the store, served
+    over MOQT); False, the writer aborted, when it is not whole."""
     if not writer.open or writer.missing_layers:
-        log.warning("KVSP: block %s not published: %s", key.block_key.hex()[:12],
+        log.warning("KVSP: block %s not published: %s", writer.key.block_key.hex()[:12],
                     f"layers {writer.missing_layers} missing" if writer.open else "its writer was closed")
         if writer.open:
             writer.abort()
-        return done
-    writer.finish()
-    done.append("store")
-    settings = peers.settings
-    jobs: list[Any] = []
-    if peers.storer is not None and settings.holder_url is not None:
-        container = b"".join(bytes(c) for c in peers.store.open_reader(key, touch=False))
-        jobs.append(("holder", peers.storer.put_block(settings.holder_url, key, container)))
-    if peers.holder is not None and peers.index is not None and settings.relay_url is not None \
-            and peers.relay_attached:
-        record = peers.holder.replica_record(key, holder=settings.relay_url, ttl_ms=settings.record_ttl_ms)
-        jobs.append(("moqt", _announce_then_publish(peers, record)))
-    results = await asyncio.gather(*(job for _, job in jobs), return_exceptions=True)
-    for (name, _), result in zip(jobs, results):
-        if isinstance(result, BaseException):
-            log.warning("KVSP: publishing block %s (%s) failed: %s", key.block_key.hex()[:12], name, result)
-        else:
-            done.append(name)
-    return done
+        return False
+    try:
+        writer.finish()
+    except Exception as exc:
+        log.warning("KVSP: block %s not sealed: %s", writer.key.block_key.hex()[:12], exc)
+        return False
+    return True
 
 
-async def _announce_then_publish(peers: Peers, record: ReplicaRecord) -> None:
-    assert peers.holder is not None and peers.index is not None
-    await peers.holder.wait_announced()  # the relay knows the namespace before the IS names it
-    await peers.index.publish(record)
+class Publications:
+    """The publications of sealed blocks in the background (module notes): at most ``limit``
+    in flight; each one's outcome (the destinations it reached, or its exception) goes to the
+    callback given with it."""
+
+    def __init__(self, publisher: ComputedBlockPublisher, limit: int) -> None:
+        self.publisher = publisher
+        self.limit = limit
+        self._tasks: set[asyncio.Task[list[str]]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def submit(self, key: RecordKey, outcome: Callable[[list[str] | BaseException], None]) -> bool:
+        """Start publishing ``key``; False (nothing started) when ``limit`` are in flight."""
+        if len(self._tasks) >= self.limit:
+            return False
+        task = asyncio.get_running_loop().create_task(self.publisher.publish_written(key))
+
+        def done(t: asyncio.Task[list[str]]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled():
+                outcome(t.exception() or t.result())
+
+        self._tasks.add(task)
+        task.add_done_callback(done)
+        return True
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until none is in flight; True when none is."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self._tasks:
+                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)

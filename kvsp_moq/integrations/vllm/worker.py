@@ -20,8 +20,16 @@ paged cache and host arrays (:mod:`.layout`) and hand work to the client loop
 - :meth:`WorkerSide.save_kv_layer` — at the step's first layer a writer is opened for each
   block completed in this step; layer l of each, copied out of the paged cache, is written to
   its writer (published over MOQT as computed);
-- :meth:`WorkerSide.wait_for_save` — seals the step's blocks and completes their replicas
-  (HTTP holder, IS record), and settles the step's loads (counters).
+- :meth:`WorkerSide.wait_for_save` — seals the step's blocks (whole in the worker's store,
+  served over MOQT: ``blocks_published``) and hands them to the background publications
+  (:class:`~.transfers.Publications`: HTTP holder and IS record, ``max_saves_in_flight`` at a
+  time; a block sealed while all are taken is ``publish_dropped``: served over MOQT, its record
+  published by the refresh, no HTTP copy), and settles the step's layer-wise loads. The step
+  waits for none of the publications (:meth:`WorkerSide.flush` does, for tests and benches);
+  one that fails later is counted for its request (``publish_errors``) if it still runs.
+
+A KVSP block is m of vLLM's blocks (pages, ``block_tokens``): a load fills the pages the plan
+names (``plan.BlockLoad.pages``), a save reads the block's m pages in order.
 """
 
 from __future__ import annotations
@@ -35,13 +43,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ...kvsp.layout import Geometry
 from ...storage import BlockWriter, RecordKey
 from .layout import PagedLayout, layout_for
 from .loop import ClientLoop
 from .plan import StepPlan, merge_counts
 from .settings import ConnectorSettings
-from .transfers import Incoming, Peers, begin_block, complete_block, load, write_layer
+from .transfers import Incoming, Peers, Publications, begin_block, load, seal, write_layer
 
 __all__ = ["WorkerSide", "layer_index"]
 
@@ -70,26 +80,32 @@ class _AsyncLoad:
 @dataclass
 class _Saving:
     req_id: str
-    block_id: int
+    block_ids: tuple[int, ...]  # its pages, in order
     writer: BlockWriter
 
 
 class WorkerSide:
     """The worker role's state (module notes). vLLM-free: :mod:`.connector` forwards to it."""
 
-    def __init__(self, settings: ConnectorSettings, descriptor: Mapping[str, Any], rank: int = 0) -> None:
+    def __init__(self, settings: ConnectorSettings, descriptor: Mapping[str, Any], rank: int = 0,
+                 page_tokens: int | None = None) -> None:
         """``descriptor``: this rank's (its shard's geometry); ``rank``: its tensor-parallel rank,
-        which picks its Compatibility IDs, Block Keys and records out of each step's plan."""
+        which picks its Compatibility IDs, Block Keys and records out of each step's plan;
+        ``page_tokens``: vLLM's block size (default: the descriptor's ``block_tokens``)."""
         self.settings = settings
         self.rank = rank
         self.layers = int(descriptor["layers"])
         self.block_tokens = int(descriptor["block_tokens"])
+        self.page_tokens = page_tokens or self.block_tokens
         self.geometry = Geometry.from_descriptor_fields(int(descriptor["kv_heads"]), int(descriptor["head_dim"]),
                                                         str(descriptor["kv_dtype"]))
         self.loop = ClientLoop("kvsp-worker")
         self.peers: Peers | None = None
+        self.publications: Publications | None = None
         if settings.enabled:
             self.peers = self.loop.run(Peers.open(settings), max(30.0, 2 * settings.deadline_s))
+            if self.peers.publisher is not None:
+                self.publications = Publications(self.peers.publisher, settings.max_saves_in_flight)
         self.caches: dict[str, Any] = {}
         self.layout: PagedLayout | None = None
         self._incoming: list[Incoming] = []  # this step's layer-wise (synchronous) loads
@@ -105,6 +121,9 @@ class WorkerSide:
         self._deadline = 0.0
         self._errors: set[int] = set()
         self._counts: dict[str, dict[str, int]] = {}
+        #: Counters the client loop adds later (publications that failed in the background).
+        self._late: dict[str, dict[str, int]] = {}
+        self._late_lock = threading.Lock()
 
     # -- registration ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Mapping[str, Any], backend: str,
@@ -124,7 +143,7 @@ class WorkerSide:
         self._layer_names = {layer_index(name): name for name in self.caches}
         shape = tuple(next(iter(self.caches.values())).shape)
         self.layout = layout_for(backend, shape, kv_heads=self.geometry.kv_heads,
-                                 head_dim=self.geometry.head_dim, block_tokens=self.block_tokens)
+                                 head_dim=self.geometry.head_dim, block_tokens=self.page_tokens)
         log.info("KVSP: %d layers of %s, backend %s: layout %s", len(self.caches), shape, backend, self.layout.kind)
 
     # -- loads ------------------------------------------------------------------------------------
@@ -132,7 +151,8 @@ class WorkerSide:
         self._deadline = time.monotonic() + self.settings.deadline_s
         if self.peers is None or self.layout is None:
             for req in plan.loads:
-                self._errors.update(b.block_id for b in req.blocks)
+                for b in req.blocks:
+                    self._errors.update(b.block_ids)
             return
         if plan.loads:
             try:
@@ -140,7 +160,8 @@ class WorkerSide:
             except Exception as exc:  # never into vLLM's step: the blocks are recomputed
                 log.warning("KVSP: loads of this step not started (%s): recomputing", exc)
                 for req in plan.loads:
-                    self._errors.update(b.block_id for b in req.blocks)
+                    for b in req.blocks:
+                        self._errors.update(b.block_ids)
                     if req.asynchronous:
                         self._loading[req.req_id] = _AsyncLoad(req.req_id, [], 0.0)  # reported at once
                 return
@@ -158,7 +179,7 @@ class WorkerSide:
         r = self.rank
         for req in plan.loads:
             for block in req.blocks:
-                incoming = Incoming(req.req_id, block.block_id, self.layers)
+                incoming = Incoming(req.req_id, block.pages, self.layers)
                 key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
                 incoming.task = asyncio.get_running_loop().create_task(
                     load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens))
@@ -173,7 +194,7 @@ class WorkerSide:
         pending = []
         for block in self._incoming:
             if block.failed_from is not None and block.failed_from <= layer:
-                self._errors.add(block.block_id)  # failed before vLLM reached this layer
+                self._errors.update(block.block_ids)  # failed before vLLM reached this layer
             else:
                 pending.append(block)
         if not pending:
@@ -191,12 +212,12 @@ class WorkerSide:
         for block, kv in zip(pending, got):
             if kv is not None:
                 try:
-                    self.layout.write(cache, block.block_id, kv[0], kv[1])
+                    self._write(cache, block, kv[0], kv[1])
                     continue
                 except Exception as exc:  # never into vLLM's step: this block is recomputed
-                    log.warning("KVSP: layer %d of block %d not placed (%s): recomputing", layer, block.block_id, exc)
+                    log.warning("KVSP: layer %d of blocks %s not placed (%s): recomputing", layer, block.block_ids, exc)
                     self.loop.call(self._give_up, [block], layer)
-            self._errors.add(block.block_id)
+            self._errors.update(block.block_ids)
             block.failed_from = layer if block.failed_from is None else min(layer, block.failed_from)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -255,12 +276,28 @@ class WorkerSide:
             try:
                 for layer, kv in enumerate(block.kv):
                     assert kv is not None
-                    self.layout.write(self.caches[self._layer_names[layer]], block.block_id, kv[0], kv[1])
+                    self._write(self.caches[self._layer_names[layer]], block, kv[0], kv[1])
                 return
             except Exception as exc:  # never into vLLM's step: this block is recomputed
-                log.warning("KVSP: block %d not placed (%s): recomputing", block.block_id, exc)
+                log.warning("KVSP: blocks %s not placed (%s): recomputing", block.block_ids, exc)
                 block.failed_from = 0
-        self._errors.add(block.block_id)
+        self._errors.update(block.block_ids)
+
+    def _write(self, cache: Any, block: Incoming, k: Any, v: Any) -> None:
+        """One layer of a KVSP block (kvsp-layout-1, ``block_tokens`` tokens) into the pages
+        of the paged cache it fills."""
+        assert self.layout is not None
+        n = self.page_tokens
+        for page, block_id in block.pages:
+            self.layout.write(cache, block_id, k[page * n:(page + 1) * n], v[page * n:(page + 1) * n])
+
+    def _read(self, cache: Any, block_ids: tuple[int, ...]) -> tuple[Any, Any]:
+        """One layer of a KVSP block out of its pages (kvsp-layout-1 host arrays)."""
+        assert self.layout is not None
+        if len(block_ids) == 1:
+            return self.layout.read(cache, block_ids[0])
+        pages = [self.layout.read(cache, block_id) for block_id in block_ids]
+        return np.concatenate([k for k, _ in pages]), np.concatenate([v for _, v in pages])
 
     @staticmethod
     def _count(counts: dict[str, dict[str, int]], blocks: list[Incoming]) -> set[str]:
@@ -300,7 +337,7 @@ class WorkerSide:
                 key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
                 writer = begin_block(self.peers, key, self.geometry, self.layers, self.block_tokens)
                 if writer is not None:
-                    out.append(_Saving(req.req_id, block.block_id, writer))
+                    out.append(_Saving(req.req_id, block.block_ids, writer))
         return out
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, plan: StepPlan) -> None:
@@ -319,10 +356,10 @@ class WorkerSide:
         kept = []
         for saving in self._saving:
             try:
-                k, v = self.layout.read(kv_layer, saving.block_id)
+                k, v = self._read(kv_layer, saving.block_ids)
             except Exception as exc:  # never into vLLM's step: this block is not published
-                log.warning("KVSP: layer %d of block %d not copied out (%s): not publishing it", layer,
-                            saving.block_id, exc)
+                log.warning("KVSP: layer %d of blocks %s not copied out (%s): not publishing it", layer,
+                            saving.block_ids, exc)
                 self.loop.call(saving.writer.abort)
                 continue
             self.loop.call(write_layer, saving.writer, layer, k, v)
@@ -338,16 +375,17 @@ class WorkerSide:
         try:
             self.loop.run(self._settle(saving, incoming), max(self._deadline - time.monotonic(), 0.001))
         except TimeoutError:
-            log.warning("KVSP: publications of this step not completed within the deadline")
+            log.warning("KVSP: the client loop did not seal this step's blocks within the deadline")
 
     async def _settle(self, saving: list[_Saving], incoming: list[Incoming]) -> None:
-        assert self.peers is not None
+        """On the loop: the step's layer-wise loads counted, its blocks sealed and handed to the
+        background publications (module notes); nothing here waits on a peer."""
         counts: dict[str, dict[str, int]] = {}
         for block in incoming:
             if block.task is not None and not block.task.done():
                 block.task.cancel()  # vLLM is past this step: what did not arrive is recomputed
             if block.failed_from is not None:
-                self._errors.add(block.block_id)
+                self._errors.update(block.block_ids)
         failed_requests = self._count(counts, incoming)
         # Blocks computed over a context that failed to load are wrong: never published
         # (vLLM recomputes the request from its first failed block; the scheduler plans the
@@ -355,14 +393,43 @@ class WorkerSide:
         for s in saving:
             if s.req_id in failed_requests and s.writer.open:
                 s.writer.abort()
-        saving = [s for s in saving if s.req_id not in failed_requests]
-        results = await asyncio.gather(*(complete_block(self.peers, s.writer) for s in saving), return_exceptions=True)
-        for s, result in zip(saving, results):
+        for s in saving:
+            if s.req_id in failed_requests:
+                continue
             c = counts.setdefault(s.req_id, {})
-            ok = not isinstance(result, BaseException) and "store" in result
-            name = "blocks_published" if ok else "publish_errors"
-            c[name] = c.get(name, 0) + 1
+            if not seal(s.writer):
+                c["publish_errors"] = c.get("publish_errors", 0) + 1
+                continue
+            c["blocks_published"] = c.get("blocks_published", 0) + 1
+            if self.publications is None or not self.publications.submit(s.writer.key, self._outcome(s.req_id)):
+                c["publish_dropped"] = c.get("publish_dropped", 0) + 1
         merge_counts(self._counts, counts)
+
+    def _outcome(self, req_id: str) -> Any:
+        """The callback of one background publication: a failure is counted for ``req_id``."""
+        wanted = {"holder"} if self.settings.holder_url else set()
+        if self.peers is not None and self.peers.publisher is not None and self.peers.publisher.moqt_records is not None:
+            wanted.add("moqt")
+
+        def outcome(result: list[str] | BaseException) -> None:
+            if isinstance(result, BaseException) or not wanted <= set(result):
+                with self._late_lock:
+                    c = self._late.setdefault(req_id, {})
+                    c["publish_errors"] = c.get("publish_errors", 0) + 1
+
+        return outcome
+
+    def flush(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) for the background publications; True when none is left.
+        Never called by vLLM: tests and benches call it (``EngineProcess.flush``) before asking
+        another engine for what this one computed."""
+        if self.publications is None:
+            return True
+        publications = self.publications
+        try:
+            return self.loop.run(publications.flush(timeout), timeout + 1)
+        except TimeoutError:
+            return False
 
     # -- reporting --------------------------------------------------------------------------------
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -373,7 +440,9 @@ class WorkerSide:
 
     def take_counts(self) -> dict[str, dict[str, int]]:
         counts, self._counts = self._counts, {}
-        return counts
+        with self._late_lock:
+            late, self._late = self._late, {}
+        return merge_counts(counts, late)
 
     def close(self) -> None:
         for load in self._loading.values():
@@ -382,6 +451,8 @@ class WorkerSide:
                     self.loop.call(block.task.cancel)
         if self.peers is not None:
             try:
+                if self.publications is not None:
+                    self.loop.run(self.publications.close(), 10)
                 self.loop.run(self.peers.close(), 10)
             except Exception as exc:
                 log.debug("closing the KVSP peers: %s", exc)

@@ -90,7 +90,9 @@ LMCACHE_WAYS = ("lmcache", "lmcache_store")
 GEOMETRIES = ("tiny", "llama8b")
 #: The tiny Llama's hidden size unless ``--hidden`` says otherwise.
 DEFAULT_HIDDEN = 128
-#: Octets per element of the engines' dtypes.
+#: KVSP block size of engines A and B (``--block-tokens``): 8 of vLLM's 32-token blocks, the
+#: chunk LMCache uses (256 tokens), so that a prefix is 8x fewer FETCHes and records.
+DEFAULT_BLOCK_TOKENS = 256
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Samples:
 
 
 def check_round(prefix_tokens: int, answers: dict[str, dict[str, Any]], relay: dict[str, dict[str, float]],
-                kv_bytes: int | None = None) -> None:
+                kv_bytes: int | None = None, block_tokens: int = BLOCK_TOKENS) -> None:
     """What a round must show (module notes); RuntimeError names what did not. ``relay`` has
     the relay's counter increments during B's two KVSP requests (``kvsp``: FETCHes of every
     block, each upstream to A's holder; ``kvsp_warm_relay``: every block FETCHed again, none
@@ -117,8 +119,9 @@ def check_round(prefix_tokens: int, answers: dict[str, dict[str, Any]], relay: d
     where vLLM returned them (``bytes_moqt`` against ``kv_bytes`` where given): a request that
     ends in the step that loads its blocks (``max_tokens=1``) finishes before that step's
     counters reach the scheduler, so it has the scheduler's figures (``external_tokens``) only.
-    ``local_hit`` must be vLLM's own hit of every prefix block, nothing loaded."""
-    blocks = prefix_tokens // BLOCK_TOKENS
+    ``local_hit`` must be vLLM's own hit of every prefix block, nothing loaded. ``block_tokens``:
+    the KVSP block size (a block is one FETCH)."""
+    blocks = prefix_tokens // block_tokens
     published = kvsp_stats(answers["publish"]).get("blocks_published", 0)
     if published < blocks:
         raise RuntimeError(f"engine A published {published} blocks of the {blocks}-block prefix")
@@ -134,7 +137,7 @@ def check_round(prefix_tokens: int, answers: dict[str, dict[str, Any]], relay: d
         if seen.get("relay_fetches_total") != blocks or seen.get("relay_upstream_fetches_total", 0) != upstream:
             raise RuntimeError(f"{way}: the relay did not serve the {blocks} blocks ({upstream} upstream): {seen}")
     local = kvsp_stats(answers["local_hit"])
-    if local.get("local_blocks") != blocks or local.get("external_tokens", 0) or local.get("blocks_moqt", 0):
+    if local.get("local_tokens") != prefix_tokens or local.get("external_tokens", 0) or local.get("blocks_moqt", 0):
         raise RuntimeError(f"local_hit: not vLLM's own hit of the {blocks} prefix blocks: {local}")
     firsts = {way: answers[way]["token_ids"][:1] for way in answers}
     if len({tuple(t) for t in firsts.values()}) != 1:
@@ -229,7 +232,8 @@ class _Lmcache:
 
 
 def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geometry: str = "tiny",
-        model_dir: str | None = None, lmcache: bool = True, progress: Any = None) -> list[Figure]:
+        model_dir: str | None = None, lmcache: bool = True, block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        progress: Any = None) -> list[Figure]:
     """Start the plane and the engines, measure the direct rate, run a warm-up round and
     ``repeat`` timed rounds."""
     say = progress or (lambda message: None)
@@ -255,8 +259,10 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
         say(f"KV of the prefix: {prefix_tokens} tokens x {layers} layers x {per_token_layer} octets ({dtype}) = "
             f"{samples.kv_bytes} octets")
         max_len = prefix_tokens + 4 * BLOCK_TOKENS
-        a = plane.start_engine("engine A", plane.kvsp_spec(model, "engine-a", max_model_len=max_len, dtype=dtype))
-        b = plane.start_engine("engine B", plane.kvsp_spec(model, "engine-b", max_model_len=max_len, dtype=dtype))
+        a = plane.start_engine("engine A", plane.kvsp_spec(model, "engine-a", max_model_len=max_len, dtype=dtype,
+                                                           block_tokens=block_tokens))
+        b = plane.start_engine("engine B", plane.kvsp_spec(model, "engine-b", max_model_len=max_len, dtype=dtype,
+                                                           block_tokens=block_tokens))
         example = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                    "kv_connector_extra_config": {"shared_storage_path": str(plane.workdir / "example-kv")}}
         c = plane.start_engine("engine C", EngineSpec(str(model), block_size=BLOCK_TOKENS, max_model_len=max_len,
@@ -284,6 +290,8 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
             prompt = _fresh_prompt(1000 + n, prefix_tokens, vocab)
             # A's time is not measured: 2 tokens, so its publication counters come back (see check_round)
             answers = {"publish": plane.generate(a, prompt, 2)}
+            if not a.flush(30):  # A's background publications: at the IS before B asks
+                raise RuntimeError("engine A's publications did not complete within 30 s")
             relay: dict[str, dict[str, float]] = {}
             for way, salt in (("kvsp", None), ("kvsp_warm_relay", plane.scope_salt)):
                 before = plane.relay_stats()
@@ -294,7 +302,7 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
             answers["recompute"] = plane.generate(b, prompt, 1, kvsp=False)
             answers["example_connector_store"] = plane.generate(c, prompt, 1)
             answers["example_connector"] = plane.generate(c, prompt, 1, cache_salt=f"load-{n}")
-            check_round(prefix_tokens, answers, relay, samples.kv_bytes)
+            check_round(prefix_tokens, answers, relay, samples.kv_bytes, block_tokens)
             if lm is not None and lm.engine is not None:
                 try:
                     answers.update(lm.round(plane, prompt, answers["recompute"]["token_ids"][:1]))
@@ -302,9 +310,9 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
                     lm.fail(exc, say, samples)
             if n == 0:
                 octets = int(relay["kvsp"].get("relay_bytes_out_total", 0))
-                samples.details = {"blocks": prefix_tokens // BLOCK_TOKENS, "kv_bytes": samples.kv_bytes,
+                samples.details = {"blocks": prefix_tokens // block_tokens, "kv_bytes": samples.kv_bytes,
                                    "relay_bytes_out_per_load": octets}
-                say(f"warm-up round done: {prefix_tokens} prefix tokens = {prefix_tokens // BLOCK_TOKENS} blocks, "
+                say(f"warm-up round done: {prefix_tokens} prefix tokens = {prefix_tokens // block_tokens} KVSP blocks, "
                     f"{samples.kv_bytes} KV octets, {octets} octets out of the relay per load")
                 continue
             for way in WAYS + LMCACHE_WAYS:
@@ -313,7 +321,7 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
             say(f"round {n}/{repeat}: " + ", ".join(f"{w} {v[-1]:.1f} ms" for w, v in samples.ms.items() if v))
         params = {"model": "tiny-llama" if model_dir is None else str(model), "geometry": geometry if model_dir is None
                   else None, "hidden": shape.hidden if model_dir is None else None, "dtype": dtype,
-                  "layers": layers, "block_tokens": BLOCK_TOKENS, "relay": "cold (a fresh prefix each round)",
+                  "layers": layers, "block_tokens": block_tokens, "vllm_block_tokens": BLOCK_TOKENS, "relay": "cold (a fresh prefix each round)",
                   "lmcache": lm.status if lm is not None else lm_status}
         if lm is not None and lm.engine is not None:
             params["lmcache_chunk_tokens"] = lm.server.chunk
@@ -335,6 +343,10 @@ def register_arguments(q: argparse.ArgumentParser) -> None:
                         f"2 heads x 32")
     q.add_argument("--model-dir", metavar="DIR", default=None,
                    help="a local Hugging Face model directory instead of the tiny Llama (fp32)")
+    q.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="B",
+                   help=f"KVSP block size in tokens (the connector's block_tokens), a multiple of vLLM's "
+                        f"{BLOCK_TOKENS} (default {DEFAULT_BLOCK_TOKENS}: one FETCH per {DEFAULT_BLOCK_TOKENS} tokens, "
+                        f"LMCache's chunk); the prefix must be a multiple of it")
     q.add_argument("--no-lmcache", action="store_true",
                    help="leave LMCache's row out even where lmcache is installed")
 
@@ -344,9 +356,11 @@ def _progress(message: str) -> None:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    n = args.prefix_tokens
-    if n < BLOCK_TOKENS or n % BLOCK_TOKENS:
-        raise UsageError(f"--prefix-tokens must be a positive multiple of {BLOCK_TOKENS}")
+    n, b = args.prefix_tokens, args.block_tokens
+    if b < BLOCK_TOKENS or b % BLOCK_TOKENS:
+        raise UsageError(f"--block-tokens must be a positive multiple of vLLM's block size {BLOCK_TOKENS}")
+    if n < b or n % b:
+        raise UsageError(f"--prefix-tokens must be a positive multiple of --block-tokens ({b})")
     if args.repeat < 1:
         raise UsageError("--repeat must be >= 1")
     if args.geometry != "tiny" and args.model_dir is not None:
@@ -362,7 +376,7 @@ def cmd(args: argparse.Namespace) -> int:
     try:
         figs = run(prefix_tokens=n, repeat=args.repeat, hidden=args.hidden or DEFAULT_HIDDEN,
                    geometry=args.geometry, model_dir=args.model_dir, lmcache=not args.no_lmcache,
-                   progress=_progress)
+                   block_tokens=b, progress=_progress)
     except KeyboardInterrupt:
         _progress("interrupted: everything stopped, exit 130")
         return 130

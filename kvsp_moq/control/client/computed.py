@@ -1,4 +1,10 @@
-"""Publishing the complete blocks an instance computed (kvsp-draft §6.1, §6.7; binding v1).
+"""Publishing the complete blocks an engine computed (kvsp-draft §6.1, §6.7; binding v1).
+
+The one publisher of computed blocks: the instance's engine (``control.engine``) and the vLLM
+connector (``integrations.vllm``) both use it (DESIGN.md §9). A block arrives whole
+(:meth:`ComputedBlockPublisher.publish`, a container) or was written layer by layer into the
+store through the MoqtHolder's writer, each layer going to subscribers as computed, and is now
+sealed (:meth:`ComputedBlockPublisher.publish_written`).
 
 Each new block (a KVB1 container, codec raw, §4.3) goes, independently of the others:
 
@@ -26,16 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ...bridge import MoqtHolder
 from ...kvsp.records import ReplicaRecord
 from ...storage import BlockStore, RecordKey, ReplicaExists
-from ..client.publisher import IndexClient, ReplicaPublisher
 from ..common.clock import Clock, MonotonicClock
-from .counters import EngineCounters
+from .publisher import IndexClient, ReplicaPublisher
 
-__all__ = ["BlockStorer", "ComputedBlockPublisher"]
+__all__ = ["BlockStorer", "ComputedBlockPublisher", "PublicationCounters", "PublicationCounts"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,26 @@ class BlockStorer(Protocol):
         ...
 
 
+class PublicationCounters(Protocol):
+    """Where the publisher counts (the instance engine's ``EngineCounters``, or
+    :class:`PublicationCounts`)."""
+
+    published_store: int
+    published_holder: int
+    published_moqt: int
+    publish_errors: int
+
+
+@dataclass
+class PublicationCounts:
+    """:class:`PublicationCounters` on their own (the vLLM connector's)."""
+
+    published_store: int = 0
+    published_holder: int = 0
+    published_moqt: int = 0
+    publish_errors: int = 0
+
+
 class ComputedBlockPublisher:
     """Sends computed blocks to the destinations configured (see the module notes)."""
 
@@ -56,7 +83,7 @@ class ComputedBlockPublisher:
         self,
         *,
         store: BlockStore,
-        counters: EngineCounters,
+        counters: PublicationCounters,
         publisher: ReplicaPublisher | None = None,
         holder_url: str | None = None,
         storer: BlockStorer | None = None,
@@ -109,13 +136,27 @@ class ComputedBlockPublisher:
 
     async def publish(self, key: RecordKey, container: bytes) -> list[str]:
         """Publish one block; the destinations it reached."""
-        done: list[str] = []
         held = await self._store(key, container)
-        if held:
-            done.append("store")
+        return (["store"] if held else []) + await self._distribute(key, held, lambda: container)
+
+    async def publish_written(self, key: RecordKey) -> list[str]:
+        """Publish a block that reached the store through a writer (``MoqtHolder.begin``) and
+        is sealed: its store record, the HTTP holder (the container read back from the
+        store) and the ``moqt://`` record; the destinations it reached."""
+        self.counters.published_store += 1
+        await self._store_record(key)
+
+        def container() -> bytes:
+            return b"".join(bytes(chunk) for chunk in self.store.open_reader(key, touch=False))
+
+        return ["store"] + await self._distribute(key, True, container)
+
+    async def _distribute(self, key: RecordKey, held: bool, container: Callable[[], bytes]) -> list[str]:
+        """The HTTP holder and MOQT (records) of a block the store now holds (``held``)."""
+        done: list[str] = []
         if self.storer is not None and self.holder_url is not None:
             try:
-                if await self.storer.put_block(self.holder_url, key, container):
+                if await self.storer.put_block(self.holder_url, key, container()):
                     self.counters.published_holder += 1
                 done.append("holder")
             except Exception as exc:
@@ -124,7 +165,7 @@ class ComputedBlockPublisher:
         if held and self.moqt_holder is not None and self.moqt_records is not None and self.relay_url is not None:
             try:
                 self.moqt_holder.publish(key)
-                await self.moqt_holder.wait_announced()
+                await self.moqt_holder.wait_announced(self.index_timeout_s)
                 if not self.moqt_holder.is_announced(self.relay_url, key):
                     # Binding §10: the record names a relay that serves the replica; the
                     # refresh publishes it once the relay is attached and accepted it.
@@ -151,13 +192,17 @@ class ComputedBlockPublisher:
             log.warning("storing block %s failed: %s", key.block_key.hex()[:12], exc)
             return False
         self.counters.published_store += 1
+        await self._store_record(key)
+        return True
+
+    async def _store_record(self, key: RecordKey) -> None:
+        """The store's record of ``key`` (holder = the engine's URL) to the IS, bounded."""
         if self.publisher is not None:
             try:
                 await self._bounded(self.publisher, key)
             except Exception as exc:
                 self.counters.publish_errors += 1
                 log.warning("publishing the record of block %s failed: %s", key.block_key.hex()[:12], exc)
-        return True
 
     async def _bounded(self, publisher: ReplicaPublisher, key: RecordKey) -> ReplicaRecord | None:
         """``publisher.publish(key)`` within ``index_timeout_s``: an IS that does not answer
