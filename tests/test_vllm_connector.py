@@ -17,6 +17,7 @@ Skipped, with the reason, where vLLM is not installed (the ``vllm`` extra).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import random
 import threading
@@ -315,23 +316,19 @@ def test_a_tampered_layer_is_recomputed(cluster: LoopbackCluster, engines: tuple
         cluster.run(holder.close())
 
 
-def test_a_holder_that_stalls_mid_block_costs_a_bounded_wait_and_the_block_is_recomputed(
-        cluster: LoopbackCluster, engines: tuple[EngineProcess, EngineProcess], tmp_path: Any) -> None:
-    """A real MOQT holder process that sends layer 0 and half of layer 1, then nothing (no FIN,
-    no reset: tests/fault_moqt_peer.py ``stall:1``). B's asynchronous load of that block ends
-    at the MOQT idle bound (``moqt_timeout_ms``), nothing of it is placed, the block is reported
-    failed and recomputed: the output is right and the request did not wait for the holder."""
+@contextlib.contextmanager
+def stalled_holder(cluster: LoopbackCluster, compat: bytes, tokens: list[int], tmp_path: Any) -> Iterator[Any]:
+    """A real MOQT holder process serving the first block of ``tokens`` that sends layer 0 and
+    half of layer 1, then nothing (no FIN, no reset: tests/fault_moqt_peer.py ``stall:1``),
+    its record at the IS; yields its stdout (a line ``stalled`` once it stopped sending)."""
     import json
     import subprocess
     import sys
 
     from faults_support import peer_blocks
 
-    a, b = engines
-    p = prompt(12, 2 * B + 9)
-    compat = bytes.fromhex(kvsp(a.generate(prompt(7, 40), max_tokens=1))["compat_id"])
     store = BlockStore([HostTier(1 << 20)])
-    key, holder = random_block(store, cluster, compat, p)
+    key, holder = random_block(store, cluster, compat, tokens)
     blocks = tmp_path / "blocks.json"
     blocks.write_text(json.dumps({"blocks": peer_blocks(store, [key])}))
     peer = subprocess.Popen([sys.executable, "tests/fault_moqt_peer.py", "stall:1", str(cluster.tls.cert_file),
@@ -342,12 +339,7 @@ def test_a_holder_that_stalls_mid_block_costs_a_bounded_wait_and_the_block_is_re
         url = peer.stdout.readline().strip()  # its first line (the read ends if it exits)
         assert url.startswith("moqt://"), url
         cluster.run(cluster.index.publish(holder.replica_record(key, holder=url, ttl_ms=60_000)))
-        answer = b.generate(p, max_tokens=8)
-        assert peer.stdout.readline().startswith("stalled")  # it did send layer 0 and half of layer 1
-        stats = kvsp(answer)
-        assert stats["matched_blocks"] == 1 and stats["external_tokens"] == B
-        assert stats["blocks_failed"] == 1 and "blocks_moqt" not in stats
-        assert answer["token_ids"] == baseline(b, p)
+        yield peer.stdout
     finally:
         assert peer.stdin is not None
         peer.stdin.close()
@@ -356,6 +348,41 @@ def test_a_holder_that_stalls_mid_block_costs_a_bounded_wait_and_the_block_is_re
         except subprocess.TimeoutExpired:
             peer.kill()
             peer.wait(10)
+
+
+def test_a_holder_that_stalls_mid_block_costs_a_bounded_wait_and_the_block_is_recomputed(
+        cluster: LoopbackCluster, engines: tuple[EngineProcess, EngineProcess], tmp_path: Any) -> None:
+    """B's asynchronous load of a block from a stalled holder (``stalled_holder``) ends at the
+    MOQT idle bound (``moqt_timeout_ms``), nothing of it is placed, the block is reported
+    failed and recomputed: the output is right and the request did not wait for the holder."""
+    a, b = engines
+    p = prompt(12, 2 * B + 9)
+    compat = bytes.fromhex(kvsp(a.generate(prompt(7, 40), max_tokens=1))["compat_id"])
+    with stalled_holder(cluster, compat, p, tmp_path) as peer:
+        answer = b.generate(p, max_tokens=8)
+        assert peer.readline().startswith("stalled")  # it did send layer 0 and half of layer 1
+        stats = kvsp(answer)
+        assert stats["matched_blocks"] == 1 and stats["external_tokens"] == B
+        assert stats["blocks_failed"] == 1 and "blocks_moqt" not in stats
+        assert answer["token_ids"] == baseline(b, p)
+
+
+def test_a_request_waiting_for_its_kv_never_holds_the_others(
+        cluster: LoopbackCluster, engines: tuple[EngineProcess, EngineProcess], tmp_path: Any) -> None:
+    """Two requests in one batch on B: one loads a block from a stalled holder, the other
+    computes its prompt. The loading request waits outside the batch (vLLM's asynchronous
+    loads): the other one runs to its end before the first has its first token; then the
+    first's block is given up at the MOQT bound and recomputed, its output right."""
+    a, b = engines
+    p, other = prompt(13, 2 * B + 9), prompt(14, 2 * B + 9)
+    compat = bytes.fromhex(kvsp(a.generate(prompt(7, 40), max_tokens=1))["compat_id"])
+    with stalled_holder(cluster, compat, p, tmp_path):
+        waiting, running = b.batch([{"prompt_token_ids": p, "max_tokens": 4},
+                                    {"prompt_token_ids": other, "max_tokens": 4, "kv_transfer_params": {"kvsp": False}}])
+    assert running["finished_s"] < waiting["first_token_s"]  # it never waited for the other's KV
+    assert kvsp(waiting)["external_tokens"] == B and kvsp(waiting)["blocks_failed"] == 1
+    assert waiting["token_ids"] == baseline(b, p, max_tokens=4)
+    assert running["token_ids"] == baseline(b, other, max_tokens=4)
 
 
 def test_with_the_relay_down_blocks_come_over_http(cluster: LoopbackCluster,

@@ -574,3 +574,78 @@ def test_requests_whose_kv_block_keys_do_not_cover_share_nothing(tmp_path: Path)
         assert "plain" in scheduler._requests
     finally:
         scheduler.close()
+
+
+# -- the worker's publications run in the background, bounded --------------------------------------
+
+
+def _role(args: list[str], config: Path, banner: str) -> tuple[object, str]:
+    """A real ``kvsp`` role process on loopback and its URL (its first line)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "kvsp_moq", *args, "--listen", "127.0.0.1:0", "--config",
+                             str(config)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # its first line (the read ends, and this fails, if it exits)
+    assert line.startswith(banner), line
+    return proc, line.split()[-1]
+
+
+def test_publications_run_in_the_background_and_a_stalled_holder_never_holds_a_step(tmp_path: Path) -> None:
+    """Real ``kvsp index`` and ``kvsp holder`` processes; the holder stalled (SIGSTOP). A step
+    that saves a block returns with the block sealed (``blocks_published``: in the worker's
+    store, served over MOQT) while its HTTP PUT is still in flight (``flush`` says so); with
+    ``max_saves_in_flight`` = 1 the next block is kept but not PUT (``publish_dropped``).
+    Resumed (SIGCONT), the PUT completes and nothing failed."""
+    import os
+    import signal
+
+    from kvsp_moq.integrations.vllm.plan import BlockSave, RequestSave, StepPlan
+    from kvsp_moq.integrations.vllm.worker import WorkerSide
+    from kvsp_moq.kvsp.scope import scope_id
+
+    token = "publish-token-0123456789abcdef"
+    grants = f'[[principals]]\nname = "all"\ntoken = "{token}"\nscopes = ["*"]\nholders = ["*"]\ninstances = ["*"]\n'
+    (tmp_path / "index.toml").write_text('[index]\nbase_path = "/"\n\n' + grants)
+    index, index_url = _role(["index"], tmp_path / "index.toml", "kvsp index: listening on ")
+    procs = [index]
+    worker = None
+    try:
+        (tmp_path / "holder.toml").write_text(f'[holder]\nindex_url = "{index_url}"\nindex_token = "{token}"\n'
+                                              f'tiers = [{{kind = "host", capacity = 16777216}}]\n\n' + grants)
+        holder, holder_url = _role(["holder"], tmp_path / "holder.toml", "kvsp holder: listening on ")
+        procs.append(holder)
+        settings = ConnectorSettings.from_extra({
+            "index_url": index_url, "index_token": token, "holder_url": holder_url, "holder_token": token,
+            "scopes": {"a": KEY.hex()}, "default_scope": "a", "deadline_ms": 10_000, "max_saves_in_flight": 1})
+        model = EngineModel.of(_vllm_config(_model_dir(tmp_path / "model")))
+        worker = WorkerSide(settings, model.descriptor())
+        caches = {f"model.layers.{i}.self_attn.attn": torch.randn(BLOCKS, 4, 32, 64).to(torch.bfloat16) for i in range(4)}
+        worker.register_kv_caches(caches, "CPU_ATTN")
+        compat = compat_id(model.descriptor())
+        keys = block_keys(KEY, compat, list(range(3, 3 + 2 * 32)), 32)
+
+        def step(block: int) -> dict[str, dict[str, int]]:
+            plan = StepPlan(saves=[RequestSave(f"r{block}", scope_id(KEY), (compat,),
+                                               (BlockSave(block, (block,), (keys[block],)),))])
+            worker.start_load_kv(plan)
+            for name, cache in caches.items():
+                worker.save_kv_layer(name, cache, plan)
+            worker.wait_for_save()
+            return worker.take_counts()
+
+        os.kill(holder.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
+        assert step(0) == {"r0": {"blocks_published": 1}}  # sealed; its PUT waits on the stalled holder
+        assert not worker.flush(0.2)  # ... in the background: the step did not wait for it
+        assert step(1) == {"r1": {"blocks_published": 1, "publish_dropped": 1}}  # one in flight at most
+        os.kill(holder.pid, signal.SIGCONT)  # type: ignore[attr-defined]
+        assert worker.flush(30)
+        assert worker.take_counts() == {}  # the PUT went through: no publish_errors
+    finally:
+        if worker is not None:
+            worker.close()
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGCONT)  # type: ignore[attr-defined]
+            proc.terminate()  # type: ignore[attr-defined]
+            proc.wait(30)  # type: ignore[attr-defined]

@@ -398,12 +398,13 @@ class MoqtHolder:
     async def wait_announced(self, timeout: float | None = None) -> bool:
         """Wait until every pending PUBLISH_NAMESPACE to the relays was answered (at most
         ``timeout`` seconds: then False, the answers still pending)."""
-        try:
-            async with asyncio.timeout(timeout):
-                while self._tasks:
-                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        except TimeoutError:
-            return False
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._tasks:  # asyncio.wait, not gather: a timeout must leave them pending
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.wait(set(self._tasks), timeout=left)
         return True
 
     def is_announced(self, url: str, key: RecordKey) -> bool:

@@ -306,12 +306,13 @@ class Publications:
 
     async def flush(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until none is in flight; True when none is."""
-        try:
-            async with asyncio.timeout(timeout):
-                while self._tasks:
-                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        except TimeoutError:
-            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._tasks:  # asyncio.wait, not gather: a timeout must not cancel them
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.wait(set(self._tasks), timeout=left)
         return True
 
     async def close(self) -> None:

@@ -15,11 +15,12 @@ processes on CPU, block size 32):
 - **ExampleConnector**: vLLM's own reference connector (``ExampleConnector``: safetensors
   files on local disk, one per layer) in engine C: the round's first request computes and
   writes them, the second loads them;
-- **LMCache**, where ``lmcache`` is installed (``.lmcache``; ``--no-lmcache`` leaves it
-  out): LMCache's multi-process server, started by the bench, and vLLM's
-  ``LMCacheMPConnector`` in engine D (its prefix cache off): the round's first request computes
-  and stores, the second loads. The bench says "lmcache not installed" or "lmcache failed: why"
-  and goes on without the row.
+- **LMCache**, where ``lmcache`` and ``redis-server`` are installed (``.lmcache``;
+  ``--no-lmcache`` leaves it out): LMCache's multi-process server with a Redis L2 and its L1
+  skipped, both started by the bench, and vLLM's ``LMCacheMPConnector`` in engine D (its prefix
+  cache off): the round's first request computes and stores, the bench waits until the store is
+  in Redis only, the second loads it from Redis. The bench says "lmcache not installed",
+  "lmcache: redis-server not installed" or "lmcache failed: why" and goes on without the row.
 
 vLLM's own prefix cache is on in engines A, B and C (its default), so each request that must
 not be an engine's own hit carries a ``cache_salt`` (vLLM keys its cache on it): B's warm-relay
@@ -78,7 +79,7 @@ from ...demo.engines import (
 )
 from ...errors import UsageError
 from .direct import TOKEN_BYTES, DirectRate, direct_rate
-from .lmcache import LmcacheServer, check_lmcache, chunk_tokens, lmcache_missing
+from .lmcache import BACKEND, LmcacheServer, check_lmcache, check_redis_load, chunk_tokens, lmcache_missing, redis_missing
 
 __all__ = ["GEOMETRIES", "Samples", "check_round", "figures", "kv_bytes_per_token_layer", "register_arguments",
            "run"]
@@ -207,13 +208,16 @@ def _shape(geometry: str, hidden: int) -> TinyLlama:
 
 
 class _Lmcache:
-    """LMCache's server and engine D (None until started, and once they failed: module notes);
-    ``status`` goes into the figures' params."""
+    """LMCache's server (with its Redis L2) and engine D (None until started, and once they
+    failed: module notes); ``status`` goes into the figures' params, ``redis`` too: what Redis
+    did in each timed round (the keys the store added, LMCache's L1 objects when the load was
+    asked, the GETs Redis answered during the load)."""
 
     def __init__(self, server: LmcacheServer) -> None:
         self.server = server
         self.engine: EngineProcess | None = None
-        self.status = "LMCacheMPConnector"
+        self.status = f"LMCacheMPConnector, {BACKEND}"
+        self.redis: list[dict[str, int]] = []
 
     def fail(self, why: object, say: Any, samples: Samples) -> None:
         say(f"lmcache failed: {why}")
@@ -221,13 +225,24 @@ class _Lmcache:
         self.status = f"failed: {str(why).splitlines()[0][:200]}"
         for way in LMCACHE_WAYS:
             samples.ms[way].clear()
+        self.redis.clear()
 
     def round(self, plane: VllmPlane, prompt: list[int], first_token: list[int]) -> dict[str, dict[str, Any]]:
+        """Store, wait until it is in Redis only, load; the checks of the module notes."""
         assert self.engine is not None
-        before = len(self.server.retrieved())
-        answers = {way: plane.generate(self.engine, prompt, 1) for way in ("lmcache_store", "lmcache")}
-        got = self.server.wait_retrieved(before + 1)
+        server = self.server
+        before, counted = len(server.retrieved()), server.redis.counters()
+        answers = {"lmcache_store": plane.generate(self.engine, prompt, 1)}
+        l1_objects = server.wait_in_redis()  # as engine A's flush: the store done before the load
+        stored = server.redis.counters()
+        answers["lmcache"] = plane.generate(self.engine, prompt, 1)
+        loaded = server.redis.counters()
+        got = server.wait_retrieved(before + 1)
         check_lmcache(len(prompt) - TAIL_TOKENS, answers, got[before:], first_token)
+        evidence = {"stored_keys": stored["keys"] - counted["keys"], "l1_objects_at_load": l1_objects,
+                    "redis_gets_during_load": loaded["gets"] - stored["gets"]}
+        check_redis_load(evidence["stored_keys"], l1_objects, evidence["redis_gets_during_load"])
+        self.redis.append(evidence)
         return answers
 
 
@@ -241,10 +256,10 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
         server: LmcacheServer | None = None
         lm_status = "off (--no-lmcache)"
         if lmcache:
-            missing = lmcache_missing()
+            missing = lmcache_missing() or redis_missing()
             if missing:
                 say(missing)
-                lm_status = "not installed"
+                lm_status = "not installed" if lmcache_missing() else "redis-server not installed"
             else:
                 server = LmcacheServer(chunk_tokens(prefix_tokens, BLOCK_TOKENS), say)
                 stack.callback(server.close)  # after the engines (the plane closes first)
@@ -306,8 +321,11 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
             if lm is not None and lm.engine is not None:
                 try:
                     answers.update(lm.round(plane, prompt, answers["recompute"]["token_ids"][:1]))
-                except (RuntimeError, OSError) as exc:  # engine D died, or LMCache did not load
+                except (RuntimeError, OSError, RedisError) as exc:  # engine D died, LMCache did not load from Redis
                     lm.fail(exc, say, samples)
+                else:
+                    if n == 0:
+                        lm.redis.clear()  # the warm-up round's: untimed
             if n == 0:
                 octets = int(relay["kvsp"].get("relay_bytes_out_total", 0))
                 samples.details = {"blocks": prefix_tokens // block_tokens, "kv_bytes": samples.kv_bytes,
@@ -325,6 +343,7 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
                   "lmcache": lm.status if lm is not None else lm_status}
         if lm is not None and lm.engine is not None:
             params["lmcache_chunk_tokens"] = lm.server.chunk
+            params["lmcache_redis"] = lm.redis
         return figures(samples, params)
     raise AssertionError("unreachable")  # pragma: no cover (ExitStack swallows nothing)
 
