@@ -1,22 +1,35 @@
 """``kvsp bench vllm``'s figures and its per-round checks, without vLLM (the bench itself needs
 three or four engine processes, minutes on CI's 2 cores: it is run by hand, docs/benchmarks.md),
 its refusals of bad arguments (exit 2) before anything starts, the geometries' KV octets, and
-the LMCache server's failure path and log reading (without lmcache)."""
+the LMCache server's failure path and log reading (without lmcache), and, where lmcache is
+installed, the real LMCache server with its Redis L2 (a real redis-server), started and stopped
+without an engine."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
+import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_support import REDIS_SERVER
+from system_programs import require
 
 from kvsp_moq.cli import main
 from kvsp_moq.cli.bench.vllm import Samples, check_round, figures, kv_bytes_per_token_layer
 from kvsp_moq.cli.bench.vllm.direct import TOKEN_BYTES, DirectRate, direct_rate
-from kvsp_moq.cli.bench.vllm.lmcache import LmcacheServer, check_lmcache, chunk_tokens, lmcache_missing
+from kvsp_moq.cli.bench.vllm.lmcache import (
+    LmcacheServer,
+    check_lmcache,
+    check_redis_load,
+    chunk_tokens,
+    lmcache_missing,
+    redis_missing,
+)
 from kvsp_moq.cli.errors import UsageError
 from kvsp_moq.integrations.vllm.tiny_model import LLAMA3_8B_LAYERS, TinyLlama
 
@@ -146,17 +159,71 @@ def test_an_lmcache_round_counts_only_with_one_retrieval_of_the_prefix_and_the_r
     assert chunk_tokens(2048, 32) == 256 and chunk_tokens(1024, 32) == 256 and chunk_tokens(96, 32) == 32
 
 
+def test_an_lmcache_load_counts_only_where_redis_served_it() -> None:
+    check_redis_load(8, 0, 8)
+    check_redis_load(8, 0, 9)  # a GET more (a retry) is still Redis's load
+    for why, (stored, l1_objects, gets) in {"nothing stored in Redis": (0, 0, 0), "L1 still had it": (8, 8, 8),
+                                            "Redis not read": (8, 0, 0), "a chunk not read": (8, 0, 7)}.items():
+        with pytest.raises(RuntimeError):
+            check_redis_load(stored, l1_objects, gets)
+            pytest.fail(why)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def test_the_lmcache_server_s_failure_is_reported_and_nothing_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    require(REDIS_SERVER)  # the server's Redis L2 starts first
     said: list[str] = []
     server = LmcacheServer(256, said.append, module="kvsp_moq.no_such_module")
     with pytest.raises(RuntimeError, match="exited") as failed:
         server.start(timeout=60)
     assert "No module named" in str(failed.value)
+    redis = server.redis.process
+    assert redis is not None and redis.poll() is None  # its Redis had started
     server.close()
     assert not server.workdir.exists() and server.process is not None and server.process.returncode is not None
+    assert redis.returncode is not None and not _port_open(server.redis.port)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     missing = lmcache_missing()
     assert missing is not None and missing.startswith("lmcache not installed") and "--no-deps" in missing
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    missing = redis_missing()
+    assert missing is not None and missing.startswith("lmcache: redis-server not installed")
+    without = LmcacheServer(256, said.append)
+    with pytest.raises(RuntimeError, match="redis-server not installed"):
+        without.start(timeout=60)
+    without.close()
+    assert not without.workdir.exists() and without.process is None
+
+
+@pytest.mark.skipif(lmcache_missing() is not None, reason="lmcache not installed (optional: docs/vllm.md \"Benchmark\")")
+def test_the_lmcache_server_runs_over_its_own_redis_and_leaves_nothing() -> None:
+    require(REDIS_SERVER)
+    said: list[str] = []
+    server = LmcacheServer(256, said.append)
+    try:
+        server.start(timeout=120)
+        assert server.process is not None and server.process.poll() is None
+        redis = server.redis.process
+        assert redis is not None and redis.poll() is None
+        storage = server.status()["storage_manager"]
+        # its L2 is the RESP client on our Redis; nothing stored yet, nothing in L1
+        assert [a["type"] for a in storage["l2_adapters"]] == ["LMCacheRedisClient"]
+        assert storage["store_controller"]["num_active_adapters"] == 1
+        assert server.wait_in_redis(timeout=10) == 0
+        assert server.redis.counters() == {"keys": 0, "gets": 0}
+        log = server.tail(200)
+        assert "Created RESP L2 adapter: 127.0.0.1:%d" % server.redis.port in log
+        assert any("Redis L2" in line and "L1 skipped" in line for line in said)
+    finally:
+        server.close()
+    assert server.process.returncode is not None and redis.returncode is not None
+    assert not _port_open(server.redis.port) and not _port_open(server.port)
+    assert not server.workdir.exists()
 
 
 def test_the_lmcache_server_s_retrievals_are_read_from_its_log() -> None:

@@ -79,7 +79,15 @@ from ...demo.engines import (
 )
 from ...errors import UsageError
 from .direct import TOKEN_BYTES, DirectRate, direct_rate
-from .lmcache import BACKEND, LmcacheServer, check_lmcache, check_redis_load, chunk_tokens, lmcache_missing, redis_missing
+from .lmcache import (
+    BACKEND,
+    LmcacheServer,
+    check_lmcache,
+    check_redis_load,
+    chunk_tokens,
+    lmcache_missing,
+    redis_missing,
+)
 
 __all__ = ["GEOMETRIES", "Samples", "check_round", "figures", "kv_bytes_per_token_layer", "register_arguments",
            "run"]
@@ -210,8 +218,8 @@ def _shape(geometry: str, hidden: int) -> TinyLlama:
 class _Lmcache:
     """LMCache's server (with its Redis L2) and engine D (None until started, and once they
     failed: module notes); ``status`` goes into the figures' params, ``redis`` too: what Redis
-    did in each timed round (the keys the store added, LMCache's L1 objects when the load was
-    asked, the GETs Redis answered during the load)."""
+    did in each round, the warm-up round 0 included (the keys the store added, LMCache's L1
+    objects when the load was asked, the GETs Redis answered during the load)."""
 
     def __init__(self, server: LmcacheServer) -> None:
         self.server = server
@@ -239,7 +247,8 @@ class _Lmcache:
         loaded = server.redis.counters()
         got = server.wait_retrieved(before + 1)
         check_lmcache(len(prompt) - TAIL_TOKENS, answers, got[before:], first_token)
-        evidence = {"stored_keys": stored["keys"] - counted["keys"], "l1_objects_at_load": l1_objects,
+        evidence = {"round": len(self.redis), "stored_keys": stored["keys"] - counted["keys"],
+                    "l1_objects_at_load": l1_objects,
                     "redis_gets_during_load": loaded["gets"] - stored["gets"]}
         check_redis_load(evidence["stored_keys"], l1_objects, evidence["redis_gets_during_load"])
         self.redis.append(evidence)
@@ -321,11 +330,8 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
             if lm is not None and lm.engine is not None:
                 try:
                     answers.update(lm.round(plane, prompt, answers["recompute"]["token_ids"][:1]))
-                except (RuntimeError, OSError, RedisError) as exc:  # engine D died, LMCache did not load from Redis
+                except (RuntimeError, OSError) as exc:  # engine D died, or LMCache did not load (from Redis)
                     lm.fail(exc, say, samples)
-                else:
-                    if n == 0:
-                        lm.redis.clear()  # the warm-up round's: untimed
             if n == 0:
                 octets = int(relay["kvsp"].get("relay_bytes_out_total", 0))
                 samples.details = {"blocks": prefix_tokens // block_tokens, "kv_bytes": samples.kv_bytes,
@@ -337,10 +343,12 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
                 if way in answers:
                     samples.add(way, answers[way])
             say(f"round {n}/{repeat}: " + ", ".join(f"{w} {v[-1]:.1f} ms" for w, v in samples.ms.items() if v))
-        params = {"model": "tiny-llama" if model_dir is None else str(model), "geometry": geometry if model_dir is None
-                  else None, "hidden": shape.hidden if model_dir is None else None, "dtype": dtype,
-                  "layers": layers, "block_tokens": block_tokens, "vllm_block_tokens": BLOCK_TOKENS, "relay": "cold (a fresh prefix each round)",
-                  "lmcache": lm.status if lm is not None else lm_status}
+        params: dict[str, Any] = {
+            "model": "tiny-llama" if model_dir is None else str(model),
+            "geometry": geometry if model_dir is None else None,
+            "hidden": shape.hidden if model_dir is None else None, "dtype": dtype, "layers": layers,
+            "block_tokens": block_tokens, "vllm_block_tokens": BLOCK_TOKENS,
+            "relay": "cold (a fresh prefix each round)", "lmcache": lm.status if lm is not None else lm_status}
         if lm is not None and lm.engine is not None:
             params["lmcache_chunk_tokens"] = lm.server.chunk
             params["lmcache_redis"] = lm.redis

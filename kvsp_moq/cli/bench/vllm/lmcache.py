@@ -214,10 +214,14 @@ class RedisBackend:
         return self._client
 
     def counters(self) -> dict[str, int]:
-        """Its key count (``DBSIZE``) and the GETs it answered so far (``INFO commandstats``)."""
-        c = self.client()
-        stats: dict[str, Any] = c.info("commandstats")
-        return {"keys": int(c.dbsize()), "gets": int(stats.get("cmdstat_get", {}).get("calls", 0))}
+        """Its key count (``DBSIZE``) and the GETs it answered so far (``INFO commandstats``);
+        RuntimeError if it does not answer."""
+        try:
+            c = self.client()
+            stats: dict[str, Any] = c.info("commandstats")
+            return {"keys": int(c.dbsize()), "gets": int(stats.get("cmdstat_get", {}).get("calls", 0))}
+        except redis.RedisError as exc:
+            raise RuntimeError(f"its redis-server (port {self.port}) did not answer: {exc}") from None
 
     def tail(self, lines: int = 10) -> str:
         return "\n".join(_read(self._log, self.log_path).splitlines()[-lines:])
@@ -281,9 +285,13 @@ class LmcacheServer:
                           enable_prefix_caching=False, kv_transfer_config=config, env=dict(ENV))
 
     def status(self) -> dict[str, Any]:
-        """Its HTTP front end's ``/status`` (its L1, its store controller...)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status", timeout=5.0) as answer:
-            status: dict[str, Any] = json.load(answer)
+        """Its HTTP front end's ``/status`` (its L1, its store controller...); RuntimeError if
+        it does not answer with JSON."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status", timeout=5.0) as answer:
+                status: dict[str, Any] = json.load(answer)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"its server's /status did not answer: {exc}") from None
         return status
 
     def wait_in_redis(self, timeout: float = IN_REDIS_S) -> int:
