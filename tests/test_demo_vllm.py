@@ -127,6 +127,11 @@ def test_engine_b_loads_a_s_blocks_over_moqt_and_answers_the_same(demo: tuple[di
     assert went["load_ms"] == round(warm["elapsed_ms"] - local["elapsed_ms"], 3)
     assert went["recompute_ms"] == round(cold["elapsed_ms"] - local["elapsed_ms"], 3)
     assert ("did NOT help" in went["why"]) is not report["cache_helped"]
+    # What publishing cost A: its request, B's same request without the connector, and the
+    # background publications' time after it (measured, reported; not a speed assertion).
+    pub = report["publishing"]
+    assert pub["a_request_ms"] == published["elapsed_ms"] and pub["b_same_request_off_ms"] == off["elapsed_ms"]
+    assert pub["background_ms"] >= 0
 
 
 def test_progress_and_shutdown(demo: tuple[dict[str, Any], str, int]) -> None:

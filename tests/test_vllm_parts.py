@@ -147,6 +147,34 @@ def test_write_then_read_is_the_identity_and_touches_one_block(backend: str) -> 
     assert all(not a.any() and not b.any() for a, b in others)
 
 
+@pytest.mark.parametrize("backend", ["CPU_ATTN", "FLASH_ATTN", "OLD"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pages_move_in_one_copy_exactly_as_page_by_page(backend: str, dtype: torch.dtype) -> None:
+    """A KVSP block of several pages (``block_tokens``): ``write_pages``/``read_pages`` put the
+    block's tokens in the pages given, in that order (not consecutive ids), bit for bit as
+    ``write``/``read`` of each page would, and touch no other page."""
+    shape = (2, BLOCKS, N, H, D) if backend == "OLD" else (BLOCKS, H, N, 2 * D)
+    layout = layout_for(backend, shape, kv_heads=H, head_dim=D, block_tokens=N)
+    pages = [3, 0, 4]
+    source = torch.randn(shape).to(dtype)
+    k, v = layout.read_pages(source, pages)
+    assert k.shape == v.shape == (len(pages) * N, H, D) and k.flags.c_contiguous
+    for i, page in enumerate(pages):  # the same bits as page by page
+        one_k, one_v = layout.read(source, page)
+        np.testing.assert_array_equal(k[i * N:(i + 1) * N], one_k)
+        np.testing.assert_array_equal(v[i * N:(i + 1) * N], one_v)
+    target = torch.zeros(shape, dtype=dtype)
+    k.setflags(write=False)  # sink views are read-only
+    layout.write_pages(target, pages, k, v)
+    for page in range(BLOCKS):
+        got = layout.read(target, page)
+        want = layout.read(source, page) if page in pages else (np.zeros_like(got[0]), np.zeros_like(got[1]))
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(LayoutError):
+        layout.write_pages(target, pages, k[:N], v[:N])  # one page of sections for three pages
+
+
 def test_split_content_is_k_then_v_per_token() -> None:
     kv = torch.randn(BLOCKS, H, N, 2 * D)
     layout = layout_for("FLASH_ATTN", tuple(kv.shape), kv_heads=H, head_dim=D, block_tokens=N)

@@ -264,6 +264,10 @@ def _print_report(report: dict[str, Any]) -> None:
         print(f"  {r['request']:<34} hit {r['hit_tokens']:>4} tokens (+{r['local_hit_tokens']} vLLM's own), computed "
               f"{r['computed_tokens']:>4}, HTTP {k.get('blocks_http', 0)} blocks; {r['elapsed_ms']:.1f} ms for "
               f"{r['output_tokens']} tokens")
+    pub = report["publishing"]
+    print(f"  publishing (A)     {pub['a_request_ms']:.1f} ms for request 1 on A, which published as it computed "
+          f"(B computing it without the connector: {pub['b_same_request_off_ms']:.1f} ms); the HTTP copies and "
+          f"records done {pub['background_ms']:.1f} ms after, in the background")
     print(f"  MOQT via relay     {t['moqt']['blocks']} blocks, {t['moqt']['bytes']} KV bytes (the relay's counters)")
     print(f"  vLLM prefix cache  {t['vllm_prefix_cache']['blocks']} blocks (B's own, after it loaded them)")
     print(f"  HTTP               {t['http']['blocks']} blocks, {t['http']['bytes']} bytes")

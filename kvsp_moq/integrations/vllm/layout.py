@@ -15,8 +15,9 @@ per-layer view ``[num_blocks, kv_heads, block_size, C]``; what ``C`` holds is th
 kvsp-layout-1 is, per layer and block, a K section and a V section, each ``[tokens, kv_heads,
 head_dim]`` C-ordered little-endian (§4.3). :class:`PagedLayout` copies one block out
 (:meth:`~PagedLayout.read`: numpy arrays in that form, ready for ``BlockWriter.write_layer``)
-and in (:meth:`~PagedLayout.write`); these copies are the only work the connector does on
-vLLM's forward path.
+and in (:meth:`~PagedLayout.write`), or the pages of a KVSP block of several vLLM blocks in one
+indexed copy per section (:meth:`~PagedLayout.read_pages`, :meth:`~PagedLayout.write_pages`);
+these copies are the only work the connector does on vLLM's forward path.
 
 Bit-exact in every dtype (DESIGN.md §9): the elements move as integers of their size, never
 through a float conversion. Out, the paged tensor is viewed as ``int32``/``int16``/``uint8``
@@ -87,6 +88,51 @@ class PagedLayout:
                                   f"({size}-octet elements)")
             bits = np.require(src, requirements=("C", "W")).view(_NUMPY_BITS[size])
             dst.copy_(torch.from_numpy(bits).view(dst.dtype))
+
+
+    def _pages(self, kv: Any, block_ids: Any) -> tuple[Any, Any, Any]:
+        """(view, K index, V index): ``view[K index]`` is the K of pages ``block_ids`` as
+        ``[pages, kv_heads, tokens, head_dim]`` (HEAD_MAJOR_HALVES, SPLIT_CONTENT) or ``[pages,
+        tokens, kv_heads, head_dim]`` (KV_FIRST), readable and assignable in one indexed op."""
+        h, n, d = self.kv_heads, self.block_tokens, self.head_dim
+        if self.kind == HEAD_MAJOR_HALVES:
+            view = kv.view(kv.shape[0], h, 2, n, d)
+            return view, (block_ids, slice(None), 0), (block_ids, slice(None), 1)
+        if self.kind == SPLIT_CONTENT:
+            return kv, (block_ids, Ellipsis, slice(None, d)), (block_ids, Ellipsis, slice(d, None))
+        return kv, (0, block_ids), (1, block_ids)
+
+    def read_pages(self, kv: Any, block_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The K and V of pages ``block_ids``, in that order, as one kvsp-layout-1 section each
+        ``[pages x tokens, kv_heads, head_dim]`` (one gather per section, bit for bit)."""
+        import torch  # present: vLLM runs on it
+
+        view, k_at, v_at = self._pages(kv, torch.tensor(block_ids, device=kv.device))
+        out = []
+        for at in (k_at, v_at):
+            pages = view[at]
+            if self.kind != KV_FIRST:
+                pages = pages.permute(0, 2, 1, 3)
+            out.append(_host_bits(pages).reshape(len(block_ids) * self.block_tokens, self.kv_heads, self.head_dim))
+        return out[0], out[1]
+
+    def write_pages(self, kv: Any, block_ids: list[int], k: np.ndarray, v: np.ndarray) -> None:
+        """Pages ``block_ids`` from kvsp-layout-1 sections ``[pages x tokens, kv_heads,
+        head_dim]`` of the cache's element size (one indexed copy per section)."""
+        import torch  # present: vLLM runs on it
+
+        p, n, h, d = len(block_ids), self.block_tokens, self.kv_heads, self.head_dim
+        view, k_at, v_at = self._pages(kv, torch.tensor(block_ids, device=kv.device))
+        size = kv.element_size()
+        for at, src in ((k_at, k), (v_at, v)):
+            if src.shape != (p * n, h, d):
+                raise LayoutError(f"a section of shape {src.shape} is not {p} pages of this layout")
+            if src.dtype.itemsize != size:
+                raise LayoutError(f"a section of {src.dtype.itemsize}-octet elements for a cache of {kv.dtype} "
+                                  f"({size}-octet elements)")
+            bits = torch.from_numpy(np.require(src, requirements=("C", "W")).view(_NUMPY_BITS[size]))
+            pages = bits.view(kv.dtype).reshape(p, n, h, d).to(kv.device)
+            view[at] = pages if self.kind == KV_FIRST else pages.permute(0, 2, 1, 3)
 
 
 #: numpy integer dtype holding one element of each size (little-endian, as §4.3's sections are).

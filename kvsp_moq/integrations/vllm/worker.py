@@ -43,8 +43,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ...kvsp.layout import Geometry
 from ...storage import BlockWriter, RecordKey
 from .layout import PagedLayout, layout_for
@@ -285,19 +283,16 @@ class WorkerSide:
 
     def _write(self, cache: Any, block: Incoming, k: Any, v: Any) -> None:
         """One layer of a KVSP block (kvsp-layout-1, ``block_tokens`` tokens) into the pages
-        of the paged cache it fills."""
+        of the paged cache it fills (consecutive pages of the block: one indexed copy)."""
         assert self.layout is not None
-        n = self.page_tokens
-        for page, block_id in block.pages:
-            self.layout.write(cache, block_id, k[page * n:(page + 1) * n], v[page * n:(page + 1) * n])
+        n, first = self.page_tokens, block.pages[0][0]
+        end = first + len(block.pages)
+        self.layout.write_pages(cache, list(block.block_ids), k[first * n:end * n], v[first * n:end * n])
 
     def _read(self, cache: Any, block_ids: tuple[int, ...]) -> tuple[Any, Any]:
         """One layer of a KVSP block out of its pages (kvsp-layout-1 host arrays)."""
         assert self.layout is not None
-        if len(block_ids) == 1:
-            return self.layout.read(cache, block_ids[0])
-        pages = [self.layout.read(cache, block_id) for block_id in block_ids]
-        return np.concatenate([k for k, _ in pages]), np.concatenate([v for _, v in pages])
+        return self.layout.read_pages(cache, list(block_ids))
 
     @staticmethod
     def _count(counts: dict[str, dict[str, int]], blocks: list[Incoming]) -> set[str]:
