@@ -1,0 +1,104 @@
+"""QUIC v1 over ngtcp2 and GnuTLS in a network thread of its own (the C extension beside
+this stub; nq.h maps its sources).
+
+An :class:`Endpoint` is one UDP socket and one network thread that does every per-packet
+step. Python learns what happened by draining :meth:`Endpoint.events` when
+:meth:`Endpoint.fileno` (an eventfd) turns readable. Events are tuples, first element the
+kind; those of one connection come in order:
+
+``("established", conn, alpn, (peer_host, peer_port))``
+    Handshake complete (RFC 9001 §4.1.1); for a server also how a new connection appears.
+``("stream", conn, stream_id, data, fin)``
+    Stream bytes in order: everything received for the stream since the last drain, in one
+    ``bytes``. Flow-control credit for them is extended when they are handed over, so a
+    receiver that does not drain holds at most its windows (RFC 9000 §4).
+``("reset", conn, stream_id, code)``
+    The peer reset its side of a stream Python had seen (RESET_STREAM).
+``("stop_sending", conn, stream_id, code)``
+    The peer asked us to stop sending (STOP_SENDING); ngtcp2 0.12 reports it only once the
+    stream closes, so it comes after ngtcp2's RESET_STREAM is acknowledged (and, on a
+    bidirectional stream, after the receive side has ended too).
+``("datagram", conn, data)``
+    A DATAGRAM frame (RFC 9221); dropped past 1 MiB of undrained datagrams.
+``("acked", conn, stream_id, buffered_now)``
+    The stream's send buffer shrank (at most one per stream per drain).
+``("stream_limit", conn)``
+    The peer's stream limit grew: an ``open_stream`` refused with BlockingIOError may retry.
+``("closed", conn, code, reason, app, by_peer)``
+    The connection ended (the last event; the handle is invalid after it). A TLS failure is
+    ``0x100 + alert`` (RFC 9001 §4.8); an idle timeout is code 0, reason ``"idle timeout"``.
+
+Errors: an unknown or closing connection raises ConnectionError; a stream limit or a full
+datagram queue BlockingIOError; a closed endpoint, an unknown stream or an operation its
+state forbids ValueError.
+"""
+
+from typing import Any
+
+from typing_extensions import Buffer
+
+def version() -> dict[str, str]:
+    """``{"ngtcp2": ..., "gnutls": ...}``: the library versions in use."""
+
+class Endpoint:
+    def __init__(
+        self,
+        server: bool,
+        host: str,
+        port: int,
+        *,
+        alpns: list[str],
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        ca_file: str | None = None,
+        verify: bool = True,
+        cc: str = "bbr",
+        max_udp_payload: int = 1452,
+        idle_timeout_ms: int = 30000,
+        initial_max_data: int,
+        initial_max_stream_data: int,
+        initial_max_streams_bidi: int,
+        initial_max_streams_uni: int,
+        max_datagram_frame_size: int = 65535,
+        gso: bool = True,
+        gro: bool = True,
+        max_connections: int = 1024,
+    ) -> None:
+        """Bind a UDP socket (port 0: any) and start the network thread.
+
+        A server needs ``cert_file`` and ``key_file`` (PEM) and selects the first of its
+        ``alpns`` the client offers. A client verifies the server against ``ca_file`` (the
+        system's trust store when None) unless ``verify`` is False. ``cc``: reno, cubic,
+        bbr or bbr2. ``max_udp_payload`` (1200..65527): up to 1452 ngtcp2 probes the path
+        from 1200; beyond, the size is used as is. ``max_datagram_frame_size`` 0 offers no
+        DATAGRAM. ``max_connections`` bounds the connections of the endpoint."""
+    def local_address(self) -> tuple[str, int]: ...
+    def fileno(self) -> int:
+        """An eventfd, readable while events are pending."""
+    def events(self) -> list[tuple[Any, ...]]:
+        """Drain the event queue (and clear the eventfd)."""
+    def close(self) -> None:
+        """Close every connection (CONNECTION_CLOSE, NO_ERROR), stop the thread, free
+        everything. Idempotent."""
+    def connect(self, host: str, port: int, server_name: str) -> int:
+        """Start a connection (client endpoints); returns its handle."""
+    def open_stream(self, conn: int, uni: bool) -> int:
+        """A new stream's ID; BlockingIOError at the peer's stream limit."""
+    def send(self, conn: int, stream_id: int, data: Buffer, fin: bool = False) -> None:
+        """Queue a copy of ``data`` (and FIN); freed as the peer acknowledges it."""
+    def buffered(self, conn: int, stream_id: int) -> int:
+        """Bytes queued on the stream and not yet acknowledged."""
+    def reset_stream(self, conn: int, stream_id: int, code: int) -> None: ...
+    def stop_sending(self, conn: int, stream_id: int, code: int) -> None: ...
+    def send_datagram(self, conn: int, data: Buffer) -> None:
+        """ValueError when the peer offered no DATAGRAM or ``data`` exceeds
+        :meth:`max_datagram_payload`; BlockingIOError past 1 MiB queued."""
+    def close_connection(self, conn: int, code: int, reason: Buffer = b"",
+                         app: bool = True) -> None: ...
+    def stats(self, conn: int) -> dict[str, Any]:
+        """smoothed_rtt_ms, min_rtt_ms, latest_rtt_ms, cwnd, bytes_in_flight, pacing_rate
+        (bytes/s), delivery_rate, bytes_sent, bytes_received (UDP payload bytes),
+        packets_lost (packets carrying STREAM frames declared lost), max_udp_payload (the
+        path's, as probed), cc."""
+    def max_datagram_payload(self, conn: int) -> int:
+        """The largest datagram ``send_datagram`` takes now (0: the peer offered none)."""
