@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs, with apt-get, the Debian packages of the system programs the test suite starts
-# (listed with the tests that need them in .ci/system-packages.txt, beside this script) that are
-# missing here. Silent when there is nothing to do or all went well; on failure, says what and
+# Installs, with apt-get, the Debian packages of the system programs the test suite starts and
+# of the libraries the package's native QUIC backend builds against (listed with the tests that
+# need them in .ci/system-packages.txt, beside this script) that are missing here. It runs before
+# the pip install of the test command, so that the install builds the native extension. Silent when there is nothing to do or all went well; on failure, says what and
 # why on stderr and exits non-zero. Needs root, or sudo when not root. The README's test command
 # (and so .ci/run) runs it first.
 set -euo pipefail
@@ -11,7 +12,7 @@ list="$here/system-packages.txt"
 missing=()
 while read -r program package _tests; do
     case "$program" in ''|'#'*) continue ;; esac
-    [ -x "$program" ] || missing+=("$package")
+    [ -e "$program" ] || missing+=("$package")
 done <"$list"
 [ "${#missing[@]}" -eq 0 ] && exit 0
 

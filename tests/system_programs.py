@@ -1,4 +1,5 @@
-"""The system programs the suite starts itself (Debian's ``redis-server`` and ``chromium``),
+"""The system programs the suite starts itself (Debian's ``redis-server`` and ``chromium``) and
+the system libraries the package's native build needs (ngtcp2, GnuTLS: their headers),
 read from the one list of them, ``.ci/system-packages.txt`` (``$KVSP_SYSTEM_PROGRAMS`` names
 another list: the tests of this module's own rules use it).
 
@@ -35,7 +36,8 @@ class SystemProgram:
 
     @property
     def present(self) -> bool:
-        return os.access(self.path, os.X_OK)
+        # a program, or a file a build needs (a library's header): there is what counts
+        return os.path.exists(self.path)
 
     @property
     def reason(self) -> str:
@@ -85,5 +87,5 @@ def require(path: str) -> None:
             if under_ci():
                 pytest.fail(missing_failure(program), pytrace=False)
             pytest.skip(program.reason)
-    if not os.access(path, os.X_OK):
+    if not os.path.exists(path):
         pytest.fail(f"{path} is missing and not in {list_file()}: add it there", pytrace=False)
