@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -89,15 +94,41 @@ def start_engines(*specs: tuple[str, EngineSpec], logs: Any) -> list[EngineProce
 
 
 @pytest.fixture(scope="module")
-def engines(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProcess, EngineProcess]]:
+def is_forwarder(cluster: LoopbackCluster) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A TCP forwarder process to the cluster's IS (tests/tcp_forwarder.py): engine B reaches
+    the IS through it, so a test can stall B's IS (SIGSTOP) without stalling the test's."""
+    url = urlsplit(cluster.index_url)
+    proc = subprocess.Popen([sys.executable, "tests/tcp_forwarder.py", str(url.hostname), str(url.port)],
+                            cwd=str(ROOT), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()  # its first line (the read ends if it exits)
+        assert line.startswith("http://127.0.0.1:"), line
+        yield proc, line.rstrip("/") + url.path
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def engines(cluster: LoopbackCluster, is_forwarder: tuple[subprocess.Popen[str], str],
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProcess, EngineProcess]]:
     model = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), SHAPE)
-    extra = connector_extra_config(
-        index_url=cluster.index_url, relay_url=cluster.relay_url, holder_url=cluster.holder_url,
-        index_token=cluster.token, holder_token=cluster.token, moqt_token=cluster.token,
-        ca_file=str(cluster.tls.ca_file), scopes=SCOPES, default_scope="tenant-a", scope_salts=SCOPE_SALTS,
-        deadline_ms=20_000, moqt_timeout_ms=1_500)
-    spec = EngineSpec(str(model), block_size=B, dtype=DTYPE, kv_transfer_config=kv_transfer_config(extra))
-    a, b = start_engines(("engine A", spec), ("engine B", spec), logs=tmp_path_factory.mktemp("engine-logs"))
+    specs = []
+    for index_url in (cluster.index_url, is_forwarder[1]):  # A directly, B through the forwarder
+        extra = connector_extra_config(
+            index_url=index_url, relay_url=cluster.relay_url, holder_url=cluster.holder_url,
+            index_token=cluster.token, holder_token=cluster.token, moqt_token=cluster.token,
+            ca_file=str(cluster.tls.ca_file), scopes=SCOPES, default_scope="tenant-a", scope_salts=SCOPE_SALTS,
+            deadline_ms=20_000, moqt_timeout_ms=1_500)
+        specs.append(EngineSpec(str(model), block_size=B, dtype=DTYPE, kv_transfer_config=kv_transfer_config(extra)))
+    a, b = start_engines(("engine A", specs[0]), ("engine B", specs[1]), logs=tmp_path_factory.mktemp("engine-logs"))
     try:
         yield a, b
     finally:
@@ -383,6 +414,33 @@ def test_a_request_waiting_for_its_kv_never_holds_the_others(
     assert kvsp(waiting)["external_tokens"] == B and kvsp(waiting)["blocks_failed"] == 1
     assert waiting["token_ids"] == baseline(b, p, max_tokens=4)
     assert running["token_ids"] == baseline(b, other, max_tokens=4)
+
+
+def test_a_stalled_index_service_never_holds_the_engine(
+        engines: tuple[EngineProcess, EngineProcess], is_forwarder: tuple[subprocess.Popen[str], str]) -> None:
+    """B's way to the IS stalled (the forwarder process SIGSTOPped: connections open, nothing
+    answers). A request whose blocks A published waits for its lookup outside the batch, up to
+    ``deadline_ms``, then computes its prompt (no hit); a request beside it in the batch runs to
+    its end first. Both outputs are right; once resumed, B's lookups answer again."""
+    a, b = engines
+    p, other = prompt(15, 3 * B + 5), prompt(16, 2 * B + 3)
+    a.generate(p, max_tokens=2)
+    assert a.flush()
+    forwarder = is_forwarder[0]
+    os.kill(forwarder.pid, signal.SIGSTOP)
+    try:
+        waiting, running = b.batch([{"prompt_token_ids": p, "max_tokens": 4},
+                                    {"prompt_token_ids": other, "max_tokens": 4, "kv_transfer_params": {"kvsp": False}}])
+    finally:
+        os.kill(forwarder.pid, signal.SIGCONT)
+    assert running["finished_s"] < waiting["first_token_s"]  # the lookup never held the batch
+    assert kvsp(waiting)["external_tokens"] == 0 and kvsp(waiting)["matched_blocks"] == 0  # late: no hit
+    assert waiting["token_ids"] == baseline(b, p, max_tokens=4)
+    assert running["token_ids"] == baseline(b, other, max_tokens=4)
+    q = prompt(17, 2 * B + 3)
+    a.generate(q, max_tokens=2)
+    assert a.flush()
+    assert kvsp(b.generate(q, max_tokens=2))["external_tokens"] == 2 * B  # the IS answers B again
 
 
 def test_with_the_relay_down_blocks_come_over_http(cluster: LoopbackCluster,
