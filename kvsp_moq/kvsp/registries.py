@@ -3,7 +3,9 @@
 The draft creates three registries but does not list their initial contents in the text we
 have; the values here are ours and recorded in ``docs/decisions/0001-registries.md``.
 
-- "KVSP Codecs" (§11.2.2): ``raw`` = 0x0001 (kvsp-layout-1, §4.3).
+- "KVSP Codecs" (§11.2.2): ``raw`` = 0x0001 (kvsp-layout-1, §4.3); in the private-use range
+  0xFF00-0xFFFF until assigned, ``fp8-e4m3`` = 0xFF01, ``int8`` = 0xFF02 and ``zstd-planes``
+  = 0xFF03 (their section encodings: :mod:`kvsp_moq.kvsp.codecs`, docs/container.md "Codecs").
 - "KVSP Element Types" (§11.2.3): ``fp32``, ``fp16``, ``bf16``, ``fp8-e4m3``, ``fp8-e5m2``, ``int8``.
 - "KVSP Positional Encodings": ``rope``, ``alibi``, ``none`` with the parameter syntax
   ``name[;key=value]...`` (see :func:`parse_positional`).
@@ -30,7 +32,23 @@ class Codec:
 
 CODEC_RAW = Codec(0x0001, "raw", "uncompressed K and V sections in layout kvsp-layout-1 (§4.3)")
 
-CODECS: Mapping[int, Codec] = MappingProxyType({c.value: c for c in (CODEC_RAW,)})
+PRIVATE_USE_CODECS = range(0xFF00, 0x10000)
+"""Codec values for private use (RFC 8126 §4.1): ours until the registry assigns values."""
+
+CODEC_FP8_E4M3 = Codec(
+    0xFF01, "fp8-e4m3",
+    "fp8 e4m3fn codes with a float32 scale per 16-token group and KV head, K and V apart",
+)
+CODEC_INT8 = Codec(
+    0xFF02, "int8", "symmetric int8 codes with a float32 scale per 16-token group and KV head"
+)
+CODEC_ZSTD_PLANES = Codec(
+    0xFF03, "zstd-planes", "lossless: the elements' byte planes in one Zstandard frame"
+)
+
+CODECS: Mapping[int, Codec] = MappingProxyType(
+    {c.value: c for c in (CODEC_RAW, CODEC_FP8_E4M3, CODEC_INT8, CODEC_ZSTD_PLANES)}
+)
 CODECS_BY_NAME: Mapping[str, Codec] = MappingProxyType({c.name: c for c in CODECS.values()})
 
 

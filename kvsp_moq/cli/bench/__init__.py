@@ -37,6 +37,19 @@ def _container(args: argparse.Namespace) -> int:
     return 0
 
 
+def _codec(args: argparse.Namespace) -> int:
+    from ...bench import codec
+
+    if min(args.prompts, args.prompt_blocks, args.block_tokens, args.steps, args.new_tokens,
+           args.speed_blocks, args.repeat) < 1 or args.link_mbit <= 0 or args.outlier_scale <= 0:
+        raise UsageError("counts, --link-mbit and --outlier-scale must be positive")
+    report.emit(codec.run(prompt_count=args.prompts, prompt_blocks=args.prompt_blocks,
+                          block_tokens=args.block_tokens, steps=args.steps, new_tokens=args.new_tokens,
+                          speed_blocks=args.speed_blocks, repeat=args.repeat, link_mbit=args.link_mbit,
+                          outlier_scale=args.outlier_scale))
+    return 0
+
+
 def _moqt(args: argparse.Namespace) -> int:
     from ...bench import moqt
 
@@ -145,6 +158,21 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--layer-mib", type=int, default=1)
     q.add_argument("--repeat", type=int, default=5)
     q.set_defaults(handler=_container)
+    q = bsub.add_parser("codec", help="per codec: compression ratio, encode/decode MB/s per core, and "
+                                      "accuracy on the reference model (also with outlier K channels), "
+                                      "each vs codec raw")
+    q.add_argument("--prompts", type=int, default=32, help="prompts of the greedy-output figure")
+    q.add_argument("--prompt-blocks", type=int, default=2, help="coded blocks per prompt")
+    q.add_argument("--block-tokens", type=int, default=64)
+    q.add_argument("--steps", type=int, default=256, help="decode steps of the logit and top-1 figures")
+    q.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
+    q.add_argument("--speed-blocks", type=int, default=4, help="blocks of the ratio and MB/s sample")
+    q.add_argument("--repeat", type=int, default=3, help="timed runs per MB/s figure; the best is kept")
+    q.add_argument("--link-mbit", type=float, default=1000.0,
+                   help="the WAN link rate the MB/s figures' params compare with (Mbit/s)")
+    q.add_argument("--outlier-scale", type=float, default=16.0,
+                   help="how much larger the outlier model's K outlier channels are")
+    q.set_defaults(handler=_codec)
     q = bsub.add_parser("moqt", help="MOQT publisher -> subscriber MB/s and first-object time vs TCP")
     q.add_argument("--block-mib", type=int, default=32)
     q.add_argument("--datagram-size", type=int, action="append", metavar="BYTES",

@@ -45,6 +45,7 @@ from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_
 from ...control.common.tls import TlsConfig
 from ...kvsp.layout import Geometry, decode_raw_layer
 from ...kvsp.records import ReplicaRecord
+from ...kvsp.registries import CODEC_RAW
 from ...pubsub import MoqtSession
 from ...sinks import LayerFailed, NumpySink
 from ...storage import BlockStore, BlockWriter, HostTier, RecordKey, ReplicaExists
@@ -166,12 +167,18 @@ class Incoming:
 
 
 def _records(raw: Sequence[Mapping[str, object]]) -> list[ReplicaRecord]:
+    """The records that parse and whose replicas are in codec raw: the connector places raw
+    kvsp-layout-1 sections only (a coded replica is not a source for it; docs/container.md
+    "Codecs")."""
     out = []
     for obj in raw:
         try:
-            out.append(ReplicaRecord.from_json(dict(obj)))
+            record = ReplicaRecord.from_json(dict(obj))
         except Exception as exc:  # a record the IS sent that does not parse: not a source
             log.warning("KVSP: skipping an invalid replica record: %s", exc)
+            continue
+        if record.codec == CODEC_RAW.value:
+            out.append(record)
     return out
 
 
