@@ -44,17 +44,27 @@ def test_the_command_installs_the_programs_and_peers_before_pytest() -> None:
 
 def test_the_list_names_every_module_that_starts_a_program() -> None:
     """Each listed module exists, and every test module that starts a listed program (its path
-    in the module, or in a helper module it imports) is listed for it."""
+    in the module, or in a helper module it imports) is listed for it; the files the native
+    extension builds from are listed for every module that tests that extension (imports
+    ``kvsp_moq.transport.native``)."""
     programs = system_programs.load(system_programs.DEFAULT_LIST)
-    assert {p.package for p in programs} == {"redis-server", "chromium"}
+    build = {"pkg-config", "libngtcp2-dev", "libngtcp2-crypto-gnutls-dev", "libgnutls28-dev"}
+    assert {p.package for p in programs} == {"redis-server", "chromium"} | build
     sources = {path.name: path.read_text() for path in TESTS.glob("*.py")}
+    native_tests = {name for name, text in sources.items() if name.startswith("test_")
+                    and re.search(r"^from kvsp_moq\.transport import native\b", text, re.M)}
     for program in programs:
         assert program.modules <= sources.keys(), program.modules - sources.keys()
+        if program.package in build:
+            assert program.modules == native_tests, (program.path, program.modules ^ native_tests)
+            continue
         helpers = {name.removesuffix(".py") for name, text in sources.items()
                    if not name.startswith("test_") and program.path in text}
+        # A module that checks the program per test (system_programs.require) need not be listed.
         starters = {name for name, text in sources.items() if name.startswith("test_") and (
             program.path in text
-            or any(re.search(rf"^(from|import) {h}\b", text, re.M) for h in helpers))}
+            or any(re.search(rf"^(from|import) {h}\b", text, re.M) for h in helpers))
+            and not re.search(r"^from system_programs import .*\brequire\b", text, re.M)}
         assert starters == program.modules, (program.path, starters ^ program.modules)
 
 
