@@ -18,6 +18,9 @@ for a protocol object above it (the sans-IO MOQT session) and knows nothing of w
 * :mod:`.webtransport` — WebTransport sessions over HTTP/3 on any backend (``https://``).
 * :mod:`.aiopquic.backend` — picoquic through aiopquic (Python >= 3.12): not sans-IO, so it
   implements the interface on aiopquic's own asyncio API instead of the engine.
+* :mod:`.native.backend` — ngtcp2 and GnuTLS in our C extension (:mod:`.native`, built where
+  the Debian packages are installed), its own network thread per endpoint; the interface
+  on the extension's events, without the engine.
 
 ``connect`` and ``serve`` pick the backend named by ``config.backend`` (default
 ``$KVSP_QUIC_BACKEND`` or ``"aioquic"``). See docs/transport.md.
@@ -83,9 +86,9 @@ __all__ = [
 ]
 
 
-#: backend name -> (our module, the package it needs)
+#: backend name -> (our module, the package it needs; native: the extension, checked apart)
 _MODULES = {"aioquic": ("aioquic_backend", "aioquic"), "qh3": ("qh3_backend", "qh3"),
-            "aiopquic": ("aiopquic.backend", "aiopquic")}
+            "aiopquic": ("aiopquic.backend", "aiopquic"), "native": ("native.backend", "")}
 
 
 def load_backend(name: str) -> Backend:
@@ -95,6 +98,14 @@ def load_backend(name: str) -> Backend:
     if name not in _MODULES:
         raise ValueError(f"unknown transport backend {name!r}; known: {BACKENDS}")
     module, package = _MODULES[name]
+    if name == "native":
+        from .native import unavailable_reason
+        from .native.unavailable import NativeUnavailableError
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise NativeUnavailableError(reason)
+        return importlib.import_module(f"{__name__}.{module}")  # an ImportError now is a bug
     try:
         return importlib.import_module(f"{__name__}.{module}")
     except ImportError as exc:

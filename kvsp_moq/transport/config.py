@@ -53,6 +53,21 @@ def _aiopquic_importable() -> bool:
 if _aiopquic_importable():
     BACKENDS += ("aiopquic",)
 
+
+def _native_available() -> bool:
+    """Whether the native backend's C extension (``kvsp_moq.transport.native._ngtcp2``) is
+    built here and its libraries load (importing it loads libngtcp2 and GnuTLS, ~4 ms)."""
+    from .native import available
+
+    return available()
+
+
+#: ``native`` (QUIC on ngtcp2 and GnuTLS in a C extension with its own network thread,
+#: built by setup.py where Debian's libngtcp2-dev, libngtcp2-crypto-gnutls-dev and
+#: libgnutls28-dev are installed) is a backend only where its extension is built.
+if _native_available():
+    BACKENDS += ("native",)
+
 #: Environment variable naming the default backend when ``TransportConfig.backend`` is not
 #: given (unset or empty: ``"aioquic"``).
 BACKEND_ENV = "KVSP_QUIC_BACKEND"
@@ -66,8 +81,10 @@ PathLike = str | os.PathLike[str]
 class TransportConfig:
     """How to set up QUIC connections. One instance may serve many connections."""
 
-    #: QUIC library behind the interface: ``"aioquic"``, ``"qh3"`` or, on Python >= 3.12 with
-    #: aiopquic installed, ``"aiopquic"`` (see :data:`BACKENDS`).
+    #: QUIC library behind the interface: ``"aioquic"``, ``"qh3"``, on Python >= 3.12 with
+    #: aiopquic installed ``"aiopquic"``, and where its C extension is built ``"native"``
+    #: (ngtcp2; elsewhere the name raises ``native.unavailable.NativeUnavailableError``, a
+    #: ValueError and a BackendUnavailableError naming the packages; see :data:`BACKENDS`).
     #: Default: ``$KVSP_QUIC_BACKEND`` if set, else ``"aioquic"``. The single switch: the
     #: CLI and benchmarks set this field. A backend whose package is missing fails in
     #: ``connect``/``serve`` with :class:`~kvsp_moq.transport.api.BackendUnavailableError`.
@@ -131,7 +148,8 @@ class TransportConfig:
     #: a model of the path's bandwidth and RTT, paced, random loss below 2 % per round trip
     #: not read as congestion; docs/transport.md "Congestion control"). qh3's Rust core has
     #: one built-in controller that cannot be chosen: leave None (a name is rejected).
-    #: aiopquic: picoquic's names (None: ``"bbr1"``).
+    #: aiopquic: picoquic's names (None: ``"bbr1"``). native: ngtcp2's ``"reno"``,
+    #: ``"cubic"``, ``"bbr"`` or ``"bbr2"`` (None: ``"bbr"``).
     congestion_control_algorithm: str | None = None
     #: Bidirectional streams the peer may have open at once on a connection: the
     #: initial_max_streams_bidi transport parameter (RFC 9000 §4.6, §18.2), kept at that many
@@ -211,9 +229,15 @@ class TransportConfig:
     ``probe_datagram_size`` (bool, default False: its path-MTU discovery, client only);
     aiopquic reads ``pmtud`` (``"basic"``, ``"delayed"`` or ``"blocked"``: picoquic's path-MTU
     discovery, which sets its packet size) and ``stream_ring_cap`` (bytes of one stream's
-    send ring, default 1 MiB); see docs/transport.md "aiopquic"."""
+    send ring, default 1 MiB); see docs/transport.md "aiopquic". native reads
+    ``max_connections`` (a server's bound, default 1024; docs/transport.md "native")."""
 
     def __post_init__(self) -> None:
+        if self.backend == "native" and self.backend not in BACKENDS:
+            from .native import unavailable_reason
+            from .native.unavailable import NativeUnavailableError
+
+            raise NativeUnavailableError(unavailable_reason() or "not built")
         if self.backend not in BACKENDS:
             hint = ("; 'aiopquic' needs Python >= 3.12 and pip install 'kvsp-moq[aiopquic]'"
                     if self.backend == "aiopquic" else "")

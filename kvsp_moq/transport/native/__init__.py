@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["available", "unavailable_reason"]
+__all__ = ["available", "extension", "unavailable_reason"]
 
 _HINT = ("the native QUIC backend was not built: install libngtcp2-dev "
          "libngtcp2-crypto-gnutls-dev libgnutls28-dev and reinstall (pip install -e .)")
@@ -37,3 +37,13 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why the extension cannot be used (None when it can)."""
     return _load()[1]
+
+
+def extension() -> ModuleType:
+    """The extension module (``_ngtcp2``, as ``_ngtcp2.pyi`` describes it): what the backend
+    (:mod:`.backend`) builds on. ImportError, with :func:`unavailable_reason`, where it
+    cannot be loaded."""
+    module, reason = _load()
+    if module is None:
+        raise ImportError(reason, name=f"{__name__}._ngtcp2")
+    return module

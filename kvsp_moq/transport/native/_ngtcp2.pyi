@@ -24,6 +24,9 @@ kind; those of one connection come in order:
     The stream's send buffer shrank (at most one per stream per drain).
 ``("stream_limit", conn)``
     The peer's stream limit grew: an ``open_stream`` refused with BlockingIOError may retry.
+``("pong", conn, n)``
+    The PING of :meth:`Endpoint.ping` number ``n`` (and every earlier one) was answered: a
+    packet sent with it or after it was acknowledged.
 ``("closed", conn, code, reason, app, by_peer)``
     The connection ended (the last event; the handle is invalid after it). A TLS failure is
     ``0x100 + alert`` (RFC 9001 §4.8); an idle timeout is code 0, reason ``"idle timeout"``.
@@ -63,15 +66,19 @@ class Endpoint:
         gso: bool = True,
         gro: bool = True,
         max_connections: int = 1024,
+        reuse_port: bool = False,
     ) -> None:
         """Bind a UDP socket (port 0: any) and start the network thread.
 
         A server needs ``cert_file`` and ``key_file`` (PEM) and selects the first of its
         ``alpns`` the client offers. A client verifies the server against ``ca_file`` (the
         system's trust store when None) unless ``verify`` is False. ``cc``: reno, cubic,
-        bbr or bbr2. ``max_udp_payload`` (1200..65527): up to 1452 ngtcp2 probes the path
-        from 1200; beyond, the size is used as is. ``max_datagram_frame_size`` 0 offers no
-        DATAGRAM. ``max_connections`` bounds the connections of the endpoint."""
+        bbr or bbr2. ``max_udp_payload`` (1200..65527): below 1452 ngtcp2 probes the path
+        from 1200 (in its steps 1232, 1342, 1406, 1444); from 1452, the size is used as is.
+        ``max_datagram_frame_size`` 0 offers no DATAGRAM. ``max_connections`` bounds the
+        connections of the endpoint. ``reuse_port``: bind with SO_REUSEPORT, so several
+        endpoints (processes) may share the port, the kernel spreading peers over them by
+        address."""
     def local_address(self) -> tuple[str, int]: ...
     def fileno(self) -> int:
         """An eventfd, readable while events are pending."""
@@ -96,9 +103,15 @@ class Endpoint:
     def close_connection(self, conn: int, code: int, reason: Buffer = b"",
                          app: bool = True) -> None: ...
     def stats(self, conn: int) -> dict[str, Any]:
-        """smoothed_rtt_ms, min_rtt_ms, latest_rtt_ms, cwnd, bytes_in_flight, pacing_rate
-        (bytes/s), delivery_rate, bytes_sent, bytes_received (UDP payload bytes),
-        packets_lost (packets carrying STREAM frames declared lost), max_udp_payload (the
-        path's, as probed), cc."""
+        """smoothed_rtt_ms, min_rtt_ms, latest_rtt_ms, pto_ms (RFC 9002 §6.2), cwnd,
+        bytes_in_flight, pacing_rate (bytes/s), delivery_rate, bytes_sent, bytes_received
+        (UDP payload bytes), packets_lost (packets carrying STREAM frames declared lost),
+        max_udp_payload (the path's, as probed), cc. Also during the closing or draining
+        period after the ``closed`` event, while the extension keeps the connection."""
     def max_datagram_payload(self, conn: int) -> int:
         """The largest datagram ``send_datagram`` takes now (0: the peer offered none)."""
+    def ping(self, conn: int) -> int:
+        """Send a PING (RFC 9000 §19.2) with the next packet; returns its number, which a
+        ``("pong", conn, n)`` event with ``n`` at least as large answers. ngtcp2 0.12 reports
+        no acknowledgement of a PING: the answer is the acknowledgement of a packet sent with
+        it or after it, or nothing left in flight. A peer that answers nothing gets no pong."""

@@ -19,7 +19,7 @@
 
 static const char *const EVENT_NAMES[] = {
     "established", "stream", "reset", "stop_sending", "datagram", "acked", "stream_limit",
-    "closed",
+    "closed", "pong",
 };
 #define NQ_NEVENTS (sizeof(EVENT_NAMES) / sizeof(EVENT_NAMES[0]))
 
@@ -193,6 +193,8 @@ static PyObject *event_tuple(module_state *st, const nq_event *ev) {
     return Py_BuildValue("(OKKNNN)", name, conn, (unsigned long long)ev->code,
                          text_from(&ev->data), PyBool_FromLong(ev->app),
                          PyBool_FromLong(ev->by_peer));
+  case NQ_EV_PONG:
+    return Py_BuildValue("(OKK)", name, conn, (unsigned long long)ev->code);
   }
   PyErr_SetString(PyExc_SystemError, "unknown event");
   return NULL;
@@ -291,8 +293,9 @@ static PyObject *Endpoint_new(PyTypeObject *type, PyObject *args, PyObject *kwds
                            "ca_file", "verify", "cc", "max_udp_payload", "idle_timeout_ms",
                            "initial_max_data", "initial_max_stream_data",
                            "initial_max_streams_bidi", "initial_max_streams_uni",
-                           "max_datagram_frame_size", "gso", "gro", "max_connections", NULL};
-  int server, verify = 1, gso = 1, gro = 1;
+                           "max_datagram_frame_size", "gso", "gro", "max_connections",
+                           "reuse_port", NULL};
+  int server, verify = 1, gso = 1, gro = 1, reuse_port = 0;
   const char *host, *cert = NULL, *key = NULL, *ca = NULL, *cc = "bbr";
   long long port, udp = 1452, idle = 30000, data = -1, sdata = -1, bidi = -1, uni = -1;
   long long dgram = 65535, maxconn = 1024;
@@ -302,9 +305,10 @@ static PyObject *Endpoint_new(PyTypeObject *type, PyObject *args, PyObject *kwds
   nq_config cfg;
   char err[256] = "";
   EndpointObject *self;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "psL|$OzzzpsLLLLLLLLppL", kwlist, &server, &host,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "psL|$OzzzpsLLLLLLLppLp", kwlist, &server, &host,
                                    &port, &alpns, &cert, &key, &ca, &verify, &cc, &udp, &idle,
-                                   &data, &sdata, &bidi, &uni, &dgram, &gso, &gro, &maxconn) ||
+                                   &data, &sdata, &bidi, &uni, &dgram, &gso, &gro, &maxconn,
+                                   &reuse_port) ||
       check_config(port, udp, idle, data, sdata, bidi, uni, dgram, maxconn) != 0) {
     return NULL;
   }
@@ -321,6 +325,7 @@ static PyObject *Endpoint_new(PyTypeObject *type, PyObject *args, PyObject *kwds
   cfg.initial_max_streams_uni = (uint64_t)uni;
   cfg.max_datagram_frame_size = (uint64_t)dgram;
   cfg.max_connections = (size_t)maxconn;
+  cfg.reuse_port = reuse_port;
   cfg.log = getenv("KVSP_NQ_LOG") != NULL;
   self = (EndpointObject *)type->tp_alloc(type, 0);
   if (self == NULL) {
@@ -594,6 +599,17 @@ static PyObject *Endpoint_max_datagram_payload(EndpointObject *self, PyObject *a
   return rv == NQ_OK ? PyLong_FromSize_t(n) : raise_nq(rv, conn, -1);
 }
 
+static PyObject *Endpoint_ping(EndpointObject *self, PyObject *args) {
+  uint64_t conn, seq = 0;
+  int rv;
+  if (!PyArg_ParseTuple(args, "O&", conv_varint, &conn) || ep_enter(self) < 0) {
+    return NULL;
+  }
+  rv = nq_api_ping(self->ep, conn, &seq);
+  ep_leave_wake(self);
+  return rv == NQ_OK ? PyLong_FromUnsignedLongLong(seq) : raise_nq(rv, conn, -1);
+}
+
 static const char *cc_name(ngtcp2_cc_algo cc) {
   for (size_t i = 0; i < sizeof(CC_ALGOS) / sizeof(CC_ALGOS[0]); ++i) {
     if (CC_ALGOS[i] == cc) {
@@ -616,8 +632,9 @@ static PyObject *Endpoint_stats(EndpointObject *self, PyObject *args) {
     return raise_nq(rv, conn, -1);
   }
   return Py_BuildValue(
-      "{sdsdsdsKsKsdsKsKsKsKsnss}", "smoothed_rtt_ms", s.smoothed_rtt_ms, "min_rtt_ms",
-      s.min_rtt_ms, "latest_rtt_ms", s.latest_rtt_ms, "cwnd", (unsigned long long)s.cwnd,
+      "{sdsdsdsdsKsKsdsKsKsKsKsnss}", "smoothed_rtt_ms", s.smoothed_rtt_ms, "min_rtt_ms",
+      s.min_rtt_ms, "latest_rtt_ms", s.latest_rtt_ms, "pto_ms", s.pto_ms, "cwnd",
+      (unsigned long long)s.cwnd,
       "bytes_in_flight", (unsigned long long)s.bytes_in_flight, "pacing_rate", s.pacing_rate,
       "delivery_rate", (unsigned long long)s.delivery_rate, "bytes_sent",
       (unsigned long long)s.bytes_sent, "bytes_received", (unsigned long long)s.bytes_recv,
@@ -641,6 +658,7 @@ static PyMethodDef Endpoint_methods[] = {
      METH_VARARGS | METH_KEYWORDS, NULL},
     {"max_datagram_payload", (PyCFunction)Endpoint_max_datagram_payload, METH_VARARGS, NULL},
     {"stats", (PyCFunction)Endpoint_stats, METH_VARARGS, NULL},
+    {"ping", (PyCFunction)Endpoint_ping, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

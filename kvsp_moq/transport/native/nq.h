@@ -167,6 +167,7 @@ typedef enum nq_event_type {
   NQ_EV_ACKED,
   NQ_EV_STREAM_LIMIT,
   NQ_EV_CLOSED,
+  NQ_EV_PONG,
 } nq_event_type;
 
 struct nq_stream;
@@ -176,7 +177,7 @@ typedef struct nq_event {
   nq_event_type type;
   uint64_t conn;              /* the connection's handle */
   int64_t stream_id;
-  uint64_t code;              /* RESET, STOP_SENDING, CLOSED */
+  uint64_t code;              /* RESET, STOP_SENDING, CLOSED; PONG: the ping's number */
   uint64_t buffered;          /* ACKED: filled in when the queue is detached */
   struct nq_stream *stream;   /* STREAM, ACKED: the live stream this event still collects for */
   nq_bytes data;              /* STREAM, DATAGRAM payload; CLOSED reason; ESTABLISHED ALPN */
@@ -197,6 +198,7 @@ int nq_emit_acked(struct nq_stream *s);
 int nq_emit_stream_limit(struct nq_conn *c);
 int nq_emit_closed(struct nq_conn *c, uint64_t code, const uint8_t *reason, size_t reasonlen,
                    int app, int by_peer);
+int nq_emit_pong(struct nq_conn *c, uint64_t seq);
 void nq_events_forget_stream(struct nq_stream *s);
 nq_event *nq_events_detach(struct nq_endpoint *ep);
 void nq_events_free_list(nq_event *ev);
@@ -272,6 +274,10 @@ typedef struct nq_conn {
   /* Remote streams closed while Python still had their events: MAX_STREAMS credit to grant
    * when it drains them (RFC 9000 §4.6). */
   uint64_t grant_bidi, grant_uni;
+  /* PING (Endpoint.ping), numbered requests: the latest one requested, the one whose packet
+   * went out (at ping_ts) and the last one acknowledged (nq_conn.c, nq_write.c). */
+  uint64_t ping_requested, ping_sent, ping_acked;
+  ngtcp2_tstamp ping_ts;
   /* Statistics. */
   uint64_t bytes_sent, bytes_recv, stream_pkts_lost;
 } nq_conn;
@@ -361,8 +367,8 @@ typedef struct nq_udp {
 typedef void (*nq_datagram_cb)(void *arg, const struct sockaddr *from, socklen_t fromlen,
                                const uint8_t *data, size_t len);
 
-int nq_udp_open(nq_udp *u, const char *host, int port, int gso, int gro, char *err,
-                size_t errlen);
+int nq_udp_open(nq_udp *u, const char *host, int port, int gso, int gro, int reuse_port,
+                char *err, size_t errlen);
 void nq_udp_close(nq_udp *u);
 int nq_udp_recv_batch(nq_udp *u, nq_datagram_cb cb, void *arg);
 void nq_udp_send(nq_udp *u, const struct sockaddr *to, socklen_t tolen, const uint8_t *data,
@@ -381,6 +387,7 @@ typedef struct nq_config {
   uint64_t initial_max_streams_uni;
   uint64_t max_datagram_frame_size;
   size_t max_connections;
+  int reuse_port; /* SO_REUSEPORT: several endpoints (processes) share the port */
   int log; /* ngtcp2's debug log on stderr ($KVSP_NQ_LOG) */
 } nq_config;
 
@@ -436,10 +443,11 @@ int nq_api_send_datagram(nq_endpoint *ep, uint64_t conn, const uint8_t *data, si
 int nq_api_close_connection(nq_endpoint *ep, uint64_t conn, uint64_t code,
                             const uint8_t *reason, size_t reasonlen, int app);
 int nq_api_max_datagram_payload(nq_endpoint *ep, uint64_t conn, size_t *out);
+int nq_api_ping(nq_endpoint *ep, uint64_t conn, uint64_t *seq);
 void nq_api_credit(nq_endpoint *ep, const nq_event *drained);
 
 typedef struct nq_stats {
-  double smoothed_rtt_ms, min_rtt_ms, latest_rtt_ms, pacing_rate;
+  double smoothed_rtt_ms, min_rtt_ms, latest_rtt_ms, pto_ms, pacing_rate;
   uint64_t cwnd, bytes_in_flight, bytes_sent, bytes_recv, stream_pkts_lost, delivery_rate;
   size_t max_udp_payload;
   ngtcp2_cc_algo cc;

@@ -202,6 +202,18 @@ int nq_api_close_connection(nq_endpoint *ep, uint64_t conn, uint64_t code,
   return nq_conn_request_close(c, code, app, reason, reasonlen) == 0 ? NQ_OK : NQ_ENOMEM;
 }
 
+/* PING (RFC 9000 §19.2): number a request; the next packets carry a PING (nq_write.c) and a
+ * PONG event with this number (or a later one) follows its acknowledgement (nq_conn.c). */
+int nq_api_ping(nq_endpoint *ep, uint64_t conn, uint64_t *seq) {
+  nq_conn *c = usable_conn(ep, conn);
+  if (c == NULL) {
+    return NQ_ENOCONN;
+  }
+  *seq = ++c->ping_requested;
+  c->want_write = 1;
+  return NQ_OK;
+}
+
 int nq_api_max_datagram_payload(nq_endpoint *ep, uint64_t conn, size_t *out) {
   nq_conn *c = usable_conn(ep, conn);
   if (c == NULL) {
@@ -240,6 +252,7 @@ int nq_api_stats(nq_endpoint *ep, uint64_t conn, nq_stats *out) {
   out->smoothed_rtt_ms = (double)cs.smoothed_rtt / NGTCP2_MILLISECONDS;
   out->min_rtt_ms = cs.min_rtt == UINT64_MAX ? 0.0 : (double)cs.min_rtt / NGTCP2_MILLISECONDS;
   out->latest_rtt_ms = (double)cs.latest_rtt / NGTCP2_MILLISECONDS;
+  out->pto_ms = (double)ngtcp2_conn_get_pto(c->qc) / NGTCP2_MILLISECONDS;
   out->pacing_rate = cs.pacing_rate * NGTCP2_SECONDS; /* ngtcp2: bytes per nanosecond */
   out->cwnd = cs.cwnd;
   out->bytes_in_flight = cs.bytes_in_flight;

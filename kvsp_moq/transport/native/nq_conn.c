@@ -117,10 +117,12 @@ static void settings_init(const nq_endpoint *ep, ngtcp2_settings *s, ngtcp2_tsta
   s->initial_ts = ts;
   s->cc_algo = ep->cfg.cc;
   s->max_tx_udp_payload_size = ep->cfg.max_udp_payload;
-  /* Up to 1452 bytes, ngtcp2 starts at 1200 and probes the path (DPLPMTUD, RFC 9000 §14.3);
-   * beyond, the configured size is taken as what the path carries. */
+  /* Below 1452 bytes, ngtcp2 starts at 1200 and probes the path (DPLPMTUD, RFC 9000 §14.3,
+   * in ngtcp2's fixed steps: 1406, 1342, 1232, 1444); from 1452 (what a 1500-byte MTU
+   * carries over IPv4 and IPv6, and more than any of those steps reaches) the configured size
+   * is taken as what the path carries, as the other backends take max_datagram_size. */
   s->no_tx_udp_payload_size_shaping =
-      ep->cfg.max_udp_payload > NGTCP2_MAX_PMTUD_UDP_PAYLOAD_SIZE;
+      ep->cfg.max_udp_payload >= NGTCP2_MAX_PMTUD_UDP_PAYLOAD_SIZE;
   s->handshake_timeout = NQ_HANDSHAKE_TIMEOUT;
   s->log_printf = ep->cfg.log ? log_printf : NULL;
 }
@@ -297,11 +299,29 @@ void nq_conn_free(nq_conn *c) {
   conn_discard(c);
 }
 
+/* Was the outstanding PING acknowledged by the packet just read at ts? ngtcp2 0.12 reports no
+ * acknowledgement of a PING, so: yes when nothing is in flight any more (the PING counted in
+ * bytes in flight until then), or when the packet gave a new RTT sample whose packet was
+ * sent at or after the PING (ngtcp2 takes latest_rtt = ts - the largest newly acknowledged
+ * packet's send time, RFC 9002 §5.1): the peer acknowledged something sent after the ping. */
+static void check_ping(nq_conn *c, const ngtcp2_conn_stat *before, ngtcp2_tstamp ts) {
+  ngtcp2_conn_stat cs;
+  int sample;
+  ngtcp2_conn_get_conn_stat(c->qc, &cs);
+  sample = cs.latest_rtt != before->latest_rtt && cs.latest_rtt <= ts &&
+           ts - cs.latest_rtt >= c->ping_ts;
+  if (cs.bytes_in_flight == 0 || sample) {
+    c->ping_acked = c->ping_sent;
+    (void)nq_emit_pong(c, c->ping_acked);
+  }
+}
+
 /* A datagram for this connection (RFC 9000 §12.2: possibly several coalesced packets). */
 void nq_conn_on_packet(nq_conn *c, const struct sockaddr *remote, socklen_t remotelen,
                        const uint8_t *pkt, size_t len, ngtcp2_tstamp ts) {
   ngtcp2_path path;
   ngtcp2_pkt_info pi;
+  ngtcp2_conn_stat before;
   int rv;
   if (c->state == NQ_CLOSING) {
     nq_conn_repeat_close(c);
@@ -313,10 +333,16 @@ void nq_conn_on_packet(nq_conn *c, const struct sockaddr *remote, socklen_t remo
   memset(&pi, 0, sizeof(pi));
   path = path_of(c->ep, remote, remotelen);
   c->bytes_recv += len;
+  if (c->ping_sent > c->ping_acked) {
+    ngtcp2_conn_get_conn_stat(c->qc, &before);
+  }
   rv = ngtcp2_conn_read_pkt(c->qc, &path, &pi, pkt, len, ts);
   if (rv != 0) {
     nq_conn_on_read_error(c, rv, ts);
     return;
+  }
+  if (c->ping_sent > c->ping_acked) {
+    check_ping(c, &before, ts);
   }
   c->want_write = 1;
 }

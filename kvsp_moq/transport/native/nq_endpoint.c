@@ -242,7 +242,7 @@ static int endpoint_init(nq_endpoint *ep, const char *host, int port,
     snprintf(err, errlen, "out of memory");
     return -1;
   }
-  return nq_udp_open(&ep->udp, host, port, gso, gro, err, errlen);
+  return nq_udp_open(&ep->udp, host, port, gso, gro, ep->cfg.reuse_port, err, errlen);
 }
 
 nq_endpoint *nq_endpoint_new(const nq_config *cfg, const char *host, int port,

@@ -198,6 +198,16 @@ int nq_emit_closed(nq_conn *c, uint64_t code, const uint8_t *reason, size_t reas
   return 0;
 }
 
+/* A ping's packet (or one sent after it) was acknowledged: requests up to seq are answered. */
+int nq_emit_pong(nq_conn *c, uint64_t seq) {
+  nq_event *ev = event_new(c, NQ_EV_PONG);
+  if (ev == NULL) {
+    return -1;
+  }
+  ev->code = seq;
+  return push_control(c, ev);
+}
+
 /* The stream goes away: its queued events keep their bytes but stop collecting. */
 void nq_events_forget_stream(nq_stream *s) {
   if (s->rx_ev != NULL) {

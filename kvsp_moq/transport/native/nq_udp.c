@@ -64,11 +64,17 @@ static int enable_gro(int fd) {
   return setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
 }
 
-static int open_bound(const struct addrinfo *ai, char *err, size_t errlen) {
+static int open_bound(const struct addrinfo *ai, int reuse_port, char *err, size_t errlen) {
   struct timeval tv = {0, NQ_SEND_TIMEOUT_US};
+  int one = 1;
   int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
   if (fd < 0) {
     snprintf(err, errlen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  if (reuse_port && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+    snprintf(err, errlen, "SO_REUSEPORT: %s", strerror(errno));
+    close(fd);
     return -1;
   }
   set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF);
@@ -83,8 +89,8 @@ static int open_bound(const struct addrinfo *ai, char *err, size_t errlen) {
   return fd;
 }
 
-int nq_udp_open(nq_udp *u, const char *host, int port, int gso, int gro, char *err,
-                size_t errlen) {
+int nq_udp_open(nq_udp *u, const char *host, int port, int gso, int gro, int reuse_port,
+                char *err, size_t errlen) {
   struct addrinfo hints, *res = NULL;
   char portstr[16];
   int rv;
@@ -100,7 +106,7 @@ int nq_udp_open(nq_udp *u, const char *host, int port, int gso, int gro, char *e
     snprintf(err, errlen, "cannot resolve %s: %s", host, gai_strerror(rv));
     return -1;
   }
-  u->fd = open_bound(res, err, errlen);
+  u->fd = open_bound(res, reuse_port, err, errlen);
   freeaddrinfo(res);
   if (u->fd < 0) {
     return -1;

@@ -161,6 +161,56 @@ static ngtcp2_ssize write_packet(nq_conn *c, ngtcp2_path *path, uint8_t *dest, s
   }
 }
 
+/* PING (nq_api_ping). ngtcp2 0.12 has no call to send one, so a requested ping is answered by
+ * the first ack-eliciting packet sent after the request: nq_conn.c waits for the
+ * acknowledgement of a packet sent at or after ping_ts. When a write sends nothing
+ * ack-eliciting (no stream data, no datagram: only ACKs, or nothing), ping_send writes one
+ * more packet with a PING in it: ngtcp2 puts a PING into an otherwise empty packet once its
+ * keep-alive timer has expired, and a 1 ns timeout, a nanosecond after the last packet,
+ * expires it for that packet only (0 turns the timer off again). */
+static int ping_wanted(const nq_conn *c) {
+  return c->ping_requested > c->ping_sent && c->state == NQ_OPEN;
+}
+
+static uint64_t bytes_in_flight(nq_conn *c) {
+  ngtcp2_conn_stat cs;
+  ngtcp2_conn_get_conn_stat(c->qc, &cs);
+  return cs.bytes_in_flight;
+}
+
+static void ping_sent(nq_conn *c, ngtcp2_tstamp ts) {
+  c->ping_sent = c->ping_requested;
+  c->ping_ts = ts;
+}
+
+/* After a write at *ts that began with inflight bytes in flight. Returns -1 when the
+ * connection failed (closed). */
+static int ping_send(nq_conn *c, batch *b, uint64_t inflight, ngtcp2_tstamp *ts) {
+  ngtcp2_path_storage ps;
+  ngtcp2_tstamp now = nq_now();
+  ngtcp2_ssize n;
+  if (bytes_in_flight(c) > inflight) {
+    ping_sent(c, *ts); /* this write sent something ack-eliciting */
+    return 0;
+  }
+  now = now > *ts ? now : *ts + 1;
+  ngtcp2_path_storage_zero(&ps);
+  ngtcp2_conn_set_keep_alive_timeout(c->qc, 1);
+  n = write_packet(c, &ps.path, c->ep->txbuf + b->len, c->ep->cfg.max_udp_payload, now);
+  ngtcp2_conn_set_keep_alive_timeout(c->qc, 0);
+  if (n < 0) {
+    batch_flush(c, b);
+    nq_conn_close_liberr(c, (int)n, now);
+    return -1;
+  }
+  if (n > 0) { /* else nothing may be sent now (pacing, congestion): the next write retries */
+    batch_add(c, b, &ps.path, (size_t)n);
+    ping_sent(c, now);
+    *ts = now;
+  }
+  return 0;
+}
+
 /* Send what c may send now. Returns 1 when it stopped at the send quantum with more to
  * send (the network thread comes back at once), else 0. */
 int nq_conn_write(nq_conn *c, ngtcp2_tstamp ts) {
@@ -168,6 +218,8 @@ int nq_conn_write(nq_conn *c, ngtcp2_tstamp ts) {
   size_t quantum = ngtcp2_conn_get_send_quantum(c->qc) / destlen;
   size_t npkts = 0;
   batch b;
+  int ping;
+  uint64_t inflight = 0;
   if (c->state != NQ_HANDSHAKING && c->state != NQ_OPEN) {
     return 0;
   }
@@ -176,6 +228,10 @@ int nq_conn_write(nq_conn *c, ngtcp2_tstamp ts) {
     quantum = 1;
   }
   c->want_write = 0;
+  ping = ping_wanted(c);
+  if (ping) {
+    inflight = bytes_in_flight(c);
+  }
   for (;;) {
     ngtcp2_path_storage ps;
     ngtcp2_ssize n;
@@ -191,11 +247,17 @@ int nq_conn_write(nq_conn *c, ngtcp2_tstamp ts) {
     }
     batch_add(c, &b, &ps.path, (size_t)n);
     if (++npkts == quantum) {
+      if (ping && ping_send(c, &b, inflight, &ts) != 0) {
+        return 0;
+      }
       batch_flush(c, &b);
       ngtcp2_conn_update_pkt_tx_time(c->qc, ts);
       c->want_write = 1;
       return 1;
     }
+  }
+  if (ping && ping_send(c, &b, inflight, &ts) != 0) {
+    return 0;
   }
   batch_flush(c, &b);
   ngtcp2_conn_update_pkt_tx_time(c->qc, ts);
