@@ -93,6 +93,18 @@ def start_engines(*specs: tuple[str, EngineSpec], logs: Any) -> list[EngineProce
     return engines
 
 
+def end_child(proc: subprocess.Popen[str]) -> None:
+    """End a helper process of these tests: its stdin closed (its way to exit), then killed
+    if it is still there 30 s later."""
+    assert proc.stdin is not None
+    proc.stdin.close()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 @pytest.fixture(scope="module")
 def is_forwarder(cluster: LoopbackCluster) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A TCP forwarder process to the cluster's IS (tests/tcp_forwarder.py): engine B reaches
@@ -107,13 +119,7 @@ def is_forwarder(cluster: LoopbackCluster) -> Iterator[tuple[subprocess.Popen[st
         yield proc, line.rstrip("/") + url.path
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        end_child(proc)
 
 
 @pytest.fixture(scope="module")
@@ -353,8 +359,6 @@ def stalled_holder(cluster: LoopbackCluster, compat: bytes, tokens: list[int], t
     half of layer 1, then nothing (no FIN, no reset: tests/fault_moqt_peer.py ``stall:1``),
     its record at the IS; yields its stdout (a line ``stalled`` once it stopped sending)."""
     import json
-    import subprocess
-    import sys
 
     from faults_support import peer_blocks
 
@@ -372,13 +376,7 @@ def stalled_holder(cluster: LoopbackCluster, compat: bytes, tokens: list[int], t
         cluster.run(cluster.index.publish(holder.replica_record(key, holder=url, ttl_ms=60_000)))
         yield peer.stdout
     finally:
-        assert peer.stdin is not None
-        peer.stdin.close()
-        try:
-            peer.wait(30)
-        except subprocess.TimeoutExpired:
-            peer.kill()
-            peer.wait(10)
+        end_child(peer)
 
 
 def test_a_holder_that_stalls_mid_block_costs_a_bounded_wait_and_the_block_is_recomputed(

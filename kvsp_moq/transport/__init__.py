@@ -8,6 +8,7 @@ for a protocol object above it (the sans-IO MOQT session) and knows nothing of w
 * :mod:`.config` — :class:`TransportConfig`.
 * :mod:`.url` — ``moqt://`` URLs.
 * :mod:`.tls` — self-signed development certificates.
+* :mod:`.tls_files` — PEM material written to private files, for libraries that read paths.
 * :mod:`.loop` — ``run`` / ``new_event_loop`` with uvloop where available.
 * :mod:`.engine` — the one implementation of the interface on a sans-IO QUIC connection
   with aioquic's API, parametrized by a :class:`~.engine.QuicLibrary`.

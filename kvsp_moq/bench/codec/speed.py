@@ -9,8 +9,7 @@ decoded. The raw baseline copies those octets once (the least any codec's output
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +18,7 @@ from ...kvsp.codecs import decode_layer, encode_layer
 from ...kvsp.codecs.elements import from_float32
 from ...kvsp.layout import Geometry
 from ...model import ModelConfig
+from ..report import best_seconds
 from .accuracy import prompts, reference_model
 
 __all__ = ["SPEED_CONFIG", "Speed", "measure", "sample_layers"]
@@ -64,16 +64,6 @@ def sample_layers(blocks: int, block_tokens: int, config: ModelConfig = SPEED_CO
     return layers, geometry
 
 
-def _best(run: Callable[[], object], repeat: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def measure(codec: str, layers: Sequence[tuple[np.ndarray, np.ndarray]], geometry: Geometry,
             repeat: int) -> Speed:
     """Encode then decode every layer of the sample with ``codec`` (best of ``repeat``); the
@@ -82,13 +72,13 @@ def measure(codec: str, layers: Sequence[tuple[np.ndarray, np.ndarray]], geometr
     raw_bytes = sum(k.nbytes + v.nbytes for k, v in layers)
     if codec == "raw":  # the baseline: the section octets copied once, and back
         sections = [(k.tobytes(), v.tobytes()) for k, v in layers]
-        encode_s = _best(lambda: [(k.tobytes(), v.tobytes()) for k, v in layers], repeat)
-        decode_s = _best(lambda: [tuple(np.array(a) for a in decode_layer("raw", k, v, geometry, tokens))
+        encode_s = best_seconds(lambda: [(k.tobytes(), v.tobytes()) for k, v in layers], repeat)
+        decode_s = best_seconds(lambda: [tuple(np.array(a) for a in decode_layer("raw", k, v, geometry, tokens))
                                   for k, v in sections], repeat)
         return Speed(raw_bytes, raw_bytes, encode_s, decode_s)
     coded = [encode_layer(codec, k, v, geometry, tokens) for k, v in layers]
-    encode_s = _best(lambda: [encode_layer(codec, k, v, geometry, tokens) for k, v in layers], repeat)
-    decode_s = _best(lambda: [decode_layer(codec, k, v, geometry, tokens) for k, v in coded], repeat)
+    encode_s = best_seconds(lambda: [encode_layer(codec, k, v, geometry, tokens) for k, v in layers], repeat)
+    decode_s = best_seconds(lambda: [decode_layer(codec, k, v, geometry, tokens) for k, v in coded], repeat)
     for (k, v), (ks, vs) in zip(layers, coded, strict=True):
         dk, dv = decode_layer(codec, ks, vs, geometry, tokens)
         if dk.shape != k.shape or (codec == "zstd-planes" and not (np.array_equal(dk, k) and np.array_equal(dv, v))):

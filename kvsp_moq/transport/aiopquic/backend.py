@@ -32,7 +32,8 @@ if not _SUPPORTED:  # pragma: no cover - depends on the interpreter
 import asyncio  # noqa: E402
 import socket  # noqa: E402
 
-from .config import TlsFiles, quic_configuration, stream_ring_cap  # noqa: E402
+from .config import quic_configuration, stream_ring_cap  # noqa: E402
+from ..tls_files import TlsFiles  # noqa: E402
 from .connection import AiopquicConnection  # noqa: E402
 from .server import AiopquicServer, serve  # noqa: E402
 from .stack import StackConnection, StackProtocol  # noqa: E402
@@ -49,7 +50,7 @@ async def connect(url: str | MoqtUrl, handler_factory: HandlerFactory,
     see :func:`kvsp_moq.transport.connect`."""
     target = parse_moqt_url(url) if isinstance(url, str) else url
     loop = asyncio.get_running_loop()
-    files = TlsFiles()
+    files = TlsFiles("kvsp-aiopquic-")
     try:
         qconf = quic_configuration(config, is_client=True, files=files,
                                    server_name=config.server_name or target.host)

@@ -27,17 +27,15 @@ What picoquic does not let us set, and what happens instead:
 
 from __future__ import annotations
 
-import os
-import shutil
 import ssl
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .stack import QuicConfiguration
 from ..config import TransportConfig
+from ..tls_files import TlsFiles
 
-__all__ = ["DATAGRAM_CEILING", "DEFAULT_STREAM_RING", "TlsFiles", "quic_configuration",
+__all__ = ["DATAGRAM_CEILING", "DEFAULT_STREAM_RING", "quic_configuration",
            "stream_ring_cap"]
 
 #: aiopquic's per-datagram payload cap: the size picoquic admits without consulting the live
@@ -49,27 +47,6 @@ DEFAULT_STREAM_RING = 1 << 20
 #: The datagram send ring of a connection (records waiting for a packet). Full: the datagram
 #: is dropped, as a full socket buffer would drop it (RFC 9221 §5: DATAGRAM is unreliable).
 _DATAGRAM_RING = 256 * 1024
-
-
-class TlsFiles:
-    """A private temporary directory for PEM material picoquic must read from files."""
-
-    def __init__(self) -> None:
-        self._dir: Path | None = None
-
-    def write(self, name: str, data: bytes) -> str:
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="kvsp-aiopquic-"))  # mode 0700
-        path = self._dir / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fp:
-            fp.write(data)
-        return str(path)
-
-    def cleanup(self) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
 
 
 def stream_ring_cap(config: TransportConfig) -> int:

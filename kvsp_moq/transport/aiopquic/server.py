@@ -19,7 +19,8 @@ import logging
 import socket
 from typing import Any
 
-from .config import TlsFiles, quic_configuration, stream_ring_cap
+from .config import quic_configuration, stream_ring_cap
+from ..tls_files import TlsFiles
 from .connection import AiopquicConnection
 from .stack import StackEngine, StackProtocol
 from ..api import HandlerFactory
@@ -63,7 +64,7 @@ class AiopquicServer(ServerCore[AiopquicConnection]):
         attempts = _PORT_ATTEMPTS if port == 0 else 1
         for attempt in range(attempts):
             bind_port = _free_port(family) if port == 0 else port
-            files = TlsFiles()
+            files = TlsFiles("kvsp-aiopquic-")
             try:
                 qconf = quic_configuration(self._config, is_client=False, files=files,
                                            family=family)

@@ -34,7 +34,8 @@ import asyncio
 import socket
 
 from . import extension
-from .config import TlsFiles, check_config, endpoint_options
+from ..tls_files import TlsFiles
+from .config import check_config, endpoint_options
 from .connection import NativeConnection
 from .server import NativeServer, serve
 from ..api import HandlerFactory
@@ -57,7 +58,7 @@ async def connect(url: str | MoqtUrl, handler_factory: HandlerFactory,
     family, _, _, _, addr = infos[0]
     host, port = str(addr[0]), int(addr[1])
     local = "::" if family == socket.AF_INET6 else "0.0.0.0"
-    with TlsFiles() as files:
+    with TlsFiles("kvsp-native-") as files:
         options = endpoint_options(config, is_client=True, files=files)
         ep = Endpoint(False, local, 0, **options)  # GnuTLS reads the files here
     try:

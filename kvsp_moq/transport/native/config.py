@@ -43,16 +43,13 @@ with ``ValueError``: ``qlog_dir`` and ``keylog_file`` (the extension writes neit
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from ..config import TransportConfig
+from ..tls_files import TlsFiles
 
-__all__ = ["CONGESTION_CONTROLLERS", "DEFAULT_CC", "MAX_DATAGRAM_FRAME", "TlsFiles",
+__all__ = ["CONGESTION_CONTROLLERS", "DEFAULT_CC", "MAX_DATAGRAM_FRAME",
            "check_config", "endpoint_options"]
 
 #: ngtcp2's controllers, by the names the extension takes.
@@ -62,35 +59,6 @@ DEFAULT_CC = "bbr"
 #: The largest max_datagram_frame_size the extension advertises.
 MAX_DATAGRAM_FRAME = 65535
 _DEFAULT_MAX_CONNECTIONS = 1024
-
-
-class TlsFiles:
-    """A private temporary directory for PEM material GnuTLS must read from files; a context
-    manager that removes it on exit."""
-
-    def __init__(self) -> None:
-        self._dir: Path | None = None
-
-    def write(self, name: str, data: bytes) -> str:
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="kvsp-native-"))  # mode 0700
-        path = self._dir / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fp:
-            fp.write(data)
-        return str(path)
-
-    def cleanup(self) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-
-    def __enter__(self) -> TlsFiles:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.cleanup()
 
 
 def congestion_controller(config: TransportConfig) -> str:

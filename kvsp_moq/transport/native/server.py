@@ -18,7 +18,8 @@ import socket
 from typing import Any
 
 from . import extension
-from .config import TlsFiles, endpoint_options
+from ..tls_files import TlsFiles
+from .config import endpoint_options
 from .connection import NativeConnection
 from ..api import HandlerFactory
 from ..config import TransportConfig
@@ -46,7 +47,7 @@ class NativeServer(ServerCore[NativeConnection]):
 
     async def listen(self, host: str, port: int) -> None:
         """Transport-internal (:func:`serve`): bind ``host:port`` and start accepting."""
-        with TlsFiles() as files:
+        with TlsFiles("kvsp-native-") as files:
             options = endpoint_options(self._config, is_client=False, files=files)
             infos = await self._loop.getaddrinfo(host or None, port, type=socket.SOCK_DGRAM,
                                                  flags=socket.AI_PASSIVE)
