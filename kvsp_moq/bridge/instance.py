@@ -105,8 +105,12 @@ async def load_by_namespace(url: str, name: BlockName, geometry: Geometry, *,
 
 async def subscribe_block(url: str, name: BlockName, sink: Sink, *, codec: str = "raw",
                           pool: MoqtPool | None = None, config: TransportConfig | None = None,
-                          timeout: float = 60.0) -> LoadResult:
+                          timeout: float = 60.0, rendezvous_ms: int | None = None) -> LoadResult:
     """Prefill streaming (binding §6): receive a block still being computed layer by layer.
+
+    ``rendezvous_ms``: the SUBSCRIBE carries RENDEZVOUS_TIMEOUT, so a relay that has no
+    publisher of the namespace yet holds it (at most that long) until the producer's
+    PUBLISH_NAMESPACE arrives (prefill→decode: the consumer may ask before the producer began).
 
     SUBSCRIBE with NEXT_OBJECT; the layers up to the Largest Object of SUBSCRIBE_OK are
     FETCHed, later ones arrive live, each verified when it lands (against the sink's digests,
@@ -125,7 +129,8 @@ async def subscribe_block(url: str, name: BlockName, sink: Sink, *, codec: str =
             sub = await session.subscribe(
                 name.namespace_fields(), codec,
                 parameters=MessageParameters(
-                    location_filter=LocationFilter(LocationFilterType.NEXT_OBJECT)),
+                    location_filter=LocationFilter(LocationFilterType.NEXT_OBJECT),
+                    rendezvous_timeout=rendezvous_ms),
                 on_object_begin=recv.on_object_begin,
                 on_object_progress=recv.on_object_progress)
             error = check_track(sub.response, sink, first, last, True)

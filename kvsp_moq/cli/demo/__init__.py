@@ -440,7 +440,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         if args.dashboard:
             raise UsageError("--dashboard needs the reference engine (--engine reference)")
+        if args.disagg:
+            from .disagg import cmd_demo_disagg
+
+            if not 1 <= args.decoders <= 3:
+                raise UsageError("--decoders: 1 to 3")
+            return cmd_demo_disagg(args)
+        if args.decoders != 1:
+            raise UsageError("--decoders needs --disagg")
         return cmd_demo_vllm(args)
+    if args.disagg:
+        raise UsageError("--disagg needs --engine vllm")
     if args.dtype != "float32":
         raise UsageError("--dtype needs --engine vllm (the reference model runs float32)")
     loop = new_event_loop(use_uvloop=True)
@@ -515,6 +525,11 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                         "directory to serve instead of the tiny Llama written for the run")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="with --engine vllm: the engines' dtype (and their KV cache's); the report names it")
+    p.add_argument("--disagg", action="store_true",
+                   help="with --engine vllm: prefill→decode disaggregation: a router, one prefill engine streaming each "
+                        "layer as it computes it through the relay to --decoders decode engines (docs/vllm.md)")
+    p.add_argument("--decoders", type=int, default=1, metavar="N",
+                   help="with --disagg: decode engines fed by the one prefill engine (1 to 3; default 1)")
     p.add_argument("--dashboard", action="store_true",
                    help="after the report, keep the cluster up with the live dashboard (docs/dashboard.md) and print "
                         "its URL; Ctrl-C stops everything")

@@ -125,7 +125,7 @@ class VllmPlane:
     def __init__(self, progress: Callable[[str], None], *, prefix: str = "kvsp-demo-vllm-") -> None:
         self.progress = progress
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
-        self.tokens = {role: secrets.token_urlsafe(32) for role in ("holder", "engine-a", "engine-b", "engine-c")}
+        self.tokens = {role: secrets.token_urlsafe(32) for role in ("holder", "engine-a", "engine-b", "engine-c", "engine-d")}
         self.scope_key = os.urandom(32)
         #: A secret cache_salt that selects the scope (``scope_salts``): a request under it misses
         #: the engine's own prefix cache (vLLM keys it on the salt) but not the KVSP scope.
@@ -182,10 +182,13 @@ class VllmPlane:
         return path, shape.vocab
 
     def kvsp_spec(self, model_dir: Path, role: str, *, max_model_len: int = 2048, dtype: str = "float32",
-                  block_tokens: int | None = None) -> EngineSpec:
+                  block_tokens: int | None = None, kv_role: str = "kv_both",
+                  max_num_batched_tokens: int | None = None) -> EngineSpec:
         """An engine with the KVSP connector on this plane, with ``role``'s token, running
         ``dtype`` (vLLM's prefix cache on, its default); ``block_tokens``: the KVSP block size
-        (default: vLLM's, :data:`BLOCK_TOKENS`)."""
+        (default: vLLM's, :data:`BLOCK_TOKENS`); ``kv_role``: vLLM's (``kv_producer`` /
+        ``kv_consumer`` for prefill→decode); ``max_num_batched_tokens``: vLLM's step budget (a
+        prompt longer than it is prefilled in chunks, one step each)."""
         more = {"block_tokens": block_tokens} if block_tokens else {}
         assert self.plane is not None
         p, token = self.plane, self.tokens[role]
@@ -195,7 +198,8 @@ class VllmPlane:
             default_scope=SCOPE, scope_salts={SCOPE: [salt_digest(self.scope_salt)]}, deadline_ms=20_000,
             moqt_timeout_ms=5_000, max_datagram_size=DATAGRAM_SIZE, **more)  # loopback, as the demo's relay
         return EngineSpec(str(model_dir), block_size=BLOCK_TOKENS, max_model_len=max_model_len, dtype=dtype,
-                          kv_transfer_config=kv_transfer_config(extra))
+                          kv_transfer_config=kv_transfer_config(extra, kv_role=kv_role),
+                          max_num_batched_tokens=max_num_batched_tokens)
 
     def start_engine(self, name: str, spec: EngineSpec) -> EngineProcess:
         log_path = self.workdir / f"{name.replace(' ', '-')}.log"

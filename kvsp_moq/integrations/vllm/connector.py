@@ -16,7 +16,7 @@ one per tensor-parallel rank (and adapter), each worker its own rank's.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -28,9 +28,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from ...kvsp.compat import compat_id
 from .descriptor import EngineModel, kv_scales_digest
-from .plan import StepPlan, merge_counts
+from .plan import StepPlan, merge_counts, merge_marks
 from .scheduler import SchedulerSide
 from .settings import ConnectorSettings
+from .stream import role_of
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
@@ -71,10 +72,13 @@ class KVSPWorkerMetadata(KVConnectorWorkerMetadata):
     """One step's per-request counters, workers -> scheduler (summed over workers)."""
 
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per-request time marks of streams (CLOCK_MONOTONIC ns, :mod:`.worker`).
+    marks: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if isinstance(other, KVSPWorkerMetadata):
             merge_counts(self.counts, other.counts)
+            merge_marks(self.marks, other.marks)
         return self
 
 
@@ -92,7 +96,11 @@ class KVSPConnector(KVConnectorBase_V1):
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         _log_like_vllm()
-        self.settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        self.kv_role = str(self._kv_transfer_config.kv_role or "kv_both")
+        role_of(self.kv_role)  # StreamError for a role the connector does not know
+        settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        # a consumer engine (prefill→decode) publishes nothing: its KV comes from producers
+        self.settings = replace(settings, publish=False) if self.kv_role == "kv_consumer" else settings
         self.model = EngineModel.of(vllm_config, self.settings.model_name, self.settings.block_tokens)
         self.rank = _tensor_parallel_rank() if role != KVConnectorRole.SCHEDULER else 0
         self.descriptor = self.model.descriptor(self.rank)
@@ -100,7 +108,7 @@ class KVSPConnector(KVConnectorBase_V1):
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = SchedulerSide(self.settings, self.model)
+            self.scheduler = SchedulerSide(self.settings, self.model, kv_role=self.kv_role)
         else:
             self.worker = WorkerSide(self.settings, self.descriptor, self.rank, page_tokens=self.model.page_tokens)
         log.info("KVSP connector (%s, rank %d of %d): compat %s, %s, B = %s (%d pages), scopes %s", role.name,
@@ -149,7 +157,7 @@ class KVSPConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         assert self.worker is not None
-        self.worker.wait_for_save()
+        self.worker.wait_for_save(self._plan())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self.worker is not None
@@ -161,8 +169,8 @@ class KVSPConnector(KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         assert self.worker is not None
-        counts = self.worker.take_counts()
-        return KVSPWorkerMetadata(counts) if counts else None
+        counts, marks = self.worker.take_counts(), self.worker.take_marks()
+        return KVSPWorkerMetadata(counts, marks) if counts or marks else None
 
     def flush_publications(self, timeout: float) -> bool:
         """Wait (bounded) for this worker's background publications (:meth:`WorkerSide.flush`)."""
@@ -190,7 +198,7 @@ class KVSPConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if self.scheduler is not None and isinstance(meta, KVSPWorkerMetadata):
-            self.scheduler.update_connector_output(meta.counts)
+            self.scheduler.update_connector_output(meta.counts, meta.marks)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self.scheduler is not None

@@ -10,7 +10,8 @@ it many requests. ``python -m kvsp_moq.integrations.vllm.engine_process SPEC_JSO
      "lora": {"name": "ad1", "id": 1, "path": "/models/ad1"}}
     -> {"id": 1, "token_ids": [...], "kv_transfer_params": {"kvsp": {...}}, "elapsed_s": 0.12}
     {"id": 2, "batch": [{"prompt_token_ids": [...], ...}, ...]}    several requests in one batch
-    -> {"id": 2, "results": [{"token_ids": [...], "first_token_s": 0.05, "finished_s": 0.09, ...}, ...]}
+    -> {"id": 2, "results": [{"token_ids": [...], "first_token_s": 0.05, "finished_s": 0.09,
+                              "first_token_ns": <time.monotonic_ns()>, ...}, ...]}
     {"id": 3, "flush": 30}    wait for the connector's background publications
     -> {"id": 3, "flushed": true}
 
@@ -77,6 +78,8 @@ class EngineSpec:
     #: LoRA adapters served (``enable_lora``), with their largest rank.
     max_loras: int = 0
     max_lora_rank: int = 8
+    #: vLLM's token budget per step (None: vLLM's default); a longer prompt is prefilled in chunks.
+    max_num_batched_tokens: int | None = None
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -118,6 +121,7 @@ def _batch(llm: Any, reqs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             now = time.perf_counter() - start
             if output.outputs and output.outputs[0].token_ids and "first_token_s" not in mine:
                 mine["first_token_s"] = now
+                mine["first_token_ns"] = time.monotonic_ns()  # CLOCK_MONOTONIC: comparable between processes
             if output.finished:
                 mine.update(token_ids=list(output.outputs[0].token_ids), kv_transfer_params=output.kv_transfer_params,
                             finished_s=now)
@@ -133,7 +137,9 @@ def _serve(spec: EngineSpec, out: IO[str]) -> None:
     kv = KVTransferConfig(**spec.kv_transfer_config) if spec.kv_transfer_config else None
     lora: dict[str, Any] = {"enable_lora": True, "max_loras": spec.max_loras, "max_lora_rank": spec.max_lora_rank} \
         if spec.max_loras else {}
-    extension = {"worker_extension_cls": WORKER_EXTENSION} if kv is not None else {}
+    extension: dict[str, Any] = {"worker_extension_cls": WORKER_EXTENSION} if kv is not None else {}
+    if spec.max_num_batched_tokens is not None:
+        extension["max_num_batched_tokens"] = spec.max_num_batched_tokens
     llm = LLM(model=spec.model_dir, dtype=spec.dtype, kv_cache_dtype=spec.kv_cache_dtype, enforce_eager=True,
               block_size=spec.block_size, max_model_len=spec.max_model_len,
               enable_prefix_caching=spec.enable_prefix_caching, tensor_parallel_size=spec.tensor_parallel_size,

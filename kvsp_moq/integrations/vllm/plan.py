@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["BlockLoad", "BlockSave", "COUNTERS", "RequestLoad", "RequestSave", "StepPlan", "merge_counts"]
+__all__ = ["BlockLoad", "BlockSave", "COUNTERS", "RequestLoad", "RequestSave", "StepPlan", "merge_counts", "merge_marks"]
 
 #: The per-request counters the worker reports (docs/vllm.md "Counters").
 COUNTERS = ("blocks_moqt", "blocks_http", "blocks_failed", "bytes_moqt", "bytes_http",
@@ -33,6 +33,9 @@ class BlockLoad:
     pages: tuple[tuple[int, int], ...]
     block_keys: tuple[bytes, ...]
     records: tuple[tuple[Mapping[str, object], ...], ...]
+    #: Streamed from the request's prefill engine (:mod:`.stream`: SUBSCRIBE to the replica
+    #: named by the stream id) rather than FETCHed from a recorded replica.
+    streamed: bool = False
 
     @property
     def block_ids(self) -> tuple[int, ...]:
@@ -50,6 +53,8 @@ class RequestLoad:
     #: Asynchronous (the request waits outside the batch until ``get_finished`` reports it) or
     #: layer-wise during this step's forward pass.
     asynchronous: bool = True
+    #: The request's stream id (:mod:`.stream`): the Replica ID of its streamed blocks.
+    stream_id: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class RequestSave:
     scope_id: bytes
     compat_ids: tuple[bytes, ...]
     blocks: tuple[BlockSave, ...]
+    #: The stream the request produces (:mod:`.stream`): each block's Replica ID is derived
+    #: from it; None: fresh random ones.
+    stream_id: bytes | None = None
 
 
 @dataclass
@@ -76,6 +84,9 @@ class StepPlan:
 
     loads: list[RequestLoad] = field(default_factory=list)
     saves: list[RequestSave] = field(default_factory=list)
+    #: The requests of this step that produce a stream (:mod:`.stream`): the workers mark the
+    #: end of the step's forward pass for each.
+    producing: list[str] = field(default_factory=list)
 
 
 def merge_counts(into: dict[str, dict[str, int]], other: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
@@ -84,4 +95,14 @@ def merge_counts(into: dict[str, dict[str, int]], other: Mapping[str, Mapping[st
         mine = into.setdefault(req, {})
         for name, value in counts.items():
             mine[name] = mine.get(name, 0) + value
+    return into
+
+
+def merge_marks(into: dict[str, dict[str, list[int]]],
+                other: Mapping[str, Mapping[str, list[int]]]) -> dict[str, dict[str, list[int]]]:
+    """Add ``other``'s per-request time marks (monotonic ns lists) to ``into`` (returned)."""
+    for req, marks in other.items():
+        mine = into.setdefault(req, {})
+        for name, values in marks.items():
+            mine.setdefault(name, []).extend(values)
     return into

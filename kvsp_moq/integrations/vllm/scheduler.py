@@ -25,6 +25,11 @@ Per request (vLLM's ``Request``, read duck-typed):
   during the request's forward step, layer l waited for just before layer l is computed.
 - **saves** — the prompt blocks that become complete in a step and were not loaded (nor
   already known to the IS) are planned for publication by the worker.
+- **streams** (prefill→decode, :mod:`.stream`) — a request naming a stream in its
+  ``kv_transfer_params``: as the stream's producer its saves are the replicas whose Replica ID
+  is the stream id; as a consumer, the blocks the IS does not know (past the lookup's matched
+  prefix, up to the full-hit rule's limit) are loaded from the stream (always asynchronously:
+  the request waits outside the batch while the producer computes them).
 
 The worker's per-request counters (summed over the ranks) come back through
 ``update_connector_output`` and are returned as ``kv_transfer_params["kvsp"]`` of the request's
@@ -50,8 +55,9 @@ from ...kvsp.records import LookupRequest, LookupResponse
 from ...kvsp.scope import scope_id
 from .descriptor import EngineModel, adapter_digest
 from .loop import ClientLoop
-from .plan import BlockLoad, BlockSave, RequestLoad, RequestSave, StepPlan, merge_counts
+from .plan import BlockLoad, BlockSave, RequestLoad, RequestSave, StepPlan, merge_counts, merge_marks
 from .settings import ConnectorSettings
+from .stream import StreamError, StreamParams
 
 __all__ = ["SchedulerSide"]
 
@@ -82,14 +88,19 @@ class _Request:
     saved_upto: int | None = None  # blocks below this are computed/loaded/known: not saved
     frontier: int = 0  # tokens computed once the last scheduled step is done
     counts: dict[str, int] = field(default_factory=dict)
+    #: The request's stream (prefill→decode, :mod:`.stream`), and the workers' time marks of it.
+    stream: StreamParams | None = None
+    marks: dict[str, list[int]] = field(default_factory=dict)
 
 
 class SchedulerSide:
     """The scheduler role's state and decisions (module notes). vLLM-free: the connector
     (:mod:`.connector`) forwards vLLM's calls here."""
 
-    def __init__(self, settings: ConnectorSettings, model: EngineModel, loop: ClientLoop | None = None) -> None:
+    def __init__(self, settings: ConnectorSettings, model: EngineModel, loop: ClientLoop | None = None,
+                 kv_role: str = "kv_both") -> None:
         self.settings = settings
+        self.kv_role = kv_role
         self.model = model
         self.block_tokens = model.block_tokens
         self._compat: dict[tuple[str, ...], tuple[bytes, ...]] = {}
@@ -135,10 +146,15 @@ class SchedulerSide:
                 state.records = [tuple(tuple(r.to_json() for r in a.blocks[i].replicas) for a in answer)
                                  for i in range(state.matched)]
                 state.saved_upto = max(state.saved_upto or 0, min(state.matched, len(state.keys[0])))
-            state.external = max(0, min(state.matched, usable) * b - state.local_tokens)
+            loaded = min(state.matched, usable)
+            if state.stream is not None and state.stream.consumer:
+                # the blocks past the IS's prefix come from the stream; none is published here
+                loaded = usable
+                state.saved_upto = max(state.saved_upto or 0, usable)
+            state.external = max(0, loaded * b - state.local_tokens)
         if state.external == 0 or num_computed_tokens != state.local_tokens or state.load_handed:
             return 0, False
-        return state.external, self.settings.async_loads
+        return state.external, self._asynchronous(state)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         state = self._requests.get(request.request_id)
@@ -148,9 +164,11 @@ class SchedulerSide:
         page, m = self.model.page_tokens, self.block_tokens // self.model.page_tokens
         first, end = state.local_tokens // page, (state.local_tokens + num_external_tokens) // page  # pages
         state.load_handed = True
+        nobody = tuple(() for _ in state.keys)
         state.load_pending = [
             BlockLoad(i, tuple((p, ids[i * m + p]) for p in range(m) if first <= i * m + p < end),
-                      tuple(keys[i] for keys in state.keys), state.records[i])
+                      tuple(keys[i] for keys in state.keys),
+                      state.records[i] if i < state.matched else nobody, streamed=i >= state.matched)
             for i in range(first // m, (end + m - 1) // m)
         ]
 
@@ -158,10 +176,13 @@ class SchedulerSide:
         plan = StepPlan()
         for req_id, state in self._requests.items():
             if state.load_pending:
+                stream = state.stream.stream_id if state.stream is not None else None
                 plan.loads.append(RequestLoad(req_id, state.scope_id, state.compat_ids, tuple(state.load_pending),
-                                              asynchronous=self.settings.async_loads))
+                                              asynchronous=self._asynchronous(state), stream_id=stream))
                 state.load_pending = None
         scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
+        plan.producing = [req_id for req_id in scheduled if (s := self._requests.get(req_id)) is not None
+                          and s.stream is not None and s.stream.producer]
         for new in scheduler_output.scheduled_new_reqs:
             fresh = self._requests.get(new.req_id)
             if fresh is not None:
@@ -181,11 +202,16 @@ class SchedulerSide:
             self._plan_saves(plan, req_id, running, cached.num_computed_tokens[i], scheduled.get(req_id, 0))
         return plan
 
-    def update_connector_output(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+    def update_connector_output(self, counts: Mapping[str, Mapping[str, int]],
+                                marks: Mapping[str, Mapping[str, list[int]]] | None = None) -> None:
         for req_id, c in counts.items():
             state = self._requests.get(req_id)
             if state is not None:
                 merge_counts({req_id: state.counts}, {req_id: c})
+        for req_id, m in (marks or {}).items():
+            state = self._requests.get(req_id)
+            if state is not None:
+                merge_marks({req_id: state.marks}, {req_id: m})
 
     def request_finished(self, request: Any) -> dict[str, Any] | None:
         state = self._requests.pop(request.request_id, None)
@@ -195,9 +221,14 @@ class SchedulerSide:
         if state is None:
             return {"kvsp": {"shared": False, "reason": reason}} if reason else None
         ranks = {"compat_ids": [c.hex() for c in state.compat_ids]} if len(state.compat_ids) > 1 else {}
+        stream: dict[str, Any] = {}
+        if state.stream is not None:
+            # time marks: CLOCK_MONOTONIC ns, comparable between the engines of one host
+            stream = {"stream": state.stream.to_json(),
+                      **{name: sorted(values) for name, values in state.marks.items()}}
         return {"kvsp": {"scope": state.scope, "compat_id": state.compat_ids[0].hex(), **ranks,
                          "external_tokens": state.external, "matched_blocks": state.matched,
-                         "local_tokens": state.local_tokens, **state.counts}}
+                         "local_tokens": state.local_tokens, **state.counts, **stream}}
 
     def close(self) -> None:
         if self._loop is not None and self._index is not None:
@@ -208,6 +239,10 @@ class SchedulerSide:
             self._loop.close()
 
     # -- internals ----------------------------------------------------------------------------
+    def _asynchronous(self, state: _Request) -> bool:
+        """A streamed load is always asynchronous: it waits for the producer's forward pass."""
+        return self.settings.async_loads or (state.stream is not None and state.stream.consumer)
+
     def _compat_ids(self, adapters: tuple[str, ...]) -> tuple[bytes, ...]:
         """The Compatibility ID of every rank's blocks under ``adapters`` (computed once)."""
         ids = self._compat.get(adapters)
@@ -236,6 +271,11 @@ class SchedulerSide:
             if params.get("kvsp") is not False:
                 self._unshare(request, choice.reason or "no scope")
             return None
+        try:
+            stream = StreamParams.of(params, self.kv_role)
+        except StreamError as exc:
+            self._unshare(request, str(exc))
+            return None
         if getattr(request, "mm_features", None):
             self._unshare(request, "multimodal inputs are not covered by Block Keys")
             return None
@@ -254,7 +294,7 @@ class SchedulerSide:
         key = self.settings.scopes[choice.scope]
         tokens: Sequence[int] = request.prompt_token_ids or []
         keys = tuple(block_keys(key, c, list(tokens), self.block_tokens) for c in compat_ids)
-        state = _Request(choice.scope, scope_id(key), compat_ids, keys)
+        state = _Request(choice.scope, scope_id(key), compat_ids, keys, stream=stream)
         self._requests[request.request_id] = state
         return state
 
@@ -304,4 +344,5 @@ class SchedulerSide:
         blocks = tuple(BlockSave(i, tuple(state.block_ids[i * m:(i + 1) * m]), tuple(keys[i] for keys in state.keys))
                        for i in range(state.saved_upto, complete))
         state.saved_upto = complete
-        plan.saves.append(RequestSave(req_id, state.scope_id, state.compat_ids, blocks))
+        stream = state.stream.stream_id if state.stream is not None and state.stream.producer else None
+        plan.saves.append(RequestSave(req_id, state.scope_id, state.compat_ids, blocks, stream_id=stream))

@@ -23,6 +23,11 @@ does (docs/engine.md), so naming, containers, digests and records are never re-i
   ``moqt://`` Replica Record naming the relay to the IS, only once the relay accepted the
   namespace (binding §10), refreshed before it expires and withdrawn when the worker's store
   evicts the block (§6.1).
+- :func:`stream` — one block of a prefill→decode stream (:mod:`.stream`): SUBSCRIBEd to through
+  the relay under the stream's Replica ID (``bridge.subscribe_block``, RENDEZVOUS_TIMEOUT:
+  the relay holds the SUBSCRIBE until the producer publishes the namespace), the layers
+  produced before the subscription FETCHed, the rest live; each verified against its object's
+  LAYER_DIGEST before it is offered (binding §4, case 3), the time it was marked.
 - Loads in flight are bounded too (``max_loads_in_flight``, :attr:`Peers.load_slots`): the relay
   caps the requests of one session (binding §9).
 """
@@ -32,30 +37,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 
-from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source
+from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source, subscribe_block
 from ...control.client.computed import ComputedBlockPublisher, PublicationCounts
 from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
 from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_block
 from ...control.common.tls import TlsConfig
 from ...kvsp.layout import Geometry, decode_raw_layer
+from ...kvsp.naming import BlockName
 from ...kvsp.records import ReplicaRecord
 from ...kvsp.registries import CODEC_RAW
 from ...pubsub import MoqtSession
 from ...sinks import LayerFailed, NumpySink
 from ...storage import BlockStore, BlockWriter, HostTier, RecordKey, ReplicaExists
 from .settings import ConnectorSettings
+from .stream import stream_replica_id
 
-__all__ = ["Incoming", "Peers", "Publications", "begin_block", "load", "seal"]
+__all__ = ["Incoming", "Peers", "Publications", "begin_block", "load", "seal", "stream"]
 
 log = logging.getLogger(__name__)
 
-MOQT, HTTP = "moqt", "http"
+MOQT, HTTP, STREAM = "moqt", "http", "stream"
 
 
 @dataclass
@@ -141,16 +149,21 @@ class Incoming:
     octets: dict[str, int] = field(default_factory=dict)
     source: str | None = None
     task: asyncio.Task[None] | None = None
+    #: A block of a prefill→decode stream; when each layer was offered (monotonic ns, 0: not yet).
+    streamed: bool = False
+    arrived_ns: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.kv = [None] * self.layers
         self.ready = [asyncio.Event() for _ in range(self.layers)]
+        self.arrived_ns = [0] * self.layers
 
     @property
     def block_ids(self) -> tuple[int, ...]:
         return tuple(bid for _, bid in self.pages)
 
     def offer(self, layer: int, k: np.ndarray, v: np.ndarray, via: str) -> None:
+        self.arrived_ns[layer] = time.monotonic_ns()
         self.kv[layer] = (k, v)
         self.octets[via] = self.octets.get(via, 0) + k.nbytes + v.nbytes
         self.source = via if self.source in (None, via) else "mixed"
@@ -241,13 +254,49 @@ async def _from_http(peers: Peers, incoming: Incoming, records: list[ReplicaReco
     return True
 
 
-def begin_block(peers: Peers, key: RecordKey, geometry: Geometry, layers: int, tokens: int) -> BlockWriter | None:
+async def stream(peers: Peers, incoming: Incoming, key: RecordKey, stream_id: bytes, geometry: Geometry,
+                 tokens: int) -> None:
+    """Load one block of a prefill→decode stream into ``incoming`` (module notes): its replica
+    in the stream ``stream_id`` (:func:`~.stream.stream_replica_id`), through the relay,
+    within ``deadline_ms``; never raises. What does not arrive verified fails (vLLM
+    recomputes the block)."""
+    layers = incoming.layers
+    if peers.pool is None or peers.settings.relay_url is None:
+        incoming.fail(0)
+        return
+    name = BlockName(key.compat_id, key.scope_id, key.block_key, stream_replica_id(stream_id, key))
+    sink = NumpySink(geometry, tokens, (0, layers - 1), [None] * layers)  # digests: the objects' (binding §4)
+    deadline = peers.settings.deadline_s
+    task = asyncio.get_running_loop().create_task(subscribe_block(
+        peers.settings.relay_url, name, sink, pool=peers.pool, timeout=deadline,
+        rendezvous_ms=peers.settings.deadline_ms))
+    # when the subscription is over, what has not arrived never will: its waiters fail
+    task.add_done_callback(lambda t: sink.abort_all("the stream ended"))
+    layer = 0
+    try:
+        for layer in range(layers):
+            k, v = await sink.wait_for_layer(layer)
+            incoming.offer(layer, np.asarray(k), np.asarray(v), STREAM)
+        layer = layers
+    except (LayerFailed, Exception) as exc:
+        log.info("KVSP: streamed block %s stopped at layer %d: %s", key.block_key.hex()[:12], layer, exc)
+        incoming.fail(layer)
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+def begin_block(peers: Peers, key: RecordKey, geometry: Geometry, layers: int, tokens: int, *,
+                replica_id: bytes | None = None) -> BlockWriter | None:
     """A writer for a block computed here (published over MOQT layer by layer when the relay
-    link is up); None when the store already holds it or has no room."""
+    link is up); None when the store already holds it or has no room. ``replica_id``: the
+    replica's (a stream's id, :mod:`.stream`); None: a fresh random one."""
     try:
         if peers.holder is not None:
-            return peers.holder.begin(key, geometry, layers, tokens)
-        return peers.store.begin(key, geometry, layers, tokens)
+            return peers.holder.begin(key, geometry, layers, tokens, replica_id=replica_id)
+        return peers.store.begin(key, geometry, layers, tokens, replica_id=replica_id)
     except ReplicaExists:
         return None
     except Exception as exc:  # a full store: this block is not published

@@ -28,6 +28,14 @@ paged cache and host arrays (:mod:`.layout`) and hand work to the client loop
   waits for none of the publications (:meth:`WorkerSide.flush` does, for tests and benches);
   one that fails later is counted for its request (``publish_errors``) if it still runs.
 
+Prefill→decode streams (:mod:`.stream`): a streamed block of a load is SUBSCRIBEd to through
+the relay (:func:`~.transfers.stream`) rather than FETCHed; the time each of its layers was
+verified is marked (``layer_ns``). A producer's saves begin their replicas under the stream's
+replica ids; the end of each forward pass of a producing request is marked
+(``forward_end_ns``). The marks go back to the scheduler with the counters (CLOCK_MONOTONIC
+ns: comparable between the engines of a host); vLLM hands a step's to the scheduler after it
+finished the requests that end in that step, so a prefill's last pass is never among them.
+
 A KVSP block is m of vLLM's blocks (pages, ``block_tokens``): a load fills the pages the plan
 names (``plan.BlockLoad.pages``), a save reads the block's m pages in order.
 """
@@ -47,9 +55,10 @@ from ...kvsp.layout import Geometry
 from ...storage import BlockWriter, RecordKey
 from .layout import PagedLayout, layout_for
 from .loop import ClientLoop
-from .plan import StepPlan, merge_counts
+from .plan import StepPlan, merge_counts, merge_marks
 from .settings import ConnectorSettings
-from .transfers import Incoming, Peers, Publications, begin_block, load, seal, write_layer
+from .stream import stream_replica_id
+from .transfers import Incoming, Peers, Publications, begin_block, load, seal, stream, write_layer
 
 __all__ = ["WorkerSide", "layer_index"]
 
@@ -119,6 +128,8 @@ class WorkerSide:
         self._deadline = 0.0
         self._errors: set[int] = set()
         self._counts: dict[str, dict[str, int]] = {}
+        #: Per-request time marks (module notes), reported with the counters.
+        self._marks: dict[str, dict[str, list[int]]] = {}
         #: Counters the client loop adds later (publications that failed in the background).
         self._late: dict[str, dict[str, int]] = {}
         self._late_lock = threading.Lock()
@@ -177,10 +188,13 @@ class WorkerSide:
         r = self.rank
         for req in plan.loads:
             for block in req.blocks:
-                incoming = Incoming(req.req_id, block.pages, self.layers)
+                incoming = Incoming(req.req_id, block.pages, self.layers, streamed=block.streamed)
                 key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
-                incoming.task = asyncio.get_running_loop().create_task(
-                    load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens))
+                if block.streamed and req.stream_id is not None:
+                    work = stream(self.peers, incoming, key, req.stream_id, self.geometry, self.block_tokens)
+                else:
+                    work = load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens)
+                incoming.task = asyncio.get_running_loop().create_task(work)
                 incoming.task.add_done_callback(lambda _task: self._settled_any.set())
                 out.append(incoming)
         return out
@@ -242,6 +256,9 @@ class WorkerSide:
             for block in load.blocks:
                 self._place(block)
             self._count(counts, load.blocks)
+            arrivals = [t for block in load.blocks if block.streamed for t in block.arrived_ns if t]
+            if arrivals:
+                merge_marks(self._marks, {req_id: {"layer_ns": arrivals}})
             done.add(req_id)
         merge_counts(self._counts, counts)
         return None, done
@@ -304,7 +321,7 @@ class WorkerSide:
                 failed.add(block.req_id)
                 c["blocks_failed"] = c.get("blocks_failed", 0) + 1
             elif block.source is not None:
-                name = "blocks_moqt" if block.source == "moqt" else "blocks_http"
+                name = {"moqt": "blocks_moqt", "stream": "blocks_streamed"}.get(block.source, "blocks_http")
                 c[name] = c.get(name, 0) + 1
             for via, octets in block.octets.items():
                 c[f"bytes_{via}"] = c.get(f"bytes_{via}", 0) + octets
@@ -330,7 +347,9 @@ class WorkerSide:
         for req in plan.saves:
             for block in req.blocks:
                 key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
-                writer = begin_block(self.peers, key, self.geometry, self.layers, self.block_tokens)
+                replica = stream_replica_id(req.stream_id, key) if req.stream_id is not None else None
+                writer = begin_block(self.peers, key, self.geometry, self.layers, self.block_tokens,
+                                     replica_id=replica)
                 if writer is not None:
                     out.append(_Saving(req.req_id, block.block_ids, writer))
         return out
@@ -361,7 +380,10 @@ class WorkerSide:
             kept.append(saving)
         self._saving = kept
 
-    def wait_for_save(self) -> None:
+    def wait_for_save(self, plan: StepPlan | None = None) -> None:
+        if plan is not None and plan.producing:  # the end of a forward pass of streams' producers
+            now = time.monotonic_ns()
+            merge_marks(self._marks, {req_id: {"forward_end_ns": [now]} for req_id in plan.producing})
         self._saves_begun = False
         saving, self._saving = self._saving, []
         incoming, self._incoming = self._incoming, []
@@ -432,6 +454,10 @@ class WorkerSide:
         if errors:
             log.warning("KVSP: blocks %s failed to load: vLLM recomputes them", sorted(errors))
         return errors
+
+    def take_marks(self) -> dict[str, dict[str, list[int]]]:
+        marks, self._marks = self._marks, {}
+        return marks
 
     def take_counts(self) -> dict[str, dict[str, int]]:
         counts, self._counts = self._counts, {}

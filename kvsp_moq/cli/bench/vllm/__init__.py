@@ -376,13 +376,48 @@ def register_arguments(q: argparse.ArgumentParser) -> None:
                         f"LMCache's chunk); the prefix must be a multiple of it")
     q.add_argument("--no-lmcache", action="store_true",
                    help="leave LMCache's row out even where lmcache is installed")
+    q.add_argument("--disagg", action="store_true",
+                   help="prefill→decode instead: the decoder's time to first token with layer streaming, with a "
+                        "FETCH after the prefill (NIXL-style pull) and recomputing (docs/vllm.md \"Prefill→decode\")")
+    q.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
+                   help="--disagg: prompt tokens (default 1041: 32 blocks and a tail)")
+    q.add_argument("--chunk-tokens", type=int, default=None, metavar="C",
+                   help="--disagg: the prefill engine's tokens per forward pass (vLLM's max_num_batched_tokens, "
+                        "default 256)")
 
 
 def _progress(message: str) -> None:
     print(f"[bench vllm] {message}", file=sys.stderr, flush=True)
 
 
+def _cmd_disagg(args: argparse.Namespace) -> int:
+    from .disagg import DEFAULT_CHUNK_TOKENS, DEFAULT_PROMPT_TOKENS, run_disagg
+
+    n = args.prompt_tokens if args.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
+    chunk = args.chunk_tokens if args.chunk_tokens is not None else DEFAULT_CHUNK_TOKENS
+    if n < 2 * BLOCK_TOKENS or n > 2000:
+        raise UsageError(f"--prompt-tokens must be in [{2 * BLOCK_TOKENS}, 2000] (the engines' max_model_len is 2048)")
+    if chunk < BLOCK_TOKENS:
+        raise UsageError(f"--chunk-tokens must be at least {BLOCK_TOKENS}")
+    if args.repeat < 1:
+        raise UsageError("--repeat must be >= 1")
+    require_vllm()
+    started = time.perf_counter()
+    try:
+        figs = run_disagg(prompt_tokens=n, chunk_tokens=chunk, repeat=args.repeat, progress=_progress)
+    except KeyboardInterrupt:
+        _progress("interrupted: everything stopped, exit 130")
+        return 130
+    emit(figs)
+    _progress(f"done in {time.perf_counter() - started:.0f} s; everything stopped")
+    return 0
+
+
 def cmd(args: argparse.Namespace) -> int:
+    if args.disagg:
+        return _cmd_disagg(args)
+    if args.prompt_tokens is not None or args.chunk_tokens is not None:
+        raise UsageError("--prompt-tokens and --chunk-tokens need --disagg")
     n, b = args.prefix_tokens, args.block_tokens
     if b < BLOCK_TOKENS or b % BLOCK_TOKENS:
         raise UsageError(f"--block-tokens must be a positive multiple of vLLM's block size {BLOCK_TOKENS}")

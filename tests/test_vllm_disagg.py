@@ -1,0 +1,231 @@
+"""Prefill→decode in real vLLM engines (issue 29; docs/vllm.md "Prefill→decode", binding §6.1).
+
+One loopback cluster (tests/vllm_support.py: a real IS and holder, the relay as a child
+process) and three engine processes started once for the module (vLLM's CPU build, a tiny
+Llama in fp32, block size 32): a prefill engine (``kv_producer``, prefilling in chunks of 128
+tokens: a prompt takes several forward passes) and two decode engines (``kv_consumer``). The
+router (``integrations.vllm.router``) runs on loopback HTTP in front of them. A prompt's
+reference output is the prefill engine's alone, the connector off.
+
+Faults come from a real process (tests/stream_producer.py) standing in for a prefill engine:
+one whose stored layers are corrupted after their digests were computed, and one SIGKILLed
+after it streamed half of each block's layers.
+
+Skipped, with the reason, where vLLM is not installed (the ``vllm`` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed (pip install -e '.[vllm]', docs/vllm.md)", allow_module_level=True)
+
+from aiohttp import ClientSession, web  # noqa: E402
+
+from kvsp_moq.cli.demo.disagg import decoder_line  # noqa: E402
+from kvsp_moq.integrations.vllm.engine_process import EngineProcess, EngineSpec  # noqa: E402
+from kvsp_moq.integrations.vllm.router import DisaggRouter, ProcessEngine, make_app  # noqa: E402
+from kvsp_moq.integrations.vllm.settings import connector_extra_config, kv_transfer_config  # noqa: E402
+from kvsp_moq.integrations.vllm.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
+from kvsp_moq.kvsp.blockkeys import block_keys  # noqa: E402
+from kvsp_moq.kvsp.scope import scope_id  # noqa: E402
+
+from test_vllm_connector import start_engines  # noqa: E402
+from vllm_support import ROOT, LoopbackCluster  # noqa: E402
+
+B = 32
+#: The tests' tiny Llama with 8 layers and more compute per token (the same KV per token): each
+#: forward pass of the prefill's takes long enough for the first chunks' layers to stream in.
+SHAPE = TinyLlama(layers=8, hidden=512, heads=16, intermediate=1024)
+SCOPE_KEY = bytes(range(7, 39))
+CHUNK = 128
+#: 12 full blocks and a tail: the prefill takes 4 forward passes of 128 tokens and one more.
+PROMPT_TOKENS = 12 * B + 9
+MAX_TOKENS = 8
+DEADLINE_MS = 15_000
+
+
+def _prompt(seed: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(3, SHAPE.vocab) for _ in range(PROMPT_TOKENS)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LoopbackCluster]:
+    c = LoopbackCluster()
+    yield c
+    c.close()
+
+
+def _spec(cluster: LoopbackCluster, model: str, kv_role: str, chunk: int | None = None) -> EngineSpec:
+    extra = connector_extra_config(
+        index_url=cluster.index_url, relay_url=cluster.relay_url, holder_url=cluster.holder_url,
+        index_token=cluster.token, holder_token=cluster.token, ca_file=str(cluster.tls.ca_file),
+        scopes={"t": SCOPE_KEY}, default_scope="t", deadline_ms=DEADLINE_MS, moqt_timeout_ms=5_000,
+        max_datagram_size=16384)
+    return EngineSpec(model, block_size=B, kv_transfer_config=kv_transfer_config(extra, kv_role=kv_role),
+                      max_num_batched_tokens=chunk)
+
+
+@pytest.fixture(scope="module")
+def engines(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineProcess]]:
+    """[prefill, decode 1, decode 2], started together."""
+    logs = tmp_path_factory.mktemp("disagg-logs")
+    model = str(write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), SHAPE))
+    started = start_engines(("prefill", _spec(cluster, model, "kv_producer", CHUNK)),
+                            ("decode 1", _spec(cluster, model, "kv_consumer")),
+                            ("decode 2", _spec(cluster, model, "kv_consumer")), logs=logs)
+    yield started
+    for e in started:
+        e.close()
+
+
+def reference(engines: list[EngineProcess], prompt: list[int]) -> list[int]:
+    """The single engine's greedy output: the prefill engine alone, the connector off, a salt
+    of its own (vLLM's own cache misses)."""
+    answer = engines[0].generate(prompt, max_tokens=MAX_TOKENS, kv_transfer_params={"kvsp": False},
+                                 cache_salt=secrets.token_hex(8))
+    return list(answer["token_ids"])
+
+
+async def _post(router: DisaggRouter, body: dict[str, Any]) -> dict[str, Any]:
+    runner = web.AppRunner(make_app(router))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as reply:
+                assert reply.status == 200, await reply.text()
+                return dict(await reply.json())
+    finally:
+        await runner.cleanup()
+
+
+def test_one_prefill_streams_each_layer_once_to_two_decoders_while_it_computes(
+        cluster: LoopbackCluster, engines: list[EngineProcess]) -> None:
+    prompt = _prompt(1)
+    expected = reference(engines, prompt)
+    prefill, decoders = ProcessEngine(engines[0]), [ProcessEngine(e) for e in engines[1:]]
+    before = cluster.relay_stats()
+    answer = asyncio.run(_post(DisaggRouter(prefill, decoders, fan_out=2),
+                               {"prompt": prompt, "max_tokens": MAX_TOKENS}))
+    after = cluster.relay_stats()
+    report = answer["kvsp"]
+    pre = report["prefill"]["kvsp"]
+    blocks = (PROMPT_TOKENS - 1) // B
+    assert answer["choices"][0]["token_ids"] == expected
+    assert pre["stream"]["as"] == "producer" and pre["blocks_published"] == PROMPT_TOKENS // B
+    ends = pre["forward_end_ns"]
+    assert len(ends) >= 2  # chunked: several forward passes (the last one is not reported)
+    for d in report["decoders"]:
+        line = decoder_line(d, expected, max(ends), report["prefill"]["first_token_ns"])
+        assert line["outputs_match"], (line, expected)
+        assert line["blocks_streamed"] == blocks and line["blocks_failed"] == 0, d["kvsp"]
+        assert line["layers_received"] == blocks * SHAPE.layers
+        # the blocks of the first chunks were in before the prefill's next-to-last pass ended
+        assert line["layers_received_before_prefill_finished"] > 0, line
+        assert line["overlap_ms"] is not None
+        assert d["kvsp"]["external_tokens"] == blocks * B
+    # fan-out: the relay sent every layer to both decoders; the prefill engine sent each once
+    # to the relay (its live objects, plus any a late subscriber FETCHed: docs/vllm.md "Gaps")
+    def delta(name: str) -> int:
+        return int(after.get(f"relay_{name}_total", 0) - before.get(f"relay_{name}_total", 0))
+    assert delta("objects_out") >= 2 * blocks * SHAPE.layers
+    assert delta("upstream_subscribes") == blocks
+    assert blocks * SHAPE.layers <= delta("objects_in") < 2 * blocks * SHAPE.layers  # not once per decoder
+
+
+def _compat_id(engines: list[EngineProcess]) -> str:
+    """The decoders' Compatibility ID, from a request that shares (their descriptor's)."""
+    answer = engines[1].generate(_prompt(99)[:40], max_tokens=1)
+    return str(answer["kv_transfer_params"]["kvsp"]["compat_id"])
+
+
+def _producer(cluster: LoopbackCluster, engines: list[EngineProcess], prompt: list[int], stream_id: str,
+              fault: str) -> subprocess.Popen[str]:
+    compat = bytes.fromhex(_compat_id(engines))
+    keys = block_keys(SCOPE_KEY, compat, prompt, B)[: (len(prompt) - 1) // B]
+    spec = {"relay_url": cluster.relay_url, "ca_file": str(cluster.tls.ca_file), "compat_id": compat.hex(),
+            "scope_id": scope_id(SCOPE_KEY).hex(), "block_keys": [k.hex() for k in keys], "stream_id": stream_id,
+            "layers": SHAPE.layers, "kv_heads": SHAPE.kv_heads, "head_dim": SHAPE.head_dim, "kv_dtype": "fp32",
+            "tokens": B, "fault": fault, "flip_layer": 1, "half": SHAPE.layers // 2}
+    return subprocess.Popen([sys.executable, "tests/stream_producer.py", json.dumps(spec)], cwd=str(ROOT),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()  # ends (empty) if the process exits
+
+
+def _consume(engine: EngineProcess, prompt: list[int], stream_id: str) -> dict[str, Any]:
+    return engine.generate(prompt, max_tokens=MAX_TOKENS, timeout=120,
+                           kv_transfer_params={"kvsp_stream": {"id": stream_id, "as": "consumer"}})
+
+
+def test_a_flipped_bit_in_a_streamed_layer_is_never_placed_and_its_block_is_recomputed(
+        cluster: LoopbackCluster, engines: list[EngineProcess]) -> None:
+    prompt, stream_id = _prompt(2), secrets.token_hex(16)
+    expected = reference(engines, prompt)
+    producer = _producer(cluster, engines, prompt, stream_id, "flip")
+    try:
+        assert _line(producer) == "attached"
+        assert _line(producer) == "published"
+        answer = _consume(engines[1], prompt, stream_id)
+    finally:
+        assert producer.stdin is not None
+        producer.stdin.close()
+        producer.wait(30)
+    kvsp = answer["kv_transfer_params"]["kvsp"]
+    blocks = (PROMPT_TOKENS - 1) // B
+    # layer 1 of every block failed its LAYER_DIGEST: no block was placed, each was recomputed
+    # (the producer's KV is random: one placed layer would change the output)
+    assert kvsp["blocks_failed"] == blocks and kvsp.get("blocks_streamed", 0) == 0, kvsp
+    assert answer["token_ids"] == expected
+
+
+def test_a_prefill_killed_mid_stream_leaves_the_decoder_right(
+        cluster: LoopbackCluster, engines: list[EngineProcess]) -> None:
+    prompt, stream_id = _prompt(3), secrets.token_hex(16)
+    expected = reference(engines, prompt)
+    producer = _producer(cluster, engines, prompt, stream_id, "half")
+    answers: list[dict[str, Any]] = []
+    try:
+        assert _line(producer) == "attached"
+        assert _line(producer) == "half"
+        subscribes = cluster.relay_stats().get("relay_subscribes_total", 0)
+        consumer = threading.Thread(target=lambda: answers.append(_consume(engines[2], prompt, stream_id)))
+        consumer.start()
+        blocks = (PROMPT_TOKENS - 1) // B
+        deadline = time.monotonic() + 60
+        # the decoder subscribed to every block (and has their first half): now the producer dies
+        while cluster.relay_stats().get("relay_subscribes_total", 0) < subscribes + blocks:
+            assert time.monotonic() < deadline, "the decoder did not subscribe within 60 s"
+            consumer.join(0.05)
+        os.kill(producer.pid, signal.SIGKILL)
+        consumer.join(120)
+        assert not consumer.is_alive()
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+        producer.wait(30)
+    kvsp = answers[0]["kv_transfer_params"]["kvsp"]
+    assert kvsp["blocks_failed"] == blocks and kvsp.get("blocks_streamed", 0) == 0, kvsp
+    assert answers[0]["token_ids"] == expected
