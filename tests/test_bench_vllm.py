@@ -279,3 +279,18 @@ def test_bad_arguments_exit_2_before_anything_starts(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit) as exited:
         main(["bench", "vllm", "--geometry", "llama70b"])
     assert exited.value.code == 2 and "llama70b" in capsys.readouterr().err
+
+
+def test_bad_disagg_arguments_exit_2_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["--disagg", "--prompt-tokens", "10"], ["--disagg", "--prompt-tokens", "4000"],
+                 ["--disagg", "--chunk-tokens", "8"], ["--disagg", "--repeat", "0"], ["--prompt-tokens", "500"],
+                 ["--chunk-tokens", "256"]):
+        assert main(["bench", "vllm", *args]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("kvsp: ") and ("--prompt-tokens" in last or "--chunk-tokens" in last
+                                              or "--repeat" in last), last
+    for args in (["demo", "--disagg"], ["demo", "--engine", "vllm", "--decoders", "2"],
+                 ["demo", "--engine", "vllm", "--disagg", "--decoders", "4"]):
+        assert main(args) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("kvsp: ") and ("--disagg" in last or "--decoders" in last), last

@@ -34,7 +34,7 @@ TOPS = ("kvsp_moq", "relay", "interop")
 
 _LOW = {"kvsp_moq.kvsp", "kvsp_moq.wire", "kvsp_moq.moqt", "kvsp_moq.transport", "kvsp_moq.pubsub",
         "kvsp_moq.storage", "kvsp_moq.sinks", "kvsp_moq.bridge", "kvsp_moq.model"}
-_ROLES = ("index", "holder", "pc", "instance", "engine", "frontend", "dashboard", "viewer")
+_ROLES = ("index", "holder", "pc", "instance", "engine", "frontend", "dashboard", "viewer", "router")
 _CONTROL_BASE = _LOW | {"kvsp_moq.control.common"}
 
 # Which first-party packages each package may import (besides itself). A package is

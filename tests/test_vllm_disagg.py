@@ -4,7 +4,7 @@ One loopback cluster (tests/vllm_support.py: a real IS and holder, the relay as 
 process) and three engine processes started once for the module (vLLM's CPU build, a tiny
 Llama in fp32, block size 32): a prefill engine (``kv_producer``, prefilling in chunks of 128
 tokens: a prompt takes several forward passes) and two decode engines (``kv_consumer``). The
-router (``integrations.vllm.router``) runs on loopback HTTP in front of them. A prompt's
+router (``control.router``) runs on loopback HTTP in front of them. A prompt's
 reference output is the prefill engine's alone, the connector off.
 
 Faults come from a real process (tests/stream_producer.py) standing in for a prefill engine:
@@ -35,11 +35,14 @@ import pytest
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed (pip install -e '.[vllm]', docs/vllm.md)", allow_module_level=True)
 
-from aiohttp import ClientSession, web  # noqa: E402
+from aiohttp import ClientSession  # noqa: E402
 
 from kvsp_moq.cli.demo.disagg import decoder_line  # noqa: E402
 from kvsp_moq.integrations.vllm.engine_process import EngineProcess, EngineSpec  # noqa: E402
-from kvsp_moq.integrations.vllm.router import DisaggRouter, ProcessEngine, make_app  # noqa: E402
+from kvsp_moq.control.http.server import serve_app  # noqa: E402
+from kvsp_moq.control.router import DisaggRouter  # noqa: E402
+from kvsp_moq.control.router.routes import make_app  # noqa: E402
+from kvsp_moq.integrations.vllm.router import ProcessEngine  # noqa: E402
 from kvsp_moq.integrations.vllm.settings import connector_extra_config, kv_transfer_config  # noqa: E402
 from kvsp_moq.integrations.vllm.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from kvsp_moq.kvsp.blockkeys import block_keys  # noqa: E402
@@ -104,18 +107,15 @@ def reference(engines: list[EngineProcess], prompt: list[int]) -> list[int]:
 
 
 async def _post(router: DisaggRouter, body: dict[str, Any]) -> dict[str, Any]:
-    runner = web.AppRunner(make_app(router))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = await serve_app(make_app(router))
+    port = server.port
     try:
         async with ClientSession() as http:
             async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as reply:
                 assert reply.status == 200, await reply.text()
                 return dict(await reply.json())
     finally:
-        await runner.cleanup()
+        await server.close()
 
 
 def test_one_prefill_streams_each_layer_once_to_two_decoders_while_it_computes(

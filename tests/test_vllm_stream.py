@@ -9,10 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
-from kvsp_moq.integrations.vllm.router import DisaggRouter, make_app
-from kvsp_moq.integrations.vllm.stream import StreamError, StreamParams, role_of
+from kvsp_moq.control.http.server import serve_app
+from kvsp_moq.control.router import STREAM_PARAM, DisaggRouter
+from kvsp_moq.control.router.routes import make_app
+from kvsp_moq.integrations.vllm.stream import PARAM, StreamError, StreamParams, role_of
 
 ID = "0f" * 16
 
@@ -41,6 +43,10 @@ def test_a_stream_is_named_by_its_id_and_the_engines_part() -> None:
 def test_a_malformed_stream_or_one_the_role_cannot_take_is_refused(raw: object, role: str, detail: str) -> None:
     with pytest.raises(StreamError, match=detail):
         StreamParams.of({"kvsp_stream": raw}, role)
+
+
+def test_the_router_and_the_connector_name_the_stream_alike() -> None:
+    assert STREAM_PARAM == PARAM
 
 
 def test_an_unknown_role_is_refused() -> None:
@@ -74,11 +80,8 @@ class _Unreachable:
 ])
 async def test_the_router_refuses_what_it_cannot_route(body: object, detail: str) -> None:
     prefill, decoder = _Unreachable("prefill"), _Unreachable("decode")
-    runner = web.AppRunner(make_app(DisaggRouter(prefill, [decoder])))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = await serve_app(make_app(DisaggRouter(prefill, [decoder])))
+    port = server.port
     try:
         async with ClientSession() as http:
             async with http.post(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body)) as reply:
@@ -89,7 +92,7 @@ async def test_the_router_refuses_what_it_cannot_route(body: object, detail: str
             async with http.get(f"http://127.0.0.1:{port}/health") as reply:
                 assert (await reply.json()) == {"ok": True, "requests": 0}
     finally:
-        await runner.cleanup()
+        await server.close()
     assert prefill.asked == decoder.asked == 0
 
 

@@ -2,7 +2,7 @@
 
 On loopback (``.engines``): the Index Service, the MOQT relay and an HTTP holder; one prefill
 engine (``kv_producer``) and N decode engines (``kv_consumer``), vLLM's CPU build serving the
-tiny Llama, each with the KVSP connector; the router (:mod:`kvsp_moq.integrations.vllm.router`)
+tiny Llama, each with the KVSP connector; the router (:mod:`kvsp_moq.control.router`)
 on loopback HTTP in front of them. The prefill engine prefills in chunks of
 :data:`CHUNK_TOKENS` tokens (vLLM's ``max_num_batched_tokens``: a long prompt takes several
 forward passes, as on a GPU with chunked prefill).
@@ -36,13 +36,14 @@ import json
 import time
 from typing import Any
 
-from aiohttp import web
-
-from ...integrations.vllm.router import DisaggRouter, ProcessEngine, make_app
+from ...control.http.server import serve_app
+from ...control.router import DisaggRouter
+from ...control.router.routes import make_app
+from ...integrations.vllm.router import ProcessEngine
 from ...integrations.vllm.tiny_model import TinyLlama
 from .cluster import http_request
 from .engines import BLOCK_TOKENS, VllmPlane, interrupts_as_keyboard_interrupt, progress_line, require_vllm
-from .vllm import _tokens, _vllm_version
+from .vllm import prompt_tokens, vllm_version
 
 __all__ = ["CHUNK_TOKENS", "cmd_demo_disagg", "decoder_line", "run_disagg"]
 
@@ -101,9 +102,9 @@ def run_disagg(plane: VllmPlane, model_dir: str | None, decoders: int, dtype: st
                    "(about 40 s each alone; minutes on a busy machine)")
     plane.wait_ready([prefill, *decode])
 
-    prompts = [_tokens(10 + i, PROMPT_TOKENS, vocab) for i in range(PROMPTS)]
+    prompts = [prompt_tokens(10 + i, PROMPT_TOKENS, vocab) for i in range(PROMPTS)]
     for engine in (prefill, *decode):
-        plane.generate(engine, _tokens(4, WARMUP_TOKENS, vocab), 2, kvsp=False)
+        plane.generate(engine, prompt_tokens(4, WARMUP_TOKENS, vocab), 2, kvsp=False)
     references = [plane.generate(prefill, p, MAX_TOKENS, kvsp=False)["token_ids"] for p in prompts]
     plane.progress(f"reference      the prefill engine alone, connector off: {len(prompts)} prompts of "
                    f"{PROMPT_TOKENS} tokens ({PROMPT_TOKENS // BLOCK_TOKENS} blocks), {MAX_TOKENS} tokens each")
@@ -130,7 +131,7 @@ def run_disagg(plane: VllmPlane, model_dir: str | None, decoders: int, dtype: st
                            f"{'==' if d['outputs_match'] else '!='} the single engine's")
     every: list[dict[str, Any]] = [d for line in lines for d in line["decoders"]]
     report: dict[str, Any] = {
-        "engine": "vllm", "mode": "disagg", "vllm": _vllm_version(), "dtype": dtype, "model": str(model),
+        "engine": "vllm", "mode": "disagg", "vllm": vllm_version(), "dtype": dtype, "model": str(model),
         "block_tokens": BLOCK_TOKENS, "prefill_chunk_tokens": CHUNK_TOKENS, "decoders": decoders,
         "outputs_match": all(d["outputs_match"] for d in every),
         "layers_received_before_prefill_finished": min(d["layers_received_before_prefill_finished"] for d in every),
@@ -147,17 +148,13 @@ def run_disagg(plane: VllmPlane, model_dir: str | None, decoders: int, dtype: st
 async def _route(router: DisaggRouter, plane: VllmPlane, prompts: list[list[int]]) -> list[tuple[dict[str, Any], dict[str, int]]]:
     """Each prompt POSTed to the router's HTTP API on loopback; its answer and the relay's
     counters over it."""
-    runner = web.AppRunner(make_app(router))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    plane.progress(f"router         http://127.0.0.1:{port}/v1/completions (prefill + {len(router.decoders)} decoders)")
+    server = await serve_app(make_app(router))
+    plane.progress(f"router         {server.url}v1/completions (prefill + {len(router.decoders)} decoders)")
     out = []
     try:
         for prompt in prompts:
             before = await asyncio.to_thread(plane.relay_stats)
-            reply = await http_request(f"http://127.0.0.1:{port}/v1/completions", "POST", timeout=600,
+            reply = await http_request(f"{server.url}v1/completions", "POST", timeout=600,
                                        body=json.dumps({"prompt": prompt, "max_tokens": MAX_TOKENS}).encode(),
                                        content_type="application/json")
             if reply.status != 200:
@@ -166,7 +163,7 @@ async def _route(router: DisaggRouter, plane: VllmPlane, prompts: list[list[int]
             out.append((reply.json(), _relay_delta(before, after)))
     finally:
         with contextlib.suppress(Exception):
-            await runner.cleanup()
+            await server.close()
     return out
 
 

