@@ -134,3 +134,46 @@ async def test_eviction_withdraws_the_namespace_at_the_relay(holder: HolderNode)
             await within(watcher.close())
         await within(holder.holder.close())
         await within(relay.close())
+
+
+async def test_a_subscribe_before_the_producer_began_is_held_by_the_relay_until_it_publishes(
+        holder: HolderNode) -> None:
+    # prefill→decode (binding §6.1): the consumer names the track before the producer exists;
+    # RENDEZVOUS_TIMEOUT makes the relay hold its SUBSCRIBE until the PUBLISH_NAMESPACE.
+    relay = await start_relay()
+    try:
+        await within(holder.holder.attach_relay(relay.url, client_config()))
+        key, layers = make_key(14), make_layers(LAYERS)
+        replica_id = bytes(range(40, 56))
+        name = key.block_name(replica_id)
+        sink = streaming_sink(layers)
+        held = asyncio.get_running_loop().create_future()
+        relay.observers.append(
+            lambda kind, obj: kind == "rendezvous_hold" and not held.done() and held.set_result(obj))
+        consumer = asyncio.ensure_future(subscribe_block(relay.url, name, sink, config=client_config(),
+                                                         rendezvous_ms=20_000))
+        await within(held)  # held: nobody publishes the namespace yet
+        writer = holder.holder.begin(key, layers.geometry, LAYERS, layers.tokens, replica_id=replica_id)
+        for layer in range(LAYERS):
+            writer.write_layer(layer, *layers.arrays[layer])
+            await within(sink.wait_for_layer(layer))
+        writer.finish()
+        result = await within(consumer)
+        assert result.complete
+        for layer in range(LAYERS):
+            assert sink.expected_digest(layer) == holder.store.info(key).layer_digests[layer]
+    finally:
+        await within(holder.holder.close())
+        await within(relay.close())
+
+
+async def test_without_a_rendezvous_a_subscribe_before_the_producer_began_misses() -> None:
+    relay = await start_relay()
+    try:
+        key, layers = make_key(15), make_layers(LAYERS)
+        sink = streaming_sink(layers)
+        result = await within(subscribe_block(relay.url, key.block_name(bytes(16)), sink, config=client_config()))
+        assert not result.complete and result.recompute == tuple(range(LAYERS))
+        assert result.attempts and result.attempts[0].error is not None
+    finally:
+        await within(relay.close())
