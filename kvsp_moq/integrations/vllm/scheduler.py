@@ -91,6 +91,7 @@ class _Request:
     #: The request's stream (prefill→decode, :mod:`.stream`), and the workers' time marks of it.
     stream: StreamParams | None = None
     marks: dict[str, list[int]] = field(default_factory=dict)
+    prompt_len: int = 0
 
 
 class SchedulerSide:
@@ -181,13 +182,12 @@ class SchedulerSide:
                                               asynchronous=self._asynchronous(state), stream_id=stream))
                 state.load_pending = None
         scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
-        plan.producing = [req_id for req_id in scheduled if (s := self._requests.get(req_id)) is not None
-                          and s.stream is not None and s.stream.producer]
         for new in scheduler_output.scheduled_new_reqs:
             fresh = self._requests.get(new.req_id)
             if fresh is not None:
                 fresh.block_ids = list(new.block_ids[0])
                 self._plan_saves(plan, new.req_id, fresh, new.num_computed_tokens, scheduled.get(new.req_id, 0))
+                self._mark_producing(plan, new.req_id, fresh, new.num_computed_tokens)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             running = self._requests.get(req_id)
@@ -200,6 +200,7 @@ class SchedulerSide:
                 else:
                     running.block_ids.extend(new_ids[0])
             self._plan_saves(plan, req_id, running, cached.num_computed_tokens[i], scheduled.get(req_id, 0))
+            self._mark_producing(plan, req_id, running, cached.num_computed_tokens[i])
         return plan
 
     def update_connector_output(self, counts: Mapping[str, Mapping[str, int]],
@@ -242,6 +243,12 @@ class SchedulerSide:
     def _asynchronous(self, state: _Request) -> bool:
         """A streamed load is always asynchronous: it waits for the producer's forward pass."""
         return self.settings.async_loads or (state.stream is not None and state.stream.consumer)
+
+    @staticmethod
+    def _mark_producing(plan: StepPlan, req_id: str, state: _Request, computed: int) -> None:
+        """A stream's producer still prefilling in this step: the workers mark the step's end."""
+        if state.stream is not None and state.stream.producer and computed < state.prompt_len:
+            plan.producing.append(req_id)
 
     def _compat_ids(self, adapters: tuple[str, ...]) -> tuple[bytes, ...]:
         """The Compatibility ID of every rank's blocks under ``adapters`` (computed once)."""
@@ -294,7 +301,7 @@ class SchedulerSide:
         key = self.settings.scopes[choice.scope]
         tokens: Sequence[int] = request.prompt_token_ids or []
         keys = tuple(block_keys(key, c, list(tokens), self.block_tokens) for c in compat_ids)
-        state = _Request(choice.scope, scope_id(key), compat_ids, keys, stream=stream)
+        state = _Request(choice.scope, scope_id(key), compat_ids, keys, stream=stream, prompt_len=len(tokens))
         self._requests[request.request_id] = state
         return state
 
