@@ -20,9 +20,9 @@ from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError
 NATIVE = "kvsp_moq/transport/native"
 PKG_CONFIG_NAMES = ["libngtcp2", "libngtcp2_crypto_gnutls", "gnutls"]
 DEBIAN_PACKAGES = "libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev"
-SOURCES = ["_ngtcp2module.c", "nq_api.c", "nq_buf.c", "nq_close.c", "nq_conn.c",
-           "nq_endpoint.c", "nq_events.c", "nq_map.c", "nq_stream.c", "nq_tls.c", "nq_udp.c",
-           "nq_write.c"]
+SOURCES = ["_ngtcp2module.c", "_ngtcp2objects.c", "nq_api.c", "nq_buf.c", "nq_close.c",
+           "nq_conn.c", "nq_endpoint.c", "nq_events.c", "nq_hasher.c", "nq_map.c", "nq_moqt.c",
+           "nq_objects.c", "nq_stream.c", "nq_tls.c", "nq_udp.c", "nq_write.c"]
 CFLAGS = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
 
@@ -67,7 +67,7 @@ setup(
         Extension(
             "kvsp_moq.transport.native._ngtcp2",
             sources=[f"{NATIVE}/{name}" for name in SOURCES],
-            depends=[f"{NATIVE}/nq.h"],
+            depends=[f"{NATIVE}/{name}" for name in ("nq.h", "nq_moqt.h", "_ngtcp2objects.h")],
             optional=True,
         )
     ],

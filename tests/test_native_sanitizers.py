@@ -4,7 +4,8 @@ The extension parses what hostile peers send (DESIGN.md §6), so CI builds it a 
 with ``-fsanitize=address,undefined`` (setup.py's ``KVSP_NATIVE_SANITIZE=1``), into a copy of
 the package in a temporary directory, and runs its receive-path and hostile-peer tests
 (tests/test_native_quic.py: real UDP, aioquic peers, random and truncated datagrams, flow
-control) in a child Python that loads that build first, with ASan's runtime preloaded and any
+control; tests/test_native_receive.py: the MOQT data-stream parser on hostile, truncated and
+random streams, payloads landing in registered buffers, hostile publishers) in a child Python that loads that build first, with ASan's runtime preloaded and any
 report fatal (``halt_on_error``). Leak detection is off: the interpreter itself never frees
 some of what it allocates; the extension's own frees are checked by the use-after-free and
 double-free detection that stays on.
@@ -61,7 +62,8 @@ def test_receive_path_and_hostile_peer_tests_pass_under_asan_and_ubsan(tmp_path:
                            cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=RUN_S)
     assert which.returncode == 0 and which.stdout.strip() == str(sanitized[0]), which.stdout + which.stderr[-3000:]
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                            str(ROOT / "tests" / "test_native_quic.py")], cwd=tmp_path, env=run_env,
+                            str(ROOT / "tests" / "test_native_quic.py"),
+                            str(ROOT / "tests" / "test_native_receive.py")], cwd=tmp_path, env=run_env,
                            capture_output=True, text=True, timeout=RUN_S)
     report = tests.stdout[-4000:] + tests.stderr[-6000:]
     assert tests.returncode == 0, report

@@ -33,6 +33,7 @@ from ..sinks import LayerFailed, LayerSink, LayerState, make_sink
 from ..transport import TransportConfig
 from .binding import BLOCK_GROUP, BindingError, TrackInfo
 from .pool import MoqtPool, refused_by_goaway
+from .native_receive import native_fetch
 from .receive import LayerReceiver
 
 __all__ = [
@@ -285,16 +286,23 @@ async def fetch_layers(session: MoqtSession, name: BlockName, codec: str, sink: 
     verified: list[int] = []
     error: str | None = None
     stream = None
+    # The native backend lands the layers itself (native_receive.py); others: the Python path.
+    native = None if accept_announced_digests else native_fetch(session, sink, first, last)
     try:
         async with asyncio.timeout(timeout), idle:
+            if native is not None:
+                native.on_progress = idle.touch
             stream = await session.fetch(
                 name.namespace_fields(), codec, start=(BLOCK_GROUP, first),
                 end=(BLOCK_GROUP, last), on_object_begin=idle.wrap(recv.on_object_begin),
-                on_object_progress=idle.wrap(recv.on_object_progress), on_response=on_response)
+                on_object_progress=idle.wrap(recv.on_object_progress), on_response=on_response,
+                on_request=None if native is None else native.register)
             idle.touch()
             error = (check(stream.response) if check is not None else
                      check_track(stream.response, sink, first, last, accept_announced_digests))
-            if error is None:
+            if error is None and native is not None and native.active:
+                error = await native.run(stream)
+            elif error is None:
                 async for obj in stream:
                     with idle.paused():  # verifying is our work, not the source's silence
                         ok = await recv.object_done(obj.object_id)
@@ -313,6 +321,9 @@ async def fetch_layers(session: MoqtSession, name: BlockName, codec: str, sink: 
         error = (f"no octet for {idle_timeout} s (idle timeout)" if idle.expired()
                  else f"no complete answer within {timeout} s")
     finally:
+        if native is not None:
+            verified.extend(native.verified)
+            native.close(error or "fetch ended mid-object")
         if stream is not None and not stream.done:
             await stream.cancel()
         recv.abort_pending(error or "fetch ended mid-object")

@@ -617,14 +617,17 @@ class MoqtSession(SessionDriver):
                     parameters: MessageParameters = MessageParameters(),
                     on_object_begin: ObjectBeginCallback | None = None,
                     on_object_progress: ObjectProgressCallback | None = None,
-                    on_response: Callable[[Message], None] | None = None) -> FetchStream:
+                    on_response: Callable[[Message], None] | None = None,
+                    on_request: Callable[[int], None] | None = None) -> FetchStream:
         """FETCH objects ``start`` .. ``end`` (inclusive; None: to the largest object), groups
         in ``group_order`` (None: the publisher's, ascending here), at
         ``subscriber_priority`` (§"SUBSCRIBER PRIORITY": relative to the session's other
         subscriptions and fetch responses; None: default 128). ``parameters``: any other
         request parameter (e.g. ``authorization_tokens``); the keywords override it.
         ``on_response(answer)`` runs synchronously when FETCH_OK (or REQUEST_ERROR) is
-        dispatched, before the objects read behind it reach ``on_object_begin``."""
+        dispatched, before the objects read behind it reach ``on_object_begin``.
+        ``on_request(request_id)`` runs once the FETCH has its Request ID, before it is sent
+        (the native transport registers the objects' destinations then)."""
         ns = normalize_namespace(namespace)
         params = parameters
         if group_order:
@@ -636,6 +639,8 @@ class MoqtSession(SessionDriver):
             s = FetchStream(self, rid, self.receive_limits)
             s.on_object_begin = on_object_begin
             s.on_object_progress = on_object_progress
+            if on_request is not None:
+                on_request(rid)
             return s
 
         _, _, f = await self._request(

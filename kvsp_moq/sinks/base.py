@@ -278,6 +278,36 @@ class LayerSink(ABC, Generic[KV]):
             return False  # aborted (or failed) while the digest was being computed
         return self.end_layer(layer)
 
+    def destinations_at_once(self) -> bool:
+        """Whether :meth:`begin_layer` can hand out every layer's destination at once, before
+        any octet arrives (the native data plane registers them before its FETCH leaves,
+        DESIGN.md §6): True where each layer has CPU memory of its own; a sink that stages
+        through a bounded ring of slots says False."""
+        return True
+
+    def land_verified(self, layer: int, digest: bytes) -> bool:
+        """The transport wrote the whole payload of a delivery begun with :meth:`begin_layer`
+        into its destination and computed its SHA-256 while the octets landed (the native data
+        plane: the same one pass over the same octets :meth:`chunk_written` would make).
+        Compare with the expected digest (§4.3) and publish, as :meth:`end_layer` does: True
+        verified, False failed (its octets are never exposed)."""
+        slot = self._slot(layer)
+        self._receiving(layer)  # SinkError unless a delivery is in progress
+        assert slot.digest is not None  # begin_layer refuses a layer without a digest
+        if bytes(digest) != slot.digest:
+            self._fail(slot, f"digest mismatch: received {bytes(digest).hex()}, "
+                             f"expected {slot.digest.hex()}")
+            return False
+        slot.reception = None
+        try:
+            self._publish(layer - self.first_layer)
+        except Exception as exc:
+            self._fail(slot, f"could not publish the layer: {exc!r}")
+            raise
+        slot.state = LayerState.READY
+        self._wake(slot, None)
+        return True
+
     def accept_verified(self, layer: int, digest: bytes) -> None:
         """A delivery of ``layer`` was written into this sink's memory by another process and
         verified there (a worker of a parallel load, ``kvsp_moq.bridge.parallel``: it received

@@ -183,6 +183,9 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
 
     # -- hooks ------------------------------------------------------------------------------
 
+    def destinations_at_once(self) -> bool:
+        return self._ring is None  # a staging ring has fewer slots than layers
+
     def _acquire(self, position: int) -> memoryview:
         if self._ring is None:
             return byte_view(self._octets[position])  # the tensor's own storage

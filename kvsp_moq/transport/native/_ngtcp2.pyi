@@ -27,6 +27,19 @@ kind; those of one connection come in order:
 ``("pong", conn, n)``
     The PING of :meth:`Endpoint.ping` number ``n`` (and every earlier one) was answered: a
     packet sent with it or after it was acknowledged.
+``("object", conn, reg, stream_id, group, subgroup, object, length, status, priority, digest, properties)``
+    One object of a data stream parsed into the destinations of registration ``reg``
+    (:meth:`Endpoint.receive_objects`): its fields (``subgroup`` None for a Datagram-preference
+    fetch object, ``priority`` None when a subgroup header left it to the subscription), the
+    SHA-256 of its payload computed as it landed (None: the payload was discarded), its raw
+    Object Properties. One per object, never per packet.
+``("objects_end", conn, reg, stream_id, result, code, reason)``
+    A registered data stream ended: ``result`` ``"fin"``, ``"reset"`` (the peer's
+    RESET_STREAM, ``code`` its code), ``"violation"`` (a malformed stream: the session must be
+    closed with ``code``, PROTOCOL_VIOLATION), ``"limit"`` (Object Properties past the limit)
+    or ``"refused"`` (an object outside the registration or of another length than its
+    destination); after the last two the extension has stopped the stream (STOP_SENDING
+    ``code``: EXCESSIVE_LOAD, CANCELLED).
 ``("closed", conn, code, reason, app, by_peer)``
     The connection ended (the last event; the handle is invalid after it). A TLS failure is
     ``0x100 + alert`` (RFC 9001 §4.8); an idle timeout is code 0, reason ``"idle timeout"``.
@@ -39,6 +52,21 @@ state forbids ValueError.
 from typing import Any
 
 from typing_extensions import Buffer
+
+class ObjectParser:
+    """The MOQT data-stream parser of the network thread (nq_moqt.c), fed from Python: SUBGROUP
+    (``kind`` 1) or FETCH (2) streams, or either (0), with the destination rules of
+    :meth:`Endpoint.receive_objects` (``dests`` for objects ``first..`` of ``group``; an empty
+    list discards every payload)."""
+
+    def __init__(self, kind: int, group: int, first: int, dests: list[Any], *,
+                 timed_out_range: bool = True, descending: bool = False,
+                 max_properties_length: int = 1 << 20) -> None: ...
+    def feed(self, data: Buffer, fin: bool = False) -> list[tuple[Any, ...]]:
+        """Events of these bytes: ``("subgroup" | "fetch", id)`` once the header is read;
+        ``("object", group, subgroup, object, length, status, priority, digest, properties)``
+        per object; ``("end_of_range", kind, group, object)``; last, once the stream is over
+        for the parser, ``("end", result, code, reason)`` (results as ``objects_end``)."""
 
 def version() -> dict[str, str]:
     """``{"ngtcp2": ..., "gnutls": ...}``: the library versions in use."""
@@ -110,6 +138,20 @@ class Endpoint:
         period after the ``closed`` event, while the extension keeps the connection."""
     def max_datagram_payload(self, conn: int) -> int:
         """The largest datagram ``send_datagram`` takes now (0: the peer offered none)."""
+    def receive_objects(self, conn: int, kind: int, id: int, group: int, first: int,
+                        dests: list[Any], *, timed_out_range: bool = True,
+                        descending: bool = False, max_properties_length: int = 1 << 20) -> int:
+        """Land the objects ``first .. first + len(dests) - 1`` of ``group`` of the peer's data
+        stream of ``kind`` (1 SUBGROUP: ``id`` its Track Alias; 2 FETCH: ``id`` its Request
+        ID) in ``dests`` (writable C-contiguous buffers of exactly their object's payload
+        length, or None), parsing the stream on the network thread (nq_objects.c); returns the
+        registration's handle. The buffers are held until :meth:`forget_objects` (or close).
+        Streams nobody registered for reach Python as ``stream`` events, unchanged.
+        ``timed_out_range``: End of Timed-Out Range exists (drafts 20+); ``descending``: the
+        FETCH's Group Order. ValueError if ``id`` has destinations already."""
+    def forget_objects(self, conn: int, handle: int) -> None:
+        """End a registration: once this returns nothing is written into its buffers (a stream
+        still landing is stopped with CANCELLED), and they are released."""
     def ping(self, conn: int) -> int:
         """Send a PING (RFC 9000 §19.2) with the next packet; returns its number, which a
         ``("pong", conn, n)`` event with ``n`` at least as large answers. ngtcp2 0.12 reports

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_ngtcp2objects.h"
 #include "nq.h"
 
 #define NQ_VARINT_MAX ((1ULL << 62) - 1) /* RFC 9000 §16 */
@@ -19,7 +20,7 @@
 
 static const char *const EVENT_NAMES[] = {
     "established", "stream", "reset", "stop_sending", "datagram", "acked", "stream_limit",
-    "closed", "pong",
+    "closed", "pong", "object", "objects_end",
 };
 #define NQ_NEVENTS (sizeof(EVENT_NAMES) / sizeof(EVENT_NAMES[0]))
 
@@ -32,9 +33,17 @@ typedef struct {
   PyObject *event_names[NQ_NEVENTS]; /* interned */
 } module_state;
 
+/* The buffers of one object registration (Endpoint.receive_objects). */
+typedef struct pyreg {
+  struct pyreg *next;
+  uint64_t conn, handle;
+  nqpy_dests dests;
+} pyreg;
+
 typedef struct {
   PyObject_HEAD
   nq_endpoint *ep;
+  pyreg *regs;      /* registrations whose buffers the network thread may write into */
   int closing;      /* close() began: every method refuses */
   int inflight;     /* methods waiting for the lock without the GIL */
   int free_pending; /* close() is done but a waiting method still holds ep: it frees it */
@@ -195,6 +204,12 @@ static PyObject *event_tuple(module_state *st, const nq_event *ev) {
                          PyBool_FromLong(ev->by_peer));
   case NQ_EV_PONG:
     return Py_BuildValue("(OKK)", name, conn, (unsigned long long)ev->code);
+  case NQ_EV_OBJECT:
+    return nqpy_object_event(name, conn, sid, &ev->obj, bytes_from(&ev->data));
+  case NQ_EV_OBJECTS_END:
+    return Py_BuildValue("(OKKLsKN)", name, conn, (unsigned long long)ev->obj.reg, sid,
+                         nqpy_result_name(ev->obj.result), (unsigned long long)ev->code,
+                         text_from(&ev->data));
   }
   PyErr_SetString(PyExc_SystemError, "unknown event");
   return NULL;
@@ -363,6 +378,13 @@ static PyObject *Endpoint_close(EndpointObject *self, PyObject *Py_UNUSED(ignore
   }
   self->free_pending = 1;
   free_if_last(self);
+  /* The network thread is gone: nothing writes into the registered buffers any more. */
+  while (self->regs != NULL) {
+    pyreg *r = self->regs;
+    self->regs = r->next;
+    nqpy_dests_release(&r->dests);
+    PyMem_Free(r);
+  }
   Py_RETURN_NONE;
 }
 
@@ -642,7 +664,103 @@ static PyObject *Endpoint_stats(EndpointObject *self, PyObject *args) {
       (Py_ssize_t)s.max_udp_payload, "cc", cc_name(s.cc));
 }
 
+/* receive_objects(conn, kind, id, group, first, dests, *, timed_out_range, descending,
+ * max_properties_length) -> handle: the objects first.. of group of the FETCH (kind 2, id its
+ * Request ID) or subscription (kind 1, id its Track Alias) land in dests (nq_objects.c). */
+static PyObject *Endpoint_receive_objects(EndpointObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"conn", "kind", "id", "group", "first", "dests", "timed_out_range",
+                           "descending", "max_properties_length", NULL};
+  uint64_t conn;
+  int kind, timed_out = 1, descending = 0, rv;
+  unsigned long long id, group, first, max_props = 1ULL << 20;
+  PyObject *dests;
+  nq_objreg *reg;
+  pyreg *r;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&iKKKO!|ppK", kwlist, conv_varint, &conn,
+                                   &kind, &id, &group, &first, &PyList_Type, &dests, &timed_out,
+                                   &descending, &max_props)) {
+    return NULL;
+  }
+  if (kind != NQ_DSP_SUBGROUP && kind != NQ_DSP_FETCH) {
+    return PyErr_Format(PyExc_ValueError, "kind must be 1 (subgroup) or 2 (fetch)");
+  }
+  reg = nq_objreg_new((nq_dsp_kind)kind, id, group, first, (size_t)PyList_GET_SIZE(dests),
+                      timed_out, descending, max_props);
+  r = PyMem_Calloc(1, sizeof(*r));
+  if (reg == NULL || r == NULL) {
+    nq_objreg_free(reg);
+    PyMem_Free(r);
+    return PyErr_NoMemory();
+  }
+  if (nqpy_dests_take(&r->dests, dests, reg) != 0) {
+    nq_objreg_free(reg);
+    PyMem_Free(r);
+    return NULL;
+  }
+  if (ep_enter(self) < 0) {
+    rv = NQ_EINVAL;
+  } else {
+    rv = nq_api_objects_register(self->ep, conn, reg);
+    nq_endpoint_unlock(self->ep);
+    if (rv != NQ_OK) {
+      raise_nq(rv, conn, -1);
+    }
+  }
+  if (rv != NQ_OK) {
+    nq_objreg_free(reg);
+    nqpy_dests_release(&r->dests);
+    PyMem_Free(r);
+    if (rv == NQ_ESTATE) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_ValueError, "that request already has destinations");
+    }
+    return NULL;
+  }
+  r->conn = conn;
+  r->handle = reg->handle;
+  r->next = self->regs;
+  self->regs = r;
+  return PyLong_FromUnsignedLongLong(r->handle);
+}
+
+/* forget_objects(conn, handle): the registration ends; its buffers are released. */
+static PyObject *Endpoint_forget_objects(EndpointObject *self, PyObject *args) {
+  uint64_t conn, handle;
+  pyreg **at, *r = NULL;
+  if (!PyArg_ParseTuple(args, "O&O&", conv_varint, &conn, conv_varint, &handle)) {
+    return NULL;
+  }
+  for (at = &self->regs; *at != NULL; at = &(*at)->next) {
+    if ((*at)->conn == conn && (*at)->handle == handle) {
+      r = *at;
+      break;
+    }
+  }
+  if (r == NULL) {
+    Py_RETURN_NONE; /* forgotten already */
+  }
+  if (ep_enter(self) < 0) {
+    return NULL; /* closing: close() releases the buffers once the thread stopped */
+  }
+  (void)nq_api_objects_unregister(self->ep, conn, handle); /* ENOCONN: the connection is gone */
+  ep_leave_wake(self);
+  /* The hash thread may still read the buffers: wait for what it was given (milliseconds). The
+   * endpoint is used from one Python thread, so close() cannot run meanwhile. */
+  ++self->inflight;
+  Py_BEGIN_ALLOW_THREADS
+  nq_hasher_drain(&self->ep->hasher);
+  Py_END_ALLOW_THREADS
+  --self->inflight;
+  *at = r->next;
+  nqpy_dests_release(&r->dests);
+  PyMem_Free(r);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef Endpoint_methods[] = {
+    {"receive_objects", (PyCFunction)(void (*)(void))Endpoint_receive_objects,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"forget_objects", (PyCFunction)Endpoint_forget_objects, METH_VARARGS, NULL},
     {"close", (PyCFunction)Endpoint_close, METH_NOARGS, NULL},
     {"fileno", (PyCFunction)Endpoint_fileno, METH_NOARGS, NULL},
     {"local_address", (PyCFunction)Endpoint_local_address, METH_NOARGS, NULL},
@@ -702,6 +820,9 @@ static int module_exec(PyObject *module) {
     if (st->event_names[i] == NULL) {
       return -1;
     }
+  }
+  if (nqpy_add_object_parser(module) != 0) {
+    return -1;
   }
   return PyModule_AddObjectRef(module, "Endpoint", st->endpoint_type);
 }

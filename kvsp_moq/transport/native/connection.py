@@ -112,7 +112,10 @@ class NativeConnection(ConnectionCore):
             "stream": self._ev_stream, "acked": self._ev_acked, "datagram": self._ev_datagram,
             "reset": self._ev_reset, "stop_sending": self._ev_stop_sending,
             "stream_limit": self._ev_stream_limit, "established": self._ev_established,
-            "closed": self._ev_closed, "pong": self._ev_pong}
+            "closed": self._ev_closed, "pong": self._ev_pong, "object": self._ev_object,
+            "objects_end": self._ev_object}
+        #: Object registrations (:meth:`receive_objects`): handle -> their event callback.
+        self._receivers: dict[int, Callable[[tuple[Any, ...]], None]] = {}
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -250,6 +253,48 @@ class NativeConnection(ConnectionCore):
         finally:
             if entry in self._pings:
                 self._pings.remove(entry)
+
+    # -- the native data plane ---------------------------------------------------------------
+    def receive_objects(self, kind: int, ident: int, group: int, first: int,
+                        dests: list[Any], on_event: Callable[[tuple[Any, ...]], None],
+                        *, timed_out_range: bool = True, descending: bool = False,
+                        max_properties_length: int = 1 << 20) -> int:
+        """Have the extension land the objects ``first .. first + len(dests) - 1`` of group
+        ``group`` of the peer's data stream of kind ``kind`` (1: SUBGROUP, ``ident`` its
+        Track Alias; 2: FETCH, ``ident`` its Request ID) straight in ``dests`` (writable
+        buffers, each of exactly its object's payload length, or None: not wanted), hashing
+        each payload (SHA-256) as it lands. Call it before the request leaves, so that no byte
+        of the answer can precede it. ``on_event`` gets, on the loop thread,
+        ``("object", conn, handle, stream_id, group, subgroup, object, length, status,
+        priority, digest, properties)`` once per object (digest None: discarded, e.g. a
+        duplicate) and ``("objects_end", conn, handle, stream_id, result, code, reason)`` once
+        per stream (result ``fin``, ``reset``, ``violation`` — the session must close with
+        ``code`` — ``limit`` or ``refused``: the extension stopped the stream with ``code``).
+        Returns the registration's handle for :meth:`forget_objects`; the buffers stay in use
+        until then. ValueError: this request has destinations already; ConnectionError:
+        closed."""
+        if self._gone:
+            raise ConnectionError("connection closed")
+        handle = int(self._ep.receive_objects(
+            self._handle, kind, ident, group, first, dests, timed_out_range=timed_out_range,
+            descending=descending, max_properties_length=max_properties_length))
+        self._receivers[handle] = on_event
+        return handle
+
+    def forget_objects(self, handle: int) -> None:
+        """End a registration: nothing more lands in its buffers once this returns (a stream
+        still landing is stopped with CANCELLED); its later events are dropped."""
+        if self._receivers.pop(handle, None) is None:
+            return
+        try:
+            self._ep.forget_objects(self._handle, handle)
+        except ValueError:
+            pass  # the endpoint closed: it released the buffers with its thread
+
+    def _ev_object(self, event: tuple[Any, ...]) -> None:
+        receiver = self._receivers.get(event[2])
+        if receiver is not None:
+            receiver(event)
 
     # -- datagrams --------------------------------------------------------------------------
     def _send_datagram_frame(self, data: bytes) -> None:

@@ -19,6 +19,9 @@
  *   nq_write.c    packets out for one connection (streams, datagrams, GSO batches, pacing)
  *   nq_endpoint.c the endpoint: creation, the network thread, datagram dispatch, timers
  *   nq_api.c      the operations Python calls (under the mutex)
+ *   nq_moqt.c     the MOQT data-stream parser (SUBGROUP, FETCH; nq_moqt.h)
+ *   nq_objects.c  object destinations Python registers, and the streams parsed into them
+ *   nq_hasher.c   the hash thread: SHA-256 of landed payloads beside the network thread
  */
 #ifndef KVSP_NQ_H
 #define KVSP_NQ_H
@@ -32,6 +35,8 @@
 #include <gnutls/gnutls.h>
 #include <ngtcp2/ngtcp2.h>
 #include <ngtcp2/ngtcp2_crypto.h>
+
+#include "nq_moqt.h"
 
 /* Our connection IDs (RFC 9000 §5.1: at most 20 bytes; 16 is plenty to be unguessable). A
  * short header does not carry the length, so every endpoint uses this one length. */
@@ -168,7 +173,19 @@ typedef enum nq_event_type {
   NQ_EV_STREAM_LIMIT,
   NQ_EV_CLOSED,
   NQ_EV_PONG,
+  NQ_EV_OBJECT,      /* an object of a registered data stream landed (nq_objects.c) */
+  NQ_EV_OBJECTS_END, /* a registered data stream ended: FIN, reset or error */
 } nq_event_type;
+
+/* OBJECT and OBJECTS_END: what Python hears once per object, and once per stream. */
+typedef struct nq_objinfo {
+  uint64_t reg;                /* the registration's handle */
+  uint64_t group, subgroup, object, length;
+  uint8_t has_subgroup, has_priority, priority, status, has_digest;
+  uint8_t digest[NQ_DIGEST_LEN];
+  uint8_t result;              /* OBJECTS_END: an nq_dsp_result, or NQ_OBJ_RESET */
+} nq_objinfo;
+#define NQ_OBJ_RESET 5
 
 struct nq_stream;
 
@@ -185,6 +202,7 @@ typedef struct nq_event {
   struct sockaddr_storage addr; /* ESTABLISHED: the peer */
   socklen_t addrlen;
   size_t cost;                /* bytes charged to the connection's control/datagram budget */
+  nq_objinfo obj;             /* OBJECT (data: its properties), OBJECTS_END (data: reason) */
 } nq_event;
 
 struct nq_endpoint;
@@ -199,6 +217,10 @@ int nq_emit_stream_limit(struct nq_conn *c);
 int nq_emit_closed(struct nq_conn *c, uint64_t code, const uint8_t *reason, size_t reasonlen,
                    int app, int by_peer);
 int nq_emit_pong(struct nq_conn *c, uint64_t seq);
+int nq_emit_object(struct nq_conn *c, int64_t stream_id, const nq_objinfo *info,
+                   const uint8_t *props, size_t propslen);
+int nq_emit_objects_end(struct nq_conn *c, int64_t stream_id, uint64_t reg, uint8_t result,
+                        uint64_t code, const char *reason);
 void nq_events_forget_stream(struct nq_stream *s);
 nq_event *nq_events_detach(struct nq_endpoint *ep);
 void nq_events_free_list(nq_event *ev);
@@ -218,6 +240,11 @@ typedef struct nq_stream {
   unsigned blocked : 1;       /* stream flow control: waiting for MAX_STREAM_DATA */
   unsigned in_txq : 1;
   unsigned ended : 1;         /* a peer's uni stream finished (nq_stream.c, ngtcp2 < 0.14) */
+  unsigned routed : 1;        /* its bytes go to Python (not a registered data stream) */
+  unsigned native_done : 1;   /* a registered data stream that ended: later bytes dropped */
+  uint8_t peeklen;
+  uint8_t peek[18];           /* a peer's uni stream's first bytes: type and ID (2 vi64) */
+  struct nq_rx *rx;           /* a registered data stream being parsed (nq_objects.c) */
   struct nq_stream *txq_prev, *txq_next;
   nq_event *rx_ev;            /* the queued STREAM event received bytes join */
   nq_event *acked_ev;         /* the queued ACKED event */
@@ -280,6 +307,7 @@ typedef struct nq_conn {
   ngtcp2_tstamp ping_ts;
   /* Statistics. */
   uint64_t bytes_sent, bytes_recv, stream_pkts_lost;
+  struct nq_objreg *objregs;   /* object destinations Python registered (nq_objects.c) */
 } nq_conn;
 
 nq_conn *nq_conn_new_client(struct nq_endpoint *ep, const struct sockaddr *remote,
@@ -328,6 +356,38 @@ int nq_cb_stream_reset(ngtcp2_conn *qc, int64_t stream_id, uint64_t final_size,
 int nq_cb_extend_max_stream_data(ngtcp2_conn *qc, int64_t stream_id, uint64_t max_data,
                                  void *user_data, void *stream_user_data);
 int nq_cb_extend_max_local_streams(ngtcp2_conn *qc, uint64_t max_streams, void *user_data);
+
+/* ---- registered object destinations (nq_objects.c) ---------------------------------- */
+
+/* Destinations of the objects of one FETCH (its Request ID) or one subscription (its Track
+ * Alias): objects first .. first + n - 1 of one group, each a buffer of exactly its payload
+ * length (or none: the object is discarded). Python keeps the buffers alive while registered. */
+typedef struct nq_objreg {
+  struct nq_objreg *next;
+  uint64_t handle;
+  nq_dsp_kind kind;
+  uint64_t id;
+  int timed_out_range, descending;
+  uint64_t max_props;
+  uint64_t group, first;
+  size_t n;
+  uint8_t **ptr;
+  size_t *len;
+  uint8_t *state; /* 0 not begun, 1 landing, 2 landed */
+} nq_objreg;
+
+nq_objreg *nq_objreg_new(nq_dsp_kind kind, uint64_t id, uint64_t group, uint64_t first, size_t n,
+                         int timed_out_range, int descending, uint64_t max_props);
+void nq_objreg_free(nq_objreg *r);
+nq_dsp_dest nq_objreg_begin(nq_objreg *r, nq_dsp *p, const nq_dsp_object *o, uint8_t **dest,
+                            size_t *slot);
+void nq_objreg_end(nq_objreg *r, size_t slot, const uint8_t *digest);
+int nq_objects_recv(nq_conn *c, nq_stream *s, const uint8_t *data, size_t len, int fin);
+void nq_objects_reset(nq_conn *c, nq_stream *s, uint64_t code);
+void nq_objects_stream_free(nq_stream *s);
+void nq_objects_free_conn(nq_conn *c);
+int nq_api_objects_register(struct nq_endpoint *ep, uint64_t conn, nq_objreg *r);
+int nq_api_objects_unregister(struct nq_endpoint *ep, uint64_t conn, uint64_t handle);
 
 /* ---- packets out (nq_write.c) -------------------------------------------------------- */
 
@@ -391,6 +451,28 @@ typedef struct nq_config {
   int log; /* ngtcp2's debug log on stderr ($KVSP_NQ_LOG) */
 } nq_config;
 
+/* The hash thread (nq_hasher.c). */
+struct nq_hjob;
+typedef struct nq_hasher {
+  struct nq_endpoint *ep;
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct nq_hjob *head, *tail;
+  uint64_t submitted, done;
+  int started, stopping;
+} nq_hasher;
+
+int nq_hasher_start(struct nq_endpoint *ep);
+int nq_hasher_update(nq_hasher *hs, gnutls_hash_hd_t h, const uint8_t *ptr, size_t len);
+int nq_hasher_finish(nq_hasher *hs, gnutls_hash_hd_t h, int emit, uint64_t conn,
+                     int64_t stream_id, const nq_objinfo *info, const uint8_t *props,
+                     size_t propslen);
+int nq_hasher_end(nq_hasher *hs, uint64_t conn, int64_t stream_id, uint64_t reg, uint8_t result,
+                  uint64_t code, const char *reason);
+void nq_hasher_drain(nq_hasher *hs);
+void nq_hasher_stop(nq_hasher *hs);
+
 typedef struct nq_endpoint {
   nq_config cfg;
   nq_tls tls;
@@ -410,6 +492,8 @@ typedef struct nq_endpoint {
   nq_conn *conns;      /* every connection, any state */
   size_t nconns;
   uint64_t next_handle;
+  uint64_t next_objreg; /* handles of object registrations (nq_objects.c) */
+  nq_hasher hasher;     /* started with the first registration */
   int remote_uni_lingers; /* ngtcp2 < 0.14: a peer's uni stream never closes (nq_stream.c) */
   uint8_t *txbuf;      /* one GSO batch */
   size_t txbuf_size;

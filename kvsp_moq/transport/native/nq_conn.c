@@ -279,6 +279,7 @@ void nq_conn_free(nq_conn *c) {
   nq_endpoint *ep = c->ep;
   nq_dgram *d = c->dgram_head;
   nq_stream_free_all(c);
+  nq_objects_free_conn(c);
   while (d != NULL) {
     nq_dgram *next = d->next;
     free(d);

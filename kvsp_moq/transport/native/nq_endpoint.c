@@ -272,6 +272,7 @@ nq_endpoint *nq_endpoint_new(const nq_config *cfg, const char *host, int port,
     return NULL;
   }
   ep->thread_started = 1;
+  (void)pthread_setname_np(ep->thread, "kvsp-nq-net"); /* per-thread CPU in /proc, top -H */
   return ep;
 }
 
@@ -297,6 +298,7 @@ int nq_endpoint_stop(nq_endpoint *ep, int timeout_ms) {
     return -1;
   }
   ep->thread_started = 0;
+  nq_hasher_stop(&ep->hasher); /* after the network thread: nothing submits any more */
   return 0;
 }
 

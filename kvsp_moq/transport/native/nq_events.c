@@ -208,6 +208,35 @@ int nq_emit_pong(nq_conn *c, uint64_t seq) {
   return push_control(c, ev);
 }
 
+/* An object of a registered data stream landed (nq_objects.c); its properties ride along. */
+int nq_emit_object(nq_conn *c, int64_t stream_id, const nq_objinfo *info, const uint8_t *props,
+                   size_t propslen) {
+  nq_event *ev = event_new(c, NQ_EV_OBJECT);
+  if (ev == NULL || (propslen > 0 && nq_bytes_append(&ev->data, props, propslen, propslen) != 0)) {
+    nq_events_free_list(ev);
+    return -1;
+  }
+  ev->stream_id = stream_id;
+  ev->obj = *info;
+  return push_control(c, ev);
+}
+
+/* A registered data stream ended (result: an nq_dsp_result or NQ_OBJ_RESET). */
+int nq_emit_objects_end(nq_conn *c, int64_t stream_id, uint64_t reg, uint8_t result,
+                        uint64_t code, const char *reason) {
+  nq_event *ev = event_new(c, NQ_EV_OBJECTS_END);
+  size_t len = strlen(reason);
+  if (ev == NULL || (len > 0 && nq_bytes_append(&ev->data, (const uint8_t *)reason, len, len) != 0)) {
+    nq_events_free_list(ev);
+    return -1;
+  }
+  ev->stream_id = stream_id;
+  ev->obj.reg = reg;
+  ev->obj.result = result;
+  ev->code = code;
+  return push_control(c, ev);
+}
+
 /* The stream goes away: its queued events keep their bytes but stop collecting. */
 void nq_events_forget_stream(nq_stream *s) {
   if (s->rx_ev != NULL) {

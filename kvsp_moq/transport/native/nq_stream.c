@@ -39,6 +39,7 @@ nq_stream *nq_stream_attach(nq_conn *c, int64_t stream_id) {
 }
 
 static void stream_free(nq_stream *s) {
+  nq_objects_stream_free(s);
   nq_stream_txq_remove(s);
   nq_events_forget_stream(s);
   nq_sendbuf_free(&s->tx);
@@ -157,10 +158,14 @@ int nq_cb_recv_stream_data(ngtcp2_conn *qc, uint32_t flags, int64_t stream_id, u
   nq_stream *s = stream_user_data;
   (void)qc;
   (void)offset;
+  int fin = (flags & NGTCP2_STREAM_DATA_FLAG_FIN) != 0;
+  int taken;
   if (s == NULL && (s = nq_stream_attach(c, stream_id)) == NULL) {
     return NGTCP2_ERR_CALLBACK_FAILURE;
   }
-  if (nq_emit_stream_data(s, data, datalen, (flags & NGTCP2_STREAM_DATA_FLAG_FIN) != 0) != 0) {
+  /* A registered data stream is parsed into its destinations here (nq_objects.c). */
+  taken = nq_objects_recv(c, s, data, datalen, fin);
+  if (taken < 0 || (taken == 0 && nq_emit_stream_data(s, data, datalen, fin) != 0)) {
     return NGTCP2_ERR_CALLBACK_FAILURE;
   }
   if ((flags & NGTCP2_STREAM_DATA_FLAG_FIN) && remote_uni_lingers(c, stream_id)) {
@@ -225,6 +230,9 @@ int nq_cb_stream_reset(ngtcp2_conn *qc, int64_t stream_id, uint64_t final_size,
   (void)final_size;
   if (s != NULL && s->ended) {
     return 0; /* after the FIN: nothing was lost */
+  }
+  if (s != NULL && s->rx != NULL) {
+    nq_objects_reset(c, s, app_error_code);
   }
   if (s != NULL && s->seen) {
     rv = nq_emit_reset(c, stream_id, app_error_code);

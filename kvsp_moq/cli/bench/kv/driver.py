@@ -8,7 +8,8 @@ copy of the same bytes over loopback, ``bench.baseline.tcp_copy``):
   (``kv.holder``, as a real holder would), the loader here does ``load_block`` into a
   torch sink (CPU, or ``device`` "cuda[:i]": pinned staging then a device copy, timed to
   the copy's completion), every layer verified against the record's digest (binding v1): time to the
-  first verified layer and to the whole verified block;
+  first verified layer and to the whole verified block; ``params.loader_cpu_s_per_gib``: the
+  CPU seconds the loader process (all its threads) spent per GiB delivered, best run;
 * HTTP GET of the same block from the same holder process (``kv_http_*``: the KVB1 container,
   §6.7, plain HTTP/1.1 client on asyncio streams into one buffer, SHA-256 of the body);
 * through the relay (``.relayed``: relay and holder each in its own process, first backend,
@@ -172,8 +173,11 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                 try:
                     config = TransportConfig(backend=backend, insecure=True, max_datagram_size=size)
                     want_http = http and "http" not in got
+                    cpu: dict[str, float] = {}
                     res = loop.run_until_complete(measure(info, config, repeat, want_http,
-                                                          device=device))
+                                                          device=device, cpu=cpu))
+                    # The loader's CPU (all its threads) per GiB delivered, best run.
+                    params["loader_cpu_s_per_gib"] = round(cpu["moqt"] / (block / (1 << 30)), 3)
                     if parallel:
                         from ....kvsp.records import ReplicaRecord
 

@@ -1,0 +1,196 @@
+"""Receiving a FETCH of a block's layers through the native data plane (DESIGN.md §6; binding v1
+§6, §8; docs/transport.md "native").
+
+On a connection of the ``native`` transport backend, :class:`NativeFetch` hands the sink's
+destinations of layers ``first..last`` to the extension once the FETCH has its Request ID and
+before it leaves (``MoqtSession.fetch(on_request=...)``). The extension parses the FETCH's data
+stream itself, writes each layer's payload straight from the decrypted STREAM frames into its
+destination and computes its SHA-256 as the octets land; Python hears once per layer (object ID,
+length, digest) and verifies it against the record's digest (``LayerSink.land_verified``).
+Control streams, and any stream nothing registered for, still reach the sans-IO MOQT session.
+
+The rules of :class:`~.receive.LayerReceiver` hold: an object outside the range or of another
+Payload Length than the layer's is refused (the extension stops the stream with CANCELLED and
+the FETCH fails), a layer already verified or being received is not registered (its object is
+discarded). A malformed data stream is a PROTOCOL_VIOLATION of the session, which is closed with
+it, as the Python parser closes it. Other backends, and sinks that cannot hand out every
+destination at once (a CUDA staging ring), keep the Python path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..pubsub import ErrorKind, FetchStream, MoqtError, MoqtSession
+from ..sinks import LayerSink, LayerState, SinkError
+from .binding import BLOCK_GROUP
+
+__all__ = ["FETCH_STREAM", "NativeFetch", "native_fetch"]
+
+#: The extension's kind of a FETCH data stream (``receive_objects``).
+FETCH_STREAM = 2
+
+
+class _ObjectReceiving(Protocol):
+    """What the native backend's connection offers (transport/native/connection.py)."""
+
+    def receive_objects(self, kind: int, ident: int, group: int, first: int,
+                        dests: list[Any], on_event: Callable[[tuple[Any, ...]], None], *,
+                        timed_out_range: bool = True, descending: bool = False,
+                        max_properties_length: int = 1 << 20) -> int: ...
+
+    def forget_objects(self, handle: int) -> None: ...
+
+
+def native_fetch(session: MoqtSession, sink: LayerSink[Any], first: int,
+                 last: int) -> NativeFetch | None:
+    """A :class:`NativeFetch` when the session runs on the native backend and the sink can
+    hand out its destinations at once; None: the Python path."""
+    conn: Any = getattr(session, "connection", None)
+    if getattr(conn, "backend", None) != "native" or not hasattr(conn, "receive_objects"):
+        return None
+    if not sink.destinations_at_once():
+        return None
+    return NativeFetch(session, conn, sink, first, last)
+
+
+class NativeFetch:
+    """The native landing of one FETCH of layers ``first..last`` into ``sink``."""
+
+    def __init__(self, session: MoqtSession, conn: _ObjectReceiving, sink: LayerSink[Any],
+                 first: int, last: int) -> None:
+        self.session = session
+        self.conn = conn
+        self.sink = sink
+        self.first, self.last = first, last
+        #: The registration's handle (None: nothing was registered, the Python path runs).
+        self.handle: int | None = None
+        #: Layers handed to the extension and not landed yet.
+        self.landing: set[int] = set()
+        #: Layers verified, in arrival order.
+        self.verified: list[int] = []
+        #: Why this source failed, first reason first.
+        self.problems: list[str] = []
+        self.on_progress: Callable[[], None] = lambda: None
+        self._done: asyncio.Future[MoqtError | None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def active(self) -> bool:
+        return self.handle is not None
+
+    def register(self, request_id: int) -> None:
+        """``MoqtSession.fetch``'s ``on_request``: hand the destinations over (the FETCH has
+        not left yet)."""
+        dests: list[Any] = []
+        for layer in range(self.first, self.last + 1):
+            dests.append(self._begin(layer))
+        if not self.landing:
+            return  # nothing to receive here: the Python path discards what comes
+        version = self.session.version
+        try:
+            self.handle = self.conn.receive_objects(
+                FETCH_STREAM, request_id, BLOCK_GROUP, self.first, dests, self._on_event,
+                timed_out_range=version.end_of_timed_out_range)
+        except (ConnectionError, ValueError) as exc:
+            self._abort_landing(f"native receive: {exc}")
+
+    def _begin(self, layer: int) -> memoryview | None:
+        sink = self.sink
+        if sink.state(layer) in (LayerState.READY, LayerState.RECEIVING):
+            return None  # a duplicate (another source, or the live stream): discarded
+        if sink.expected_digest(layer) is None:
+            return None  # no reference to verify against: such an object is discarded
+        try:
+            view = sink.begin_layer(layer, sink.payload_bytes)
+        except SinkError:
+            return None
+        self.landing.add(layer)
+        return view
+
+    def _on_event(self, event: tuple[Any, ...]) -> None:
+        self.on_progress()
+        if event[0] == "object":
+            self._on_object(event)
+        else:
+            self._on_end(str(event[4]), int(event[5]), str(event[6]))
+
+    def _on_object(self, event: tuple[Any, ...]) -> None:
+        # The extension checked the object (Object Properties included) as the Python parser
+        # does; what is left is the layer.
+        layer, digest = int(event[6]), event[10]
+        if digest is None or layer not in self.landing:
+            return  # discarded (a duplicate, or a status object)
+        self.landing.discard(layer)
+        try:
+            ok = self.sink.land_verified(layer, digest)
+        except SinkError as exc:  # aborted meanwhile
+            self.problems.append(str(exc))
+            return
+        if ok:
+            self.verified.append(layer)
+        else:
+            self.problems.append(f"layer {layer}: {self.sink.failure_reason(layer)}")
+
+    def _on_end(self, result: str, code: int, reason: str) -> None:
+        if self._done.done():
+            return
+        if result == "fin":
+            self._done.set_result(None)
+        elif result == "violation":
+            self._violation(code, reason)
+        elif result == "reset":
+            self._done.set_result(MoqtError(code, "fetch stream reset", ErrorKind.STREAM))
+        else:  # limit / refused: the extension stopped the stream with the code
+            self.problems.append(reason)
+            self._done.set_result(MoqtError(code, reason, ErrorKind.STREAM))
+
+    def _violation(self, code: int, reason: str) -> None:
+        """A malformed data stream: the session closes with the code (draft-22 §"Session
+        Termination"), in the one place the sans-IO session closes."""
+        moqt = self.session.moqt
+        if moqt is not None:
+            moqt.close(code, reason)
+            self.session.pump()
+        if not self._done.done():
+            self._done.set_result(MoqtError(code, reason, ErrorKind.SESSION))
+
+    async def run(self, stream: FetchStream) -> str | None:
+        """Wait for the FETCH's data stream to end (or the session to); the first problem,
+        None when it ended cleanly. The FETCH's object stream is ended here: its data stream
+        never reached Python."""
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(stream.collect())
+        done: asyncio.Future[Any] = self._done
+        try:
+            await asyncio.wait({done, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled():
+                waiter.exception()  # retrieved: the session's end is reported below
+        error: MoqtError | None = None
+        if self._done.done():
+            error = self._done.result()
+        elif waiter.exception() is not None:  # the session ended (or the peer cancelled)
+            exc = waiter.exception()
+            error = exc if isinstance(exc, MoqtError) else MoqtError(0, str(exc), ErrorKind.LOCAL)
+        stream.feed_end(error)
+        if self.problems:
+            return self.problems[0]
+        if error is not None:
+            return f"{type(error).__name__} {error.code:#x}: {error}"
+        return None
+
+    def close(self, reason: str) -> None:
+        """The FETCH ended: nothing lands any more (the registration is forgotten first, so the
+        network thread no longer writes into the sink), layers still landing fail."""
+        if self.handle is not None:
+            self.conn.forget_objects(self.handle)
+            self.handle = None
+        self._abort_landing(reason)
+
+    def _abort_landing(self, reason: str) -> None:
+        for layer in sorted(self.landing):
+            self.sink.abort(layer, reason)
+        self.landing.clear()
