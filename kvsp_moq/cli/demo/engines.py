@@ -183,12 +183,13 @@ class VllmPlane:
 
     def kvsp_spec(self, model_dir: Path, role: str, *, max_model_len: int = 2048, dtype: str = "float32",
                   block_tokens: int | None = None, kv_role: str = "kv_both",
-                  max_num_batched_tokens: int | None = None) -> EngineSpec:
+                  max_num_batched_tokens: int | None = None, cpus: tuple[int, ...] | None = None) -> EngineSpec:
         """An engine with the KVSP connector on this plane, with ``role``'s token, running
         ``dtype`` (vLLM's prefix cache on, its default); ``block_tokens``: the KVSP block size
         (default: vLLM's, :data:`BLOCK_TOKENS`); ``kv_role``: vLLM's (``kv_producer`` /
         ``kv_consumer`` for prefill→decode); ``max_num_batched_tokens``: vLLM's step budget (a
-        prompt longer than it is prefilled in chunks, one step each)."""
+        prompt longer than it is prefilled in chunks, one step each); ``cpus``: the CPUs its
+        processes run on (None: all)."""
         more = {"block_tokens": block_tokens} if block_tokens else {}
         assert self.plane is not None
         p, token = self.plane, self.tokens[role]
@@ -199,7 +200,7 @@ class VllmPlane:
             moqt_timeout_ms=5_000, max_datagram_size=DATAGRAM_SIZE, **more)  # loopback, as the demo's relay
         return EngineSpec(str(model_dir), block_size=BLOCK_TOKENS, max_model_len=max_model_len, dtype=dtype,
                           kv_transfer_config=kv_transfer_config(extra, kv_role=kv_role),
-                          max_num_batched_tokens=max_num_batched_tokens)
+                          max_num_batched_tokens=max_num_batched_tokens, cpus=cpus)
 
     def start_engine(self, name: str, spec: EngineSpec) -> EngineProcess:
         log_path = self.workdir / f"{name.replace(' ', '-')}.log"

@@ -80,6 +80,9 @@ class EngineSpec:
     max_lora_rank: int = 8
     #: vLLM's token budget per step (None: vLLM's default); a longer prompt is prefilled in chunks.
     max_num_batched_tokens: int | None = None
+    #: The CPUs the engine's processes run on and vLLM binds its OpenMP threads to
+    #: (``VLLM_CPU_OMP_THREADS_BIND``); None: all of this process's.
+    cpus: tuple[int, ...] | None = None
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -355,7 +358,11 @@ def main() -> None:
     # which inherit fd 1) goes to stderr.
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    _serve(EngineSpec(**json.loads(sys.argv[1])), answers)
+    spec = EngineSpec(**json.loads(sys.argv[1]))
+    if spec.cpus:
+        os.sched_setaffinity(0, spec.cpus)  # before vLLM starts: its processes inherit it
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in spec.cpus)
+    _serve(spec, answers)
 
 
 if __name__ == "__main__":

@@ -381,6 +381,9 @@ def register_arguments(q: argparse.ArgumentParser) -> None:
                         "FETCH after the prefill (NIXL-style pull) and recomputing (docs/vllm.md \"Prefill→decode\")")
     q.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
                    help="--disagg: prompt tokens (default 1041: 32 blocks and a tail)")
+    q.add_argument("--no-cpu-split", action="store_true",
+                   help="--disagg: run both engines on all CPUs (default: the prefill engine on one half, the decode "
+                        "engine on the other, as on two hosts)")
     q.add_argument("--chunk-tokens", type=int, default=None, metavar="C",
                    help="--disagg: the prefill engine's tokens per forward pass (vLLM's max_num_batched_tokens, "
                         "default 256)")
@@ -404,7 +407,8 @@ def _cmd_disagg(args: argparse.Namespace) -> int:
     require_vllm()
     started = time.perf_counter()
     try:
-        figs = run_disagg(prompt_tokens=n, chunk_tokens=chunk, repeat=args.repeat, progress=_progress)
+        figs = run_disagg(prompt_tokens=n, chunk_tokens=chunk, repeat=args.repeat, progress=_progress,
+                          split=not args.no_cpu_split)
     except KeyboardInterrupt:
         _progress("interrupted: everything stopped, exit 130")
         return 130
@@ -416,8 +420,8 @@ def _cmd_disagg(args: argparse.Namespace) -> int:
 def cmd(args: argparse.Namespace) -> int:
     if args.disagg:
         return _cmd_disagg(args)
-    if args.prompt_tokens is not None or args.chunk_tokens is not None:
-        raise UsageError("--prompt-tokens and --chunk-tokens need --disagg")
+    if args.prompt_tokens is not None or args.chunk_tokens is not None or args.no_cpu_split:
+        raise UsageError("--prompt-tokens, --chunk-tokens and --no-cpu-split need --disagg")
     n, b = args.prefix_tokens, args.block_tokens
     if b < BLOCK_TOKENS or b % BLOCK_TOKENS:
         raise UsageError(f"--block-tokens must be a positive multiple of vLLM's block size {BLOCK_TOKENS}")

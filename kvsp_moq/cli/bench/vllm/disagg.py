@@ -22,12 +22,16 @@ is the pull's decoder-side part: from the decoder's receipt of the request to it
 of the prefill's last forward pass to the decoder's first token. Target (issue 29): the stream's
 TTFT below the pull's by at least a third of the transfer time
 (``vllm_disagg_stream_gain_over_transfer`` >= 0.333). Each figure is the best of ``--repeat``
-rounds after an untimed warm-up round; every sample is in ``params``. Every round checks that
+rounds after an untimed warm-up round; every sample is in ``params``. The two engines run on
+two halves of the machine's CPUs (as prefill and decode engines on two hosts would: otherwise the
+decode engine's and the relay's work during the stream takes the CPU from the prefill's
+forward pass, which pull never does); ``--no-cpu-split`` runs them on all. Every round checks that
 the three first tokens agree and that the stream and the pull loaded every block (nothing failed).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -64,7 +68,7 @@ def _stream_params(stream_id: str, part: str) -> dict[str, Any]:
 
 def _checked(way: str, answer: dict[str, Any], blocks: int) -> dict[str, Any]:
     kvsp = (answer.get("kv_transfer_params") or {}).get("kvsp", {})
-    loaded = int(kvsp.get("blocks_streamed", 0)) + int(kvsp.get("blocks_moqt", 0))
+    loaded = sum(int(kvsp.get(f"blocks_{via}", 0)) for via in ("streamed", "moqt", "http"))
     if int(kvsp.get("blocks_failed", 0)) or loaded != blocks:
         raise RuntimeError(f"{way}: the decoder loaded {loaded} of {blocks} blocks ({kvsp})")
     return kvsp
@@ -108,13 +112,30 @@ def one_round(prefill: EngineProcess, decoder: EngineProcess, prompt: list[int],
     return out
 
 
-def run_disagg(*, prompt_tokens: int, chunk_tokens: int, repeat: int, progress: Callable[[str], None]) -> list[Figure]:
+def cpu_split() -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """This process's CPUs in two halves (the prefill engine's, the decode engine's), as two
+    hosts would have them; None with fewer than 2."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    half = len(cpus) // 2
+    return tuple(cpus[:half]), tuple(cpus[half:])
+
+
+def run_disagg(*, prompt_tokens: int, chunk_tokens: int, repeat: int, progress: Callable[[str], None],
+               split: bool = True) -> list[Figure]:
+    halves = cpu_split() if split else None
     with VllmPlane(progress, prefix="kvsp-bench-disagg-") as plane, ThreadPoolExecutor(2) as pool:
         plane.start_plane()
         model, vocab = plane.model(None, SHAPE)
         prefill = plane.start_engine("prefill", plane.kvsp_spec(model, "engine-a", kv_role="kv_producer",
-                                                                max_num_batched_tokens=chunk_tokens))
-        decoder = plane.start_engine("decode", plane.kvsp_spec(model, "engine-b", kv_role="kv_consumer"))
+                                                                max_num_batched_tokens=chunk_tokens,
+                                                                cpus=halves[0] if halves else None))
+        decoder = plane.start_engine("decode", plane.kvsp_spec(model, "engine-b", kv_role="kv_consumer",
+                                                               cpus=halves[1] if halves else None))
+        if halves:
+            progress(f"cpus           prefill engine on CPUs {list(halves[0])}, decode engine on {list(halves[1])} "
+                     "(as on two hosts; --no-cpu-split shares them)")
         plane.wait_ready([prefill, decoder])
         samples: dict[str, list[dict[str, Any]]] = {w: [] for w in WAYS}
         for r in range(repeat + 1):  # round 0: the warm-up, not kept
@@ -125,7 +146,8 @@ def run_disagg(*, prompt_tokens: int, chunk_tokens: int, repeat: int, progress: 
                 for w in WAYS:
                     samples[w].append(got[w])
         params = {"prompt_tokens": prompt_tokens, "chunk_tokens": chunk_tokens, "block_tokens": BLOCK_TOKENS,
-                  "layers": SHAPE.layers, "hidden": SHAPE.hidden, "rounds": repeat}
+                  "layers": SHAPE.layers, "hidden": SHAPE.hidden, "rounds": repeat,
+                  "cpus": {"prefill": list(halves[0]), "decode": list(halves[1])} if halves else "shared"}
         return disagg_figures(samples, params)
 
 
