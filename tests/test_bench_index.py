@@ -57,7 +57,7 @@ def test_bench_index_on_redis_prints_its_figures() -> None:
     assert figures["is_lookup_http_redis/is_lookup_http"]["baseline_value"] == memory["value"]
     assert figures["is_refresh_vs_ttl_redis/refresh_needed"]["baseline_value"] == pytest.approx(600 / 20)
     assert figures["is_refresh_vs_ttl_redis/refresh_needed"]["params"] == {
-        "records": 600, "batch": 256, "single_puts": 50, "ttl_ms": 60_000, "layer_digests": 32}
+        "records": 600, "batch": 256, "single_puts": 50, "ttl_ms": 60_000, "layer_digests": 32, "holders": 4}
 
 
 def test_bench_index_redis_url_needs_the_redis_store() -> None:

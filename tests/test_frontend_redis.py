@@ -214,7 +214,7 @@ async def test_a_hung_redis_is_a_503_in_bounded_time_and_the_instance_retries(
             try:
                 began = time.monotonic()
                 async with http.post(f"{server.url}sessions/{sid}/tokens",
-                                     json=body(sid, 1, [0], {0: 1}),
+                                     json=body(sid, 1, [0], {0: 11}),  # the token a retry sends again (a 503 may have landed)
                                      headers={"Authorization": f"Bearer {TOKENS['inst']}"}) as resp:
                     problem = await resp.json(content_type=None)
                     status, retry_after = resp.status, resp.headers.get("Retry-After")

@@ -18,6 +18,7 @@ from kvsp_moq.control.common.config import ControlConfig, IndexConfig
 from kvsp_moq.control.common.store import parse_store
 from kvsp_moq.control.index.redis_store import RedisIndexStore
 from kvsp_moq.control.index.serve import serve_index
+from kvsp_moq.control.index.store import BlockRef
 from redis_support import SLACK_S, RedisServer, redis_aof, redis_server  # noqa: F401
 from test_index_support import AUTH, COMPAT, H1, H2, II7, SCOPE_A, SCOPE_B, Ix, key, replica, status
 
@@ -55,14 +56,14 @@ async def test_records_expire_by_the_redis_clock(redis_server: RedisServer) -> N
         before = await store.redis.time()
         assert await store.put(replica(key(0)), 60_000) is True
         after = await store.redis.time()
-        (raw,) = (await store.redis.hgetall(store._blocks + (COMPAT + SCOPE_A + key(0)).hex().encode())).values()
+        (raw,) = (await store.redis.hgetall(store._key(BlockRef(COMPAT, SCOPE_A, key(0))))).values()
         expiry = int(raw.split(b" ", 1)[0])
         ms = [seconds * 1000 + micros // 1000 for seconds, micros in (before, after)]
         assert ms[0] + 60_000 <= expiry <= ms[1] + 60_000
         (stored,) = await store.get_prefix(COMPAT, SCOPE_A, [key(0)])
         assert 0 < stored[0].remaining_ms <= 60_000
         # the block's own key TTL (the safety net) covers its latest record, no more
-        assert 0 < await store.redis.pttl(store._blocks + (COMPAT + SCOPE_A + key(0)).hex().encode()) <= 60_000
+        assert 0 < await store.redis.pttl(store._key(BlockRef(COMPAT, SCOPE_A, key(0)))) <= 60_000
     finally:
         await store.close()
 

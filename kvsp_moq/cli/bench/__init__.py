@@ -102,7 +102,8 @@ def _wan(args: argparse.Namespace) -> int:
                          datagram_size=args.datagram_size, backend=args.backend,
                          delay_ms=args.delay_ms, loss_pct=args.loss, repeat=args.repeat,
                          shaper=args.shaper, seed=args.seed, tcp_cc=args.tcp_cc,
-                         sink=args.sink, congestion_controls=args.congestion_control)
+                         sink=args.sink, congestion_controls=args.congestion_control,
+                         codecs=args.codec)
     report.emit(figures)
     return 0
 
@@ -124,8 +125,8 @@ def _index(args: argparse.Namespace) -> int:
         raise UsageError(f"--records {args.records} must hold at least one prompt of --prompt-blocks {args.prompt_blocks}")
     if args.refresh_records < 1 or args.single_puts < 1:
         raise UsageError("--refresh-records and --single-puts must be >= 1")
-    if args.redis_url is not None and args.store != "redis":
-        raise UsageError("--redis-url needs --store redis")
+    if args.redis_url is not None and args.store == "memory":
+        raise UsageError("--redis-url needs --store redis or cluster")
     if args.block_layers < 1 or args.layer_digests < 1 or args.lookups < 1 or args.repeat < 1 \
             or (args.block_mib << 20) // args.block_layers < 2:
         raise UsageError("--block-layers, --layer-digests, --lookups, --repeat must be >= 1 and "
@@ -254,6 +255,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                    help="TCP congestion control in the namespaces (the HTTP baseline), e.g. "
                         "cubic or reno; default: the host's (net.ipv4.tcp_congestion_control)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    q.add_argument("--codec", type=_csv(str), default=(), metavar="C[,C...]",
+                   help="also the effective KV rate of each codec (HTTP codec=n from a "
+                        "transcoding holder, decoded) beside raw HTTP: wan_codec_<C>_rate")
     q.set_defaults(handler=_wan)
     q = bsub.add_parser("index", help="IS lookups/s over HTTP vs in-process; holder block GET "
                                       "MB/s (plain and verified) vs TCP")
@@ -264,9 +268,11 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--block-mib", type=int, default=32, help="block size for the GET figures")
     q.add_argument("--block-layers", type=int, default=32)
     q.add_argument("--repeat", type=int, default=3, help="timed runs per figure; the best is kept")
-    q.add_argument("--store", choices=("memory", "redis"), default="memory",
-                   help="redis: also lookups on a Redis store and the batched record refresh")
-    q.add_argument("--redis-url", help="the Redis to use (default: a redis-server of its own)")
+    q.add_argument("--store", choices=("memory", "redis", "cluster"), default="memory",
+                   help="redis: also lookups on a Redis store and the batched record refresh; "
+                        "cluster: the same on a Redis Cluster (3 primaries, 3 replicas), with p50/p99")
+    q.add_argument("--redis-url", help="the Redis (redis://) or cluster (redis+cluster://) to use "
+                                       "(default: one of its own)")
     q.add_argument("--refresh-records", type=int, default=100_000, help="records refreshed (--store redis)")
     q.add_argument("--single-puts", type=int, default=5_000, help="records of the single-PUT baseline")
     q.set_defaults(handler=_index)

@@ -32,8 +32,17 @@ With ``--store redis`` (``[index] store = "redis://..."``, index/redis_store.py)
   ``single_puts`` records) and the rate the TTL needs: every record once per refresh period,
   ``refresh_records / (ttl / 3)`` with the holder's default 60 s TTL.
 
-The bench starts its own ``redis-server`` (``bench.redis_process``) unless given a URL; its
-keys are under their own prefix and deleted at the end.
+  The batches of ``holders`` (default 4) holders are in flight at once, as a fleet's holders
+  refresh side by side (one IS serves them all).
+
+With ``--store cluster`` (``store = "redis+cluster://..."``, docs/deploy.md "Redis Cluster"),
+the same lookups (lookups/s, and the p50/p99 latency of one 64-block lookup beside the memory
+store's) and the same refresh, on one IS over a Redis Cluster of 3 primaries and 3 replicas
+(``bench.redis_cluster``), every write acknowledged by a replica (``store_wait_replicas = 1``),
+beside one IS on the memory store in the same run.
+
+The bench starts its own ``redis-server`` (``bench.redis_process``) or cluster unless given a
+URL; its keys are under their own prefix and deleted at the end.
 
 This module lives in ``kvsp_moq.cli`` (not ``kvsp_moq.bench``) because it starts control-plane
 servers, which ``kvsp_moq.bench`` may not import (tests/test_layering.py); its HTTP clients
@@ -42,6 +51,7 @@ are the control plane's own (``kvsp_moq.control.client.http``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -52,6 +62,7 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 import numpy as np
+from redis.asyncio.cluster import RedisCluster
 
 from ...bench.baseline import tcp_copy
 from ...bench.report import Figure
@@ -65,6 +76,7 @@ from ...control.index.service import IndexService
 from ...control.index.store import IndexStore
 from ...control.client.publisher import DEFAULT_BATCH
 from ...control.common.store import parse_store
+from ...bench.redis_cluster import RedisClusterProcess
 from ...bench.redis_process import RedisProcess
 from ...control.client.retrieval import BlockFetcher, block_url, retrieve_block
 from ...kvsp.container import replica_digest
@@ -129,9 +141,16 @@ async def _best_rate(once: Callable[[], Awaitable[None]], operations: int, repea
     return operations / best
 
 
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 async def _measure_lookups(records: int, prompt_blocks: int, layers: int, lookups: int,
-                           repeat: int, store: IndexStore | None = None) -> tuple[float, float]:
-    """(HTTP lookups/s, in-process lookups/s) on ``store`` (default: the embedded one)."""
+                           repeat: int, store: IndexStore | None = None,
+                           latencies: list[float] | None = None) -> tuple[float, float]:
+    """(HTTP lookups/s, in-process lookups/s) on ``store`` (default: the embedded one); the
+    seconds of each HTTP lookup of the last run go to ``latencies``."""
     server = await serve_index(_config(), store=store)
     client = HttpIndexClient(server.url, _TOKEN)
     try:
@@ -142,10 +161,15 @@ async def _measure_lookups(records: int, prompt_blocks: int, layers: int, lookup
         prompts = _prompts(records, prompt_blocks, lookups)
 
         async def over_http() -> None:
+            times = []
             for request in prompts:
+                began = time.perf_counter()
                 answer = await client.lookup(request)
+                times.append(time.perf_counter() - began)
                 if answer.matched != prompt_blocks:
                     raise AssertionError(f"matched {answer.matched} of {prompt_blocks}")
+            if latencies is not None:
+                latencies[:] = times
 
         async def in_process() -> None:
             for request in prompts:
@@ -164,9 +188,14 @@ async def _measure_lookups(records: int, prompt_blocks: int, layers: int, lookup
 _REFRESH_TTL_MS = 60_000  # the holder's default record TTL; it refreshes every third of it
 
 
+#: Holders whose refresh batches are in flight at once.
+REFRESH_HOLDERS = 4
+
+
 async def _measure_refresh(store: IndexStore, records: int, single: int, layers: int) -> tuple[float, float]:
-    """(records/s refreshed in batches, records/s refreshed by single PUTs) at an IS on
-    ``store`` holding ``records`` records (published first, untimed)."""
+    """(records/s refreshed in batches, :data:`REFRESH_HOLDERS` batches in flight; records/s
+    refreshed by single PUTs) at an IS on ``store`` holding ``records`` records (published
+    first, untimed)."""
     server = await serve_index(_config(), store=store)
     client = HttpIndexClient(server.url, _TOKEN, timeout_s=60)
     try:
@@ -174,9 +203,12 @@ async def _measure_refresh(store: IndexStore, records: int, single: int, layers:
         chunks = [recs[i:i + DEFAULT_BATCH] for i in range(0, records, DEFAULT_BATCH)]
         for chunk in chunks:  # the first publication
             await client.publish_many(chunk)
+        async def holder(mine: list[list[ReplicaRecord]]) -> None:
+            for chunk in mine:
+                await client.publish_many(chunk)
+
         start = time.perf_counter()
-        for chunk in chunks:
-            await client.publish_many(chunk)
+        await asyncio.gather(*(holder(chunks[h::REFRESH_HOLDERS]) for h in range(REFRESH_HOLDERS)))
         batched = records / (time.perf_counter() - start)
         start = time.perf_counter()
         for record in recs[:single]:
@@ -188,13 +220,15 @@ async def _measure_refresh(store: IndexStore, records: int, single: int, layers:
 
 
 async def _measure_redis(url: str, records: int, prompt_blocks: int, layers: int, lookups: int, repeat: int,
-                         refresh_records: int, single_puts: int) -> tuple[float, float, float]:
-    """(HTTP lookups/s on Redis, batched refresh records/s, single-PUT refresh records/s);
-    the bench's keys (their own prefix) are deleted afterwards."""
+                         refresh_records: int, single_puts: int,
+                         latencies: list[float] | None = None) -> tuple[float, float, float]:
+    """(HTTP lookups/s on Redis or a cluster, batched refresh records/s, single-PUT refresh
+    records/s); the bench's keys (their own prefix) are deleted afterwards."""
     spec = parse_store("index", url, key_prefix=f"kvsp-bench-{uuid.uuid4().hex[:8]}:")
     store = RedisIndexStore.open(spec)
     try:
-        http, _ = await _measure_lookups(records, prompt_blocks, layers, lookups, repeat, store=store)
+        http, _ = await _measure_lookups(records, prompt_blocks, layers, lookups, repeat, store=store,
+                                         latencies=latencies)
         await _drop(store)
         batched, single = await _measure_refresh(store, refresh_records, single_puts, layers)
         return http, batched, single
@@ -204,6 +238,16 @@ async def _measure_redis(url: str, records: int, prompt_blocks: int, layers: int
 
 
 async def _drop(store: RedisIndexStore) -> None:
+    if isinstance(store.redis, RedisCluster):  # every primary's keys, one key per UNLINK (slots)
+        for node in store.redis.get_primaries():
+            keys = [k async for k in store.redis.scan_iter(match=f"{store.spec.key_prefix}*", count=10_000,
+                                                           target_nodes=node)]
+            for start in range(0, len(keys), 1_000):
+                pipe = store.redis.pipeline(transaction=False)
+                for k in keys[start:start + 1_000]:
+                    await pipe.unlink(k)
+                await pipe.execute()
+        return
     keys = [k async for k in store.redis.scan_iter(match=f"{store.spec.key_prefix}*", count=10_000)]
     for start in range(0, len(keys), 10_000):
         await store.redis.unlink(*keys[start:start + 10_000])
@@ -251,14 +295,19 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
         raise ValueError(f"--records {records} is fewer than one prompt of {prompt_blocks} blocks")
     loop = new_event_loop(use_uvloop=True)
     try:
-        http, local = loop.run_until_complete(_measure_lookups(records, prompt_blocks, layers, lookups, repeat))
+        memory_latencies: list[float] = []
+        http, local = loop.run_until_complete(_measure_lookups(records, prompt_blocks, layers, lookups, repeat,
+                                                               latencies=memory_latencies))
         plain, verified = loop.run_until_complete(_measure_block_get(block_layers, layer_bytes, repeat))
         on_redis: tuple[float, float, float] | None = None
-        if store == "redis":
+        store_latencies: list[float] = []
+        if store in ("redis", "cluster"):
             with contextlib.ExitStack() as stack:
-                url = redis_url if redis_url is not None else stack.enter_context(RedisProcess())
+                server = RedisProcess() if store == "redis" else RedisClusterProcess()
+                url = redis_url if redis_url is not None else stack.enter_context(server)
                 on_redis = loop.run_until_complete(_measure_redis(
-                    url, records, prompt_blocks, layers, lookups, repeat, refresh_records, single_puts))
+                    url, records, prompt_blocks, layers, lookups, repeat, refresh_records, single_puts,
+                    latencies=store_latencies))
     finally:
         loop.close()
     block = block_layers * layer_bytes
@@ -278,12 +327,19 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
         needed = refresh_records / (_REFRESH_TTL_MS / 3 / 1000)
         refresh_params: dict[str, object] = {"records": refresh_records, "batch": DEFAULT_BATCH,
                                              "single_puts": single_puts, "ttl_ms": _REFRESH_TTL_MS,
-                                             "layer_digests": layers}
+                                             "layer_digests": layers, "holders": REFRESH_HOLDERS}
         figures += [
-            Figure("is_lookup_http_redis", "lookups/s", on_redis_http, "is_lookup_http", http, params=lookup_params),
-            Figure("is_refresh_batched_redis", "records/s", batched, "is_refresh_single_put_redis", single,
+            Figure(f"is_lookup_http_{store}", "lookups/s", on_redis_http, "is_lookup_http", http, params=lookup_params),
+            Figure(f"is_refresh_batched_{store}", "records/s", batched, f"is_refresh_single_put_{store}", single,
                    params=refresh_params),
-            Figure("is_refresh_vs_ttl_redis", "records/s", batched, "refresh_needed", needed,
+            Figure(f"is_refresh_vs_ttl_{store}", "records/s", batched, "refresh_needed", needed,
                    params=refresh_params),
         ]
+        if store == "cluster":
+            figures += [
+                Figure(f"is_lookup_p{q}_ms_cluster", "ms", _percentile(store_latencies, q / 100) * 1000,
+                       f"is_lookup_p{q}_ms_memory", _percentile(memory_latencies, q / 100) * 1000,
+                       params=lookup_params)
+                for q in (50, 99)
+            ]
     return figures

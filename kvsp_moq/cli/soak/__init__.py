@@ -16,7 +16,10 @@ state), ``tokens_delivered``, **``tokens_lost``, ``tokens_repeated``, ``tokens_w
 instances' engine counters summed over their incarnations: MOQT fallbacks, blocks by source,
 failed sessions), ``ttft_ms`` (client-side, sessions: p50, p99, n), ``chaos`` (every fault done),
 ``rss_mib`` (each role when up and at the end), ``lossy_link`` (its counters), ``failures`` (the
-last reasons), ``seconds`` and ``ok``. Exit 0 when every must-be-zero count is 0 and every fault
+last reasons), ``seconds`` and ``ok``. With ``--store cluster`` the IS, PC, holder and front end
+keep their state on a Redis Cluster the soak starts (3 primaries with 2 replicas each,
+``bench.redis_cluster``), the chaos also SIGKILLs its primaries (``kill-primary``), and the
+report counts ``primary_failovers``. Exit 0 when every must-be-zero count is 0 and every fault
 kind happened, 1 otherwise, 130 on Ctrl-C. Progress goes to stderr (``[soak] ...``).
 """
 
@@ -34,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ...transport import new_event_loop
-from .chaos import FAULTS, Chaos
+from ...bench.redis_cluster import RedisClusterProcess
+from .chaos import Chaos
 from .report import EngineWatch, check_digests, percentile, rss
 from .roles import start_soak_cluster
 from .workload import PROMPTS, Workload, expected_outputs
@@ -50,11 +54,9 @@ def _progress(message: str) -> None:
 
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
-    from ...control.client.http import HttpFrontEndClient, HttpIndexClient
     from ...kvsp import compat, scope
-    from ...model import ByteTokenizer, ModelConfig, build_descriptor, default_model_dir, ensure_model_files
+    from ...model import ModelConfig, build_descriptor, default_model_dir, ensure_model_files
     from ..demo import BLOCK_TOKENS
-    from ..demo.router import SessionClient
 
     started = time.monotonic()
     target = Path(args.model_dir) if args.model_dir else default_model_dir(ModelConfig().name)
@@ -65,57 +67,83 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     scope_key = os.urandom(32)
     cid, sid = compat.compat_id(descriptor), scope.scope_id(scope_key)
 
+    redis_cluster: RedisClusterProcess | None = None
     with tempfile.TemporaryDirectory(prefix="kvsp-soak-") as tmp:
-        cluster = await start_soak_cluster(Path(tmp), descriptor=descriptor, model_dir=str(files.directory),
-                                           scope_key=scope_key, instances=args.instances, loss=args.loss,
-                                           seed=args.seed, progress=_progress)
-        index = HttpIndexClient(cluster.url(cluster.index), cluster.tokens["client"])
-        front_end = HttpFrontEndClient(cluster.tokens["client"], timeout_s=60)
+        if args.store == "cluster":
+            # Two replicas per primary: with every write acknowledged by one (store_wait_replicas = 1),
+            # a killed primary's shard still has a replica to acknowledge writes after the failover
+            # (docs/deploy.md "Durability"); with one, it refuses writes until the node is back.
+            redis_cluster = RedisClusterProcess(Path(tmp) / "redis-cluster", replicas=2)
+            await asyncio.to_thread(redis_cluster.start)
+            _progress(f"redis cluster up (3 primaries, 2 replicas each): {redis_cluster.url}")
         try:
-            rss_start = rss(cluster)
-            client = SessionClient(fe_url=cluster.url(cluster.frontend), front_end=front_end, index=index,
-                                   scope_key=scope_key, scope_id=sid, compat_id=cid, block_tokens=BLOCK_TOKENS,
-                                   tokenizer=ByteTokenizer())
-            chaos = Chaos(cluster, args.seed, every_s=args.chaos_every, progress=_progress)
-            workload = Workload(cluster, client=client, front_end=front_end, expected=expected, seed=args.seed,
-                                live_instances=chaos.live_instances)
-            watch = EngineWatch(cluster)
-            chaos_error: str | None = None
-            done = asyncio.Event()
-            watcher = asyncio.create_task(watch.run(done))
-            until = time.monotonic() + args.minutes * 60
-            _progress(f"traffic for {args.minutes:g} min: {args.clients} clients, a fault every ~{args.chaos_every:g} s "
-                      f"(seed {args.seed})")
-            traffic = asyncio.create_task(workload.run(args.clients, until))
-            try:
-                await chaos.run(until)
-            except Exception as exc:  # a fault of the schedule itself: reported, the run is not ok
-                chaos_error = f"{type(exc).__name__}: {exc}"
-                _progress(f"chaos schedule failed: {chaos_error}")
-            try:
-                async with asyncio.timeout(max(0.0, until - time.monotonic()) + DRAIN_S):
-                    await traffic
-            except TimeoutError:
-                workload.tally.note(f"traffic still running {DRAIN_S:.0f} s after the end: cancelled")
-                traffic.cancel()
-            done.set()
-            await watcher
-            await watch.poll()
-            keys = sorted({k for p in PROMPTS for k in client.keys(p)[1]})
-            digests = await check_digests(cluster, index, keys, scope_id=sid, compat_id=cid)
-            rss_end = rss(cluster)
+            report = await _run(args, Path(tmp), redis_cluster, descriptor, files, expected, scope_key, cid, sid, started)
         finally:
-            await index.close()
-            await front_end.close()
-            await cluster.stop()
-        lossy = next((json.loads(line)["lossy_link"] for line in cluster.lossy.tail if line.startswith("{")), None)
+            if redis_cluster is not None:
+                await asyncio.to_thread(redis_cluster.close)
+    return report
+
+
+async def _run(args: argparse.Namespace, tmp: Path, redis_cluster: RedisClusterProcess | None, descriptor: Any,
+               files: Any, expected: Any, scope_key: bytes, cid: bytes, sid: bytes, started: float) -> dict[str, Any]:
+    """The soak itself, its roles on ``redis_cluster`` when there is one; the report."""
+    from ...control.client.http import HttpFrontEndClient, HttpIndexClient
+    from ...model import ByteTokenizer
+    from ..demo import BLOCK_TOKENS
+    from ..demo.router import SessionClient
+
+    cluster = await start_soak_cluster(tmp, descriptor=descriptor, model_dir=str(files.directory),
+                                       scope_key=scope_key, instances=args.instances, loss=args.loss,
+                                       seed=args.seed, progress=_progress,
+                                       store=None if redis_cluster is None else redis_cluster.url)
+    index = HttpIndexClient(cluster.url(cluster.index), cluster.tokens["client"])
+    front_end = HttpFrontEndClient(cluster.tokens["client"], timeout_s=60)
+    try:
+        rss_start = rss(cluster)
+        client = SessionClient(fe_url=cluster.url(cluster.frontend), front_end=front_end, index=index,
+                               scope_key=scope_key, scope_id=sid, compat_id=cid, block_tokens=BLOCK_TOKENS,
+                               tokenizer=ByteTokenizer())
+        chaos = Chaos(cluster, args.seed, every_s=args.chaos_every, progress=_progress,
+                      redis_cluster=redis_cluster)
+        workload = Workload(cluster, client=client, front_end=front_end, expected=expected, seed=args.seed,
+                            live_instances=chaos.live_instances)
+        watch = EngineWatch(cluster)
+        chaos_error: str | None = None
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch.run(done))
+        until = time.monotonic() + args.minutes * 60
+        _progress(f"traffic for {args.minutes:g} min: {args.clients} clients, a fault every ~{args.chaos_every:g} s "
+                  f"(seed {args.seed})")
+        traffic = asyncio.create_task(workload.run(args.clients, until))
+        try:
+            await chaos.run(until)
+        except Exception as exc:  # a fault of the schedule itself: reported, the run is not ok
+            chaos_error = f"{type(exc).__name__}: {exc}"
+            _progress(f"chaos schedule failed: {chaos_error}")
+        try:
+            async with asyncio.timeout(max(0.0, until - time.monotonic()) + DRAIN_S):
+                await traffic
+        except TimeoutError:
+            workload.tally.note(f"traffic still running {DRAIN_S:.0f} s after the end: cancelled")
+            traffic.cancel()
+        done.set()
+        await watcher
+        await watch.poll()
+        keys = sorted({k for p in PROMPTS for k in client.keys(p)[1]})
+        digests = await check_digests(cluster, index, keys, scope_id=sid, compat_id=cid)
+        rss_end = rss(cluster)
+    finally:
+        await index.close()
+        await front_end.close()
+        await cluster.stop()
+    lossy = next((json.loads(line)["lossy_link"] for line in cluster.lossy.tail if line.startswith("{")), None)
 
     t = workload.tally
     kinds = {e["fault"] for e in chaos.events if not e["what"].startswith("skipped")}
     not_back = [e["role"] for e in chaos.events if e.get("not_back")]
     must_be_zero = {"tokens_lost": t.tokens_lost, "tokens_repeated": t.tokens_repeated, "tokens_wrong": t.tokens_wrong,
                     "blocks_wrong_digest": digests["wrong_digest"]}
-    ok = (all(v == 0 for v in must_be_zero.values()) and kinds == set(FAULTS) and t.sessions_finished > 0
+    ok = (all(v == 0 for v in must_be_zero.values()) and kinds == set(chaos.faults) and t.sessions_finished > 0
           and chaos_error is None and not not_back)
     return {
         "minutes": args.minutes, "seed": args.seed, "instances": args.instances, "clients": args.clients,
@@ -124,12 +152,15 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "generations": {"ok": t.generations_ok, "retried": t.generations_retried, "failed": t.generations_failed},
         "prefetches": dict(t.prefetches),
         "tokens_delivered": t.tokens_delivered,
+        "streams_reopened": t.streams_reopened,
         **must_be_zero,
         "digests": digests,
         "fallbacks": watch.fallbacks(),
         "ttft_ms": {"p50": percentile(t.ttft_ms, 50), "p99": percentile(t.ttft_ms, 99), "n": len(t.ttft_ms)},
         "chaos": chaos.events,
         "chaos_kinds": sorted(kinds),
+        "store": args.store,
+        "primary_failovers": chaos.primary_failovers,
         "chaos_restart_failures": sum(len(e.get("restart_failures", [])) for e in chaos.events),
         "roles_not_back": not_back,
         "chaos_error": chaos_error,
@@ -183,5 +214,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--chaos-every", type=float, default=8.0, metavar="S", help="seconds between faults (default 8)")
     p.add_argument("--loss", type=float, default=0.5, help="percent of packets the link to relay B drops each way (default 0.5)")
     p.add_argument("--model-dir", metavar="DIR", default=None, help="the reference model's files (as kvsp demo)")
+    p.add_argument("--store", choices=("memory", "cluster"), default="memory",
+                   help="cluster: the IS, PC, holder and front end keep their state on a Redis Cluster of "
+                        "3 primaries with 2 replicas each, started by the soak; the chaos kills its primaries too")
     p.add_argument("--json", action="store_true", help="the report as one line (default: indented)")
     p.set_defaults(handler=cmd_soak)

@@ -11,7 +11,11 @@ restarted in the background, and a role that is down is not chosen again until i
   relay reconnect;
 * ``kill-holder``: SIGKILL the holder, restart it (its disk tier survives, its host tier not);
 * ``stall-holder``: SIGSTOP the holder for ``stall_s``, then SIGCONT: a peer that holds its
-  sockets and answers nothing, which every wait on it must bound.
+  sockets and answers nothing, which every wait on it must bound;
+* ``kill-primary`` (``--store cluster`` only: :data:`CLUSTER_FAULTS`): SIGKILL a random primary
+  of the roles' Redis Cluster, wait (bounded) until its replica took over (counted in
+  ``primary_failovers``), and start the node again in the background after ``down_s``: it
+  rejoins as a replica.
 
 The lossy link (``.lossy``) drops packets to and from relay B the whole time. The
 pauses between faults and a fault's down time are the schedule itself, not a wait for a
@@ -26,11 +30,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...bench.redis_cluster import RedisClusterProcess
 from .roles import Role, SoakCluster
 
-__all__ = ["FAULTS", "Chaos"]
+__all__ = ["CLUSTER_FAULTS", "FAULTS", "Chaos"]
 
 FAULTS = ("kill-instance", "kill-relay", "kill-holder", "stall-holder")
+#: The faults of a soak whose roles keep their state on a Redis Cluster.
+CLUSTER_FAULTS = (*FAULTS, "kill-primary")
 #: Starts tried after a kill (each ``down_s`` × 2^attempt after the last): a role whose start
 #: fails (its relay is down at that moment, say) is tried again, and reported if it never came back.
 RESTART_ATTEMPTS = 4
@@ -48,7 +55,15 @@ class Chaos:
     #: Roles being killed or restarted now (the workload sends no plain request to them).
     down: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
+    #: The roles' Redis Cluster (``--store cluster``): its primaries are killed too.
+    redis_cluster: RedisClusterProcess | None = None
+    #: Primaries killed whose replica took over.
+    primary_failovers: int = 0
     _restarts: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        return CLUSTER_FAULTS if self.redis_cluster is not None else FAULTS
 
     def live_instances(self) -> list[str]:
         return [self.cluster.url(r) for r in self.cluster.instances if r.alive and r.name not in self.down]
@@ -65,7 +80,7 @@ class Chaos:
                 if not order:
                     if self.events:
                         first_round = False
-                    order = list(FAULTS)
+                    order = list(self.faults)
                     rng.shuffle(order)
                 pause = self.every_s * rng.uniform(0.75, 1.25)
                 left = until - time.monotonic()
@@ -103,8 +118,37 @@ class Chaos:
                 await asyncio.sleep(self.stall_s)
             finally:
                 c.holder.resume()
+        elif kind == "kill-primary":
+            await self._kill_primary(rng, t0)
         else:  # pragma: no cover - FAULTS lists every kind
             raise ValueError(kind)
+
+    async def _kill_primary(self, rng: random.Random, t0: float) -> None:
+        """SIGKILL a primary and wait (bounded: ``redis_cluster.WAIT_S``) for the failover; the
+        node is started again in the background."""
+        cluster = self.redis_cluster
+        assert cluster is not None
+        if any(not n.running for n in cluster.nodes):  # one fault at a time
+            self._log("kill-primary", self.cluster.index, t0, "skipped: a node is still restarting")
+            return
+        port = rng.choice(cluster.primary_ports())
+        victim = next(n for n in cluster.nodes if n.port == port)
+        slot_key = next(f"{{{i}}}" for i in range(1 << 20) if cluster.primary_for(f"{{{i}}}").port == port)
+        event = self._log("kill-primary", self.cluster.index, t0, f"SIGKILL redis {port}")
+        await asyncio.to_thread(cluster.kill_primary, slot_key)
+        self.primary_failovers += 1
+        event["failover_s"] = round(time.monotonic() - t0, 3)
+
+        async def restart() -> None:
+            await asyncio.sleep(self.down_s)
+            try:
+                await asyncio.to_thread(cluster.restart, victim)
+                event["back_after_s"] = round(time.monotonic() - t0, 3)
+            except RuntimeError as exc:
+                event["not_back"] = True
+                self.progress(f"chaos: redis {port} did not come back: {exc}")
+
+        self._restarts.append(asyncio.create_task(restart()))
 
     def _kill_restart(self, role: Role, kind: str, t0: float) -> None:
         if role.name in self.down:

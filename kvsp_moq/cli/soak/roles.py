@@ -214,8 +214,11 @@ def _relay_role(name: str, port: int, metrics_port: int, tls: Any, workdir: Path
 
 
 async def start_soak_cluster(workdir: Path, *, descriptor: Mapping[str, Any], model_dir: str, scope_key: bytes,
-                             instances: int, loss: float, seed: int, progress: Any) -> SoakCluster:
-    """Write every configuration file, then start the roles (module notes)."""
+                             instances: int, loss: float, seed: int, progress: Any,
+                             store: str | None = None) -> SoakCluster:
+    """Write every configuration file, then start the roles (module notes). ``store`` (a
+    ``redis+cluster://`` URL, ``--store cluster``) is the store of the IS, the PC, the holder
+    and the front end; default: each its memory."""
     import secrets
 
     names = ["index", "pc", "holder", "frontend", "client", *(f"instance-{n}" for n in range(1, instances + 1))]
@@ -236,18 +239,24 @@ async def start_soak_cluster(workdir: Path, *, descriptor: Mapping[str, Any], mo
         path.write_text(principals + text)
         return path
 
-    index = _http_role("index", "index", ports["index"], config("index", '[index]\ndescriptors = ["descriptor.json"]\n'), workdir)
+    # The roles' store keys (in their own section, after its first line): a store every
+    # process of the role shares, which outlives its kills.
+    stored = "" if store is None else f'store = "{store}"\nstore_timeout_ms = 2000\n'
+
+    index = _http_role("index", "index", ports["index"], config("index", '[index]\ndescriptors = ["descriptor.json"]\n' + stored), workdir)
     pc = _http_role("pc", "pc", ports["pc"], config("pc", (
         f'[pc]\nindex_url = "{base["index"]}"\nindex_token = "{tokens["pc"]}"\ninstance_token = "{tokens["pc"]}"\n'
-        "prefetch_deadline_ms = 10000\nprefetch_lease_ms = 15000\nfailure_check_ms = 500\n")), workdir)
+        "prefetch_deadline_ms = 10000\nprefetch_lease_ms = 15000\nfailure_check_ms = 500\n" + stored
+        # the leader lease outlasts a failover of the store (about 3 s: docs/deploy.md "Redis Cluster")
+        + ("" if store is None else "leader_lease_ms = 10000\n"))), workdir)
     (workdir / "holder-disk").mkdir(exist_ok=True)
     holder = _http_role("holder", "holder", ports["holder"], config("holder", (
         f'[holder]\nindex_url = "{base["index"]}"\nindex_token = "{tokens["holder"]}"\n'
         f'tiers = [{{kind = "disk", capacity = {256 * MiB}, path = "holder-disk"}}]\n'
-        'records_journal = "holder-records.jsonl"\n')),
+        'records_journal = "holder-records.jsonl"\n' + stored)),
         workdir)
     frontend = _http_role("frontend", "frontend", ports["frontend"], config("frontend", (
-        f'[frontend]\npc_url = "{base["pc"]}"\npc_token = "{tokens["frontend"]}"\n')), workdir)
+        f'[frontend]\npc_url = "{base["pc"]}"\npc_token = "{tokens["frontend"]}"\n' + stored)), workdir)
     relay_a = _relay_role("relay-a", udp["relay-a"], ports["metrics-a"], tls, workdir)
     lossy = Role("lossy-link", [sys.executable, "-m", "kvsp_moq.cli.soak.lossy", "--listen", f"127.0.0.1:{udp['lossy']}",
                                 "--to", f"127.0.0.1:{udp['relay-b']}", "--loss", str(loss), "--seed", str(seed)],

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...control.client.http import HttpFrontEndClient, HttpIndexClient
+from ...control.common.errors import PeerUnreachable
 from ...control.common.session_records import ClientSessionRequest, StreamEnd, StreamFailed
 from ..demo import QUESTIONS, SYSTEM_PROMPT, prompt_of
 from ..demo.cluster import http_request
@@ -59,6 +60,10 @@ PROMPTS: tuple[str, ...] = (
 )
 SYSTEM_PROMPTS = (SYSTEM_PROMPT, SYSTEM_PROMPT_2)
 MAX_TOKENS = 16
+#: Times a client reopens a token stream the front end cut (503 while its store fails over),
+#: and the pause before each reopening.
+STREAM_REOPENS = 5
+STREAM_REOPEN_PAUSE_S = 1.0
 KINDS = (("session", 0.70), ("prefetch", 0.15), ("generate", 0.15))
 
 
@@ -87,6 +92,7 @@ class Tally:
     prefetches: Counter[str] = field(default_factory=Counter)
     tokens_delivered: int = 0
     tokens_lost: int = 0
+    streams_reopened: int = 0
     tokens_repeated: int = 0
     tokens_wrong: int = 0
     ttft_ms: list[float] = field(default_factory=list)
@@ -178,17 +184,29 @@ class Workload:
         t.sessions_started += 1
         try:
             async with asyncio.timeout(self.session_timeout_s):
-                async for item in self.front_end.tokens(self.cluster.url(self.cluster.frontend), session.session):
-                    if isinstance(item, StreamEnd):
-                        return "ended"
-                    if isinstance(item, StreamFailed):
-                        t.note(f"session {session.session} failed after {item.next} tokens: {item.reason}")
-                        return "failed"
-                    if not delivered:
-                        t.ttft_ms.append((time.perf_counter() - started) * 1e3)
-                    if item.index in delivered:
-                        t.tokens_repeated += 1
-                    delivered[item.index] = item.token
+                # A stream cut by the front end (its store failing over: 503) is reopened from the
+                # next index, as a client does (docs/deploy.md "Front end"), a bounded number of times.
+                for reopened in range(STREAM_REOPENS + 1):
+                    start = len(delivered)
+                    try:
+                        async for item in self.front_end.tokens(self.cluster.url(self.cluster.frontend),
+                                                                session.session, start):
+                            if isinstance(item, StreamEnd):
+                                return "ended"
+                            if isinstance(item, StreamFailed):
+                                t.note(f"session {session.session} failed after {item.next} tokens: {item.reason}")
+                                return "failed"
+                            if not delivered:
+                                t.ttft_ms.append((time.perf_counter() - started) * 1e3)
+                            if item.index in delivered:
+                                t.tokens_repeated += 1
+                            delivered[item.index] = item.token
+                    except PeerUnreachable as exc:
+                        if reopened == STREAM_REOPENS:
+                            raise
+                        t.streams_reopened += 1
+                        t.note(f"session {session.session}: stream reopened after {type(exc).__name__}: {exc}")
+                        await asyncio.sleep(STREAM_REOPEN_PAUSE_S)
         except Exception as exc:
             t.note(f"session {session.session}: stream {type(exc).__name__}: {exc}")
         return "failed"

@@ -11,7 +11,7 @@ max_batch_records = 1000     # cap on the records of one POST {base_path}replica
 purge_interval_ms = 5000     # how often expired records are reclaimed (0: never)
 max_descriptors = 1024       # cap on registered Compatibility Descriptors
 descriptors = ["model.json"] # descriptor files (JSON, §4.1), relative to this file
-store = "memory"             # or "redis://HOST:PORT/DB" (also in [holder], [pc], [frontend]):
+store = "memory"             # or "redis://HOST:PORT/DB", "redis+cluster://HOST:PORT,..." (also in [holder], [pc], [frontend]):
                              # see common/store.py for store_password_file, store_timeout_ms, ...
 
 [holder]                     # the holder (docs/http-api.md "Holder"); every key optional
@@ -46,8 +46,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ...kvsp.codecs.policy import CodecPolicy
 from ...kvsp.compat import validate_descriptor
-from ...kvsp.errors import DescriptorError
+from ...kvsp.errors import DescriptorError, RecordError
 from ...pubsub.liveness import Reconnect
 from .auth import Authorizer
 from .engine_config import EngineConfig, engine_config_from_mapping
@@ -70,12 +71,14 @@ class StoreSettings:
     store_password_file: str | None = None
     store_timeout_ms: int = DEFAULT_TIMEOUT_MS
     store_key_prefix: str = DEFAULT_KEY_PREFIX
+    store_wait_replicas: int | None = None  # None: 1 on a cluster, 0 on one Redis
 
     @property
     def store_spec(self) -> StoreSpec:
         """The validated ``store`` setting."""
         return parse_store(self.SECTION, self.store, password_file=self.store_password_file,
-                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix)
+                           timeout_ms=self.store_timeout_ms, key_prefix=self.store_key_prefix,
+                           wait_replicas=self.store_wait_replicas)
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,12 @@ class HolderConfig(StoreSettings):
     #: relay that does not answer in time gets the record at a later refresh), and a relay
     #: connection attempt.
     moqt_timeout_ms: int = 5_000
+    #: Descriptor documents (§4.1) of the compats whose blocks the holder may transcode for
+    #: ``GET ...?codec=n`` (§6.7 "a holder MAY transcode"; holder/transcode.py), loaded from
+    #: the files named in the TOML; none: only the stored codec is served.
+    descriptors: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
+    #: Bound on the transcoded containers the holder keeps for later GETs (octets).
+    transcode_cache_octets: int = 256 * MiB
     #: The relay sessions' liveness PING period (0: none) and deadline, and the reconnect
     #: backoff after a session is lost (the first wait, doubling up to the max): ms, as
     #: ``[instance.engine]``'s ``moqt_keepalive_s`` ... (pubsub/liveness.py ``Reconnect``).
@@ -243,6 +252,7 @@ class HolderConfig(StoreSettings):
             ("max_leases", 0),
             ("max_lease_keys", 1),
             ("chunk_octets", 1024),
+            ("transcode_cache_octets", 0),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -431,6 +441,9 @@ class InstanceConfig:
     block_read_timeout_ms: int = 5_000
     #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
     metrics_public: bool = False
+    #: ``[instance.codec_policy]``: the codec prefetch loads blocks in, per scope (lossy codecs
+    #: only where configured, ``kvsp/codecs/policy.py``); default: the replica's codec.
+    codec_policy: CodecPolicy = field(default_factory=CodecPolicy)
 
     def __post_init__(self) -> None:
         _check_base_path("instance", self.base_path)
@@ -480,6 +493,8 @@ class FrontEndConfig(StoreSettings):
     max_sessions: int = 65_536
     #: Out-of-order tokens buffered per session: an index this far beyond the next one is refused.
     max_ahead: int = 4_096
+    #: How long a session's output is kept in a Redis store after its registration (seconds).
+    retain_s: int = 24 * 3600
     #: ``GET {base_path}metrics`` without a bearer token (docs/metrics.md); default: any principal's.
     metrics_public: bool = False
 
@@ -492,7 +507,8 @@ class FrontEndConfig(StoreSettings):
         _check_pc_urls("frontend", self)
         if self.pc_token is not None and not isinstance(self.pc_token, str):
             raise ConfigError("frontend.pc_token", "must be a string")
-        _check_ints("frontend", self, (("max_body_octets", 1024), ("max_sessions", 1), ("max_ahead", 1)))
+        _check_ints("frontend", self, (("max_body_octets", 1024), ("max_sessions", 1), ("max_ahead", 1),
+                                       ("retain_s", 1)))
 
 
 @dataclass(frozen=True)
@@ -603,6 +619,13 @@ def _instance_config(section: object, base_dir: Path) -> InstanceConfig:
             values[name] = str(base_dir / values[name])
     if "engine" in values:
         values["engine"] = engine_config_from_mapping(values["engine"], base_dir)
+    if "codec_policy" in values:
+        if not isinstance(values["codec_policy"], dict):
+            raise ConfigError("instance.codec_policy", "must be a table")
+        try:
+            values["codec_policy"] = CodecPolicy.from_mapping(values["codec_policy"], "instance.codec_policy")
+        except RecordError as exc:
+            raise ConfigError(exc.member, str(exc).split(": ", 1)[-1]) from None
     return InstanceConfig(**values)
 
 
@@ -626,6 +649,11 @@ def _holder_config(section: object, base_dir: Path) -> HolderConfig:
     for name in ("moqt_ca_file", "records_journal"):
         if isinstance(values.get(name), str):
             values[name] = str(base_dir / values[name])
+    if "descriptors" in values:
+        files = values["descriptors"]
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise ConfigError("holder.descriptors", "must be an array of file names")
+        values["descriptors"] = tuple(_descriptor(base_dir / name, f"holder.descriptors[{i}]") for i, name in enumerate(files))
     return HolderConfig(**values)
 
 

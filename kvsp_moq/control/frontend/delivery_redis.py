@@ -10,8 +10,10 @@ session's keys in one Cluster slot, so every script touches one slot):
 - ``P frontend:{S}:ahead`` — hash: index -> token, tokens buffered beyond a gap;
 - ``P frontend:sessions`` — sorted set: registered sessions by expiry (``max_sessions``).
 
-Every key of a session expires ``retain_s`` after its registration (a session's output is
-kept that long for clients to re-read it). Accepting a batch and marking a session failed are
+The hash tag is the session (docs/deploy.md "Redis Cluster"): sessions spread over a cluster's
+primaries, and the registration claim (one key) is a script of its own. Every key of a session
+expires ``retain_s`` (``[frontend] retain_s``, 24 h by default) after its registration (a
+session's output is kept that long for clients to re-read it). Accepting a batch and marking a session failed are
 one Lua script each (the same rules as :class:`~.delivery.MemoryDeliveryStore`), so two front
 ends over one Redis never both take an index, and a lower epoch is refused atomically (§6.8
 "front ends MUST discard tokens that carry a lower epoch").
@@ -25,7 +27,10 @@ blocking XREAD per reader would hold one connection per open stream; polling alo
 read per stream per interval.)
 
 Every call is bounded by ``store_timeout_ms`` (``common.store.open_redis``) and a Redis that
-cannot be reached raises ``StoreUnavailable`` (503 ``kvsp-unavailable``).
+cannot be reached raises ``StoreUnavailable`` (503 ``kvsp-unavailable``). A write is
+acknowledged once ``store_wait_replicas`` replicas have it (``common/store_scripts.py``). On a
+cluster, the scripts' ``PUBLISH`` reaches every node, and the subscription is redis-py's
+cluster pub/sub.
 """
 
 from __future__ import annotations
@@ -35,13 +40,13 @@ import logging
 import uuid
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..common.errors import NotActive
 from ..common.session_records import OutputTokens, SessionFailed
-from ..common.store import StoreSpec, open_redis, store_call
+from ..common.store import StoreClient, StoreSpec, open_redis, store_call
+from ..common.store_scripts import ScriptCall, run_scripts
 from .delivery import ChangeListener, Outcome, Registration, Snapshot
 
 __all__ = ["RedisDeliveryStore"]
@@ -161,6 +166,20 @@ redis.call('PEXPIREAT', KEYS[1], ARGV[3])
 return 1
 """
 
+# KEYS: meta, out, ahead. ARGV: channel, session. Drops the session's keys and says so.
+_FORGET = """
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+"""
+_UNCLAIM = "return redis.call('ZREM', KEYS[1], ARGV[1])"
+
+# KEYS: meta, out. ARGV: first, last index. {meta fields, tokens, next}.
+_READ = """
+return {redis.call('HMGET', KEYS[1], 'max_tokens', 'epoch', 'end', 'failed'),
+        redis.call('LRANGE', KEYS[2], ARGV[1], ARGV[2]), redis.call('LLEN', KEYS[2])}
+"""
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -181,7 +200,7 @@ class RedisDeliveryStore:
     """Delivery state in Redis (see the module notes)."""
 
     def __init__(self, spec: StoreSpec, *, retain_s: int = DEFAULT_RETAIN_S,
-                 poll_s: float = DEFAULT_POLL_S, client: Redis | None = None) -> None:
+                 poll_s: float = DEFAULT_POLL_S, client: StoreClient | None = None) -> None:
         self.spec = spec
         self.retain_ms = retain_s * 1000
         self.poll_s: float | None = poll_s
@@ -190,10 +209,6 @@ class RedisDeliveryStore:
         self._base = base
         self._sessions = f"{base}sessions"
         self.channel = f"{base}changed"
-        self._accept = self.redis.register_script(_ACCEPT)
-        self._fail = self.redis.register_script(_FAIL)
-        self._claim = self.redis.register_script(_CLAIM)
-        self._create = self.redis.register_script(_CREATE)
         self._listeners: list[ChangeListener] = []
         self._watcher: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
@@ -202,13 +217,17 @@ class RedisDeliveryStore:
         tag = f"{self._base}{{{session}}}"
         return [f"{tag}:meta", f"{tag}:out", f"{tag}:ahead"]
 
+    async def _run(self, *calls: ScriptCall) -> list[Any]:
+        """Write scripts in one pipeline, acknowledged once replicated (``common.store_scripts``)."""
+        return await run_scripts(self.redis, self.spec, calls)
+
     @store_call(_spec_of)
     async def register(self, session: uuid.UUID, registration: Registration, *, max_sessions: int) -> None:
-        expires = int(await self._claim(keys=[self._sessions], args=[str(session), max_sessions, self.retain_ms]))
-        if expires < 0:
+        (expires,) = await self._run(ScriptCall(_CLAIM, [self._sessions], [str(session), max_sessions, self.retain_ms]))
+        if int(expires) < 0:
             raise NotActive(f"the front end serves {max_sessions} sessions, its maximum")
-        await self._create(keys=self._keys(session)[:1],
-                           args=[registration.scope_id.hex(), registration.max_tokens, expires])
+        await self._run(ScriptCall(_CREATE, self._keys(session)[:1],
+                                   [registration.scope_id.hex(), registration.max_tokens, int(expires)]))
 
     @store_call(_spec_of)
     async def registration(self, session: uuid.UUID) -> Registration | None:
@@ -219,11 +238,8 @@ class RedisDeliveryStore:
 
     @store_call(_spec_of)
     async def forget(self, session: uuid.UUID) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(*self._keys(session))
-            pipe.zrem(self._sessions, str(session))
-            pipe.publish(self.channel, str(session))
-            await pipe.execute()
+        await self._run(ScriptCall(_FORGET, self._keys(session), [self.channel, str(session)]),
+                        ScriptCall(_UNCLAIM, [self._sessions], [str(session)]))
 
     @store_call(_spec_of)
     async def accept(self, session: uuid.UUID, batch: OutputTokens, *, max_ahead: int) -> Outcome:
@@ -231,21 +247,19 @@ class RedisDeliveryStore:
                                  self.channel, str(session)]
         for t in batch.tokens:
             args += [str(t.index), str(t.token)]
-        return _outcome(await self._accept(keys=self._keys(session), args=args))
+        return _outcome((await self._run(ScriptCall(_ACCEPT, self._keys(session), args)))[0])
 
     @store_call(_spec_of)
     async def fail(self, session: uuid.UUID, notice: SessionFailed) -> Outcome:
         args: list[str | int] = [notice.epoch, notice.reason, self.channel, str(session)]
-        return _outcome(await self._fail(keys=self._keys(session), args=args))
+        return _outcome((await self._run(ScriptCall(_FAIL, self._keys(session), args)))[0])
 
     @store_call(_spec_of)
     async def read(self, session: uuid.UUID, start: int, limit: int) -> Snapshot | None:
         meta, out, _ = self._keys(session)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hmget(meta, ["max_tokens", "epoch", "end", "failed"])
-            pipe.lrange(out, start, start + limit - 1)
-            pipe.llen(out)
-            (max_tokens, epoch, end, failed), tokens, nxt = await pipe.execute()
+        # One read script (atomic; on a cluster one command, which follows a failover).
+        (max_tokens, epoch, end, failed), tokens, nxt = await self.redis.eval(
+            _READ, 2, meta, out, start, start + limit - 1)
         if max_tokens is None:
             return None
         return Snapshot(start=start, tokens=tuple(int(t) for t in tokens), next=int(nxt), epoch=int(epoch),

@@ -32,7 +32,8 @@ async def serve_frontend(
     for ``pc_url`` with ``pc_token`` (none: clients cannot start sessions, instances can still
     deliver to sessions registered in Python). Its URL is ``url``, else the bound address.
     The delivery state lives in ``store``, by default the one ``[frontend] store`` names
-    (``memory``, or Redis: :mod:`.delivery_redis`); the server closes it when it stops."""
+    (``memory``, or Redis: :mod:`.delivery_redis`, keeping each session's output ``retain_s``);
+    the server closes it when it stops."""
     fc: FrontEndConfig = config.frontend
     owned: list[HttpClient] = []
     if pc is None and (fc.pc_url is not None or fc.pc_urls):
@@ -41,7 +42,7 @@ async def serve_frontend(
     url = BoundUrl(fc.url)
     if store is None:
         spec = fc.store_spec
-        store = MemoryDeliveryStore() if spec.is_memory else RedisDeliveryStore(spec)
+        store = MemoryDeliveryStore() if spec.is_memory else RedisDeliveryStore(spec, retain_s=fc.retain_s)
     service = FrontEnd(config=fc, pc=pc, url=url, store=store)
     app = build_app(auth=config.auth, routes=[*FrontEndRoutes(service).routes(),
                                               *metrics_routes(fc.base_path, service.metrics, public=fc.metrics_public)])

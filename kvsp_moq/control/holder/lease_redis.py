@@ -1,6 +1,7 @@
 """A holder's leases in Redis (kvsp-draft §6.6; DESIGN.md §8): they outlive the holder process.
 
-Keys (``P`` = ``store_key_prefix`` + ``"holder:"``; one holder per prefix, see docs/deploy.md):
+Keys (``P`` = ``"{"`` + ``store_key_prefix`` + ``"holder}:"``; one holder per prefix, see
+docs/deploy.md):
 
 - ``P lease:{id}``: a hash ``owner``, ``octets``, ``expires`` (ms on the lease clock), ``scope``
   (hex), ``replicas`` (JSON ``[[compat, scope, block_key, replica_id], ...]`` in hex);
@@ -16,9 +17,12 @@ step as its write. Every call is bounded by ``store_timeout_ms`` (``common/store
 that does not answer, or a replica that refuses writes (``READONLY``), is
 :class:`~..common.errors.StoreUnavailable` (503 ``kvsp-unavailable``).
 
-The scripts touch keys they compute from ``P`` (not only those in KEYS): fine for one Redis or
-a Sentinel-managed primary; a Cluster needs a hash tag in the prefix (``{h1}kvsp:``) so that all
-of one holder's keys share a slot.
+The scripts touch keys they compute from ``P`` (not only those in KEYS). ``P`` is a hash tag
+(``{kvsp:holder}``): every key of one holder is in one slot, so on a Redis Cluster each script
+runs in that slot (KEYS[1], ``P expiry``, routes it), and holders with different prefixes spread
+over the primaries. The tag is the holder because a grant checks the owner's quota over all its
+leases in the same atomic step (docs/deploy.md "Redis Cluster"). A write is acknowledged once
+``store_wait_replicas`` replicas have it (``common/store_scripts.py``).
 """
 
 from __future__ import annotations
@@ -27,11 +31,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import ReadOnlyError
-
 from ...storage import RecordKey
-from ..common.store import StoreSpec, open_redis, store_call, unavailable
+from ..common.store import StoreClient, StoreSpec, open_redis, store_call
+from ..common.store_scripts import ScriptCall, run_scripts
 from .lease_store import GrantOutcome, Lease, LeaseLimits, Usage
 
 __all__ = ["RedisLeaseStore"]
@@ -149,21 +151,17 @@ class RedisLeaseStore:
 
     durable = True
 
-    def __init__(self, spec: StoreSpec, client: Redis | None = None) -> None:
+    def __init__(self, spec: StoreSpec, client: StoreClient | None = None) -> None:
         self.spec = spec
         self.client = client if client is not None else open_redis(spec)
-        self.prefix = f"{spec.key_prefix}holder:"
-        self._grant = self.client.register_script(_GRANT)
-        self._renew = self.client.register_script(_RENEW)
-        self._release = self.client.register_script(_RELEASE)
-        self._usage = self.client.register_script(_USAGE)
-        self._purge = self.client.register_script(_PURGE)
+        self.prefix = f"{{{spec.key_prefix}holder}}:"
+        self._grant, self._renew, self._release, self._usage, self._purge = _GRANT, _RENEW, _RELEASE, _USAGE, _PURGE
 
-    async def _run(self, script: Any, *args: object) -> Any:
-        try:
-            return await script(args=[self.prefix, *args])
-        except ReadOnlyError as exc:  # a replica after a failover: as unreachable as a dead primary
-            raise unavailable(self.spec, exc) from exc
+    async def _run(self, script: str, *args: str | int) -> Any:
+        """One script, acknowledged once replicated; a replica's ``READONLY`` (after a
+        failover) is as unavailable as a dead primary (``store_call``)."""
+        call = ScriptCall(script, [f"{self.prefix}expiry"], [self.prefix, *args])
+        return (await run_scripts(self.client, self.spec, [call]))[0]
 
     @store_call(_spec_of)
     async def grant(self, lease: Lease, limits: LeaseLimits, now_ms: int) -> GrantOutcome:

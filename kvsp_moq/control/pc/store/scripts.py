@@ -10,7 +10,7 @@ strings; epochs and offsets are below 2^53, exact in Lua's numbers.
 from __future__ import annotations
 
 __all__ = [
-    "CREATE_SESSION", "DELETE_SESSION", "PUT_CHECKPOINT", "PUT_DIRECTIVE", "PUT_INSTANCE", "PUT_SHARD_MAP",
+    "ACQUIRE", "CREATE_SESSION", "LOAD", "DELETE_SESSION", "PUT_CHECKPOINT", "PUT_DIRECTIVE", "PUT_INSTANCE", "PUT_SHARD_MAP",
     "RELEASE", "RENEW", "SAVE_SESSION",
 ]
 
@@ -18,7 +18,20 @@ _FENCE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'not-leader', 0} end
 """
 
-#: The lock: extend / delete only if the token still holds it.
+#: Everything but the sessions, in one atomic read. KEYS: session ids, epochs, instances,
+#: map documents, directives. Answers {ids, flat epochs, flat instances, flat maps, flat directives}.
+LOAD = """
+return {redis.call('SMEMBERS', KEYS[1]), redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+        redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
+"""
+
+#: The lock: take it if free (or extend it if the token holds it), extend / delete only if the
+#: token still holds it.
+ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0

@@ -1,7 +1,9 @@
 """The PC's state in Redis (``[pc] store = "redis://HOST:PORT/DB"``; Valkey works too): several
 PC processes share it, one active at a time (``pc/leader.py``), and it outlives them.
 
-Keys, under ``{key_prefix}pc:`` (``kvsp:pc:`` by default):
+Keys, under ``{{key_prefix}pc}:`` (``{kvsp:pc}:`` by default: one hash tag, so on a Redis
+Cluster every key of the PC is in one slot and each script, which checks the leader token
+beside what it writes, runs there; docs/deploy.md "Redis Cluster"):
 
 ===================  ============  ====================================================
 ``leader``           string        the leader token, with the lease as its PX expiry
@@ -17,7 +19,8 @@ Keys, under ``{key_prefix}pc:`` (``kvsp:pc:`` by default):
 ===================  ============  ====================================================
 
 Each write is one Lua script (``store/scripts.py``) that checks the leader token and the rule
-it applies in the same atomic step, so a write costs one round trip. Every call is bounded by
+it applies in the same atomic step, so a write costs one round trip; it is acknowledged once
+``store_wait_replicas`` replicas have it (``common/store_scripts.py``). Every call is bounded by
 ``store_timeout_ms`` (``common/store.py``) and raises ``StoreUnavailable`` past it.
 """
 
@@ -27,13 +30,13 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-
-from redis.asyncio import Redis
+from typing import Any
 
 from ....kvsp.errors import RecordError
 from ....kvsp.records import SessionCheckpoint, ShardMap
 from ...common.errors import NotFound, NotLeader, StaleEpoch
-from ...common.store import StoreSpec, open_redis, store_call
+from ...common.store import StoreClient, StoreSpec, open_redis, store_call
+from ...common.store_scripts import ScriptCall, run_scripts
 from . import scripts
 from .records import IssuedDirective, PcSnapshot, StoredInstance, StoredSession, dumps
 
@@ -53,24 +56,18 @@ def _text(value: object) -> str:
 class RedisPcStore:
     """:class:`~.base.PcStore` over Redis (module notes)."""
 
-    def __init__(self, spec: StoreSpec, client: Redis | None = None) -> None:
+    def __init__(self, spec: StoreSpec, client: StoreClient | None = None) -> None:
         self.spec = spec
-        self.redis: Redis = client if client is not None else open_redis(spec)
-        p = f"{spec.key_prefix}pc:"
+        self.redis: StoreClient = client if client is not None else open_redis(spec)
+        p = f"{{{spec.key_prefix}pc}}:"
         self.k_leader, self.k_epochs, self.k_instances = p + "leader", p + "epochs", p + "instances"
         self.k_ids, self.k_session = p + "session-ids", p + "s:"
         self.k_versions, self.k_maps = p + "map-versions", p + "maps"
         self.k_directives, self.k_until = p + "directives", p + "directive-until"
-        r = self.redis
-        self._renew = r.register_script(scripts.RENEW)
-        self._release = r.register_script(scripts.RELEASE)
-        self._put_instance = r.register_script(scripts.PUT_INSTANCE)
-        self._create = r.register_script(scripts.CREATE_SESSION)
-        self._save = r.register_script(scripts.SAVE_SESSION)
-        self._checkpoint = r.register_script(scripts.PUT_CHECKPOINT)
-        self._delete = r.register_script(scripts.DELETE_SESSION)
-        self._put_map = r.register_script(scripts.PUT_SHARD_MAP)
-        self._put_directive = r.register_script(scripts.PUT_DIRECTIVE)
+
+    async def _script(self, script: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """One write script, acknowledged once replicated (``common.store_scripts``)."""
+        return (await run_scripts(self.redis, self.spec, [ScriptCall(script, keys, args)]))[0]
 
     def _key(self, session: uuid.UUID) -> str:
         return f"{self.k_session}{session}"
@@ -81,17 +78,15 @@ class RedisPcStore:
     async def acquire(self, token: str, lease_ms: int | None) -> bool:
         if lease_ms is None:
             raise ValueError("a Redis leader lock is a lease: lease_ms is required")
-        if await self.redis.set(self.k_leader, token, nx=True, px=lease_ms):
-            return True
-        return await self.renew(token, lease_ms)
+        return bool(await self._script(scripts.ACQUIRE, [self.k_leader], [token, lease_ms]))
 
     @store_call(_spec)
     async def renew(self, token: str, lease_ms: int) -> bool:
-        return bool(await self._renew(keys=[self.k_leader], args=[token, lease_ms]))
+        return bool(await self._script(scripts.RENEW, [self.k_leader], [token, lease_ms]))
 
     @store_call(_spec)
     async def release(self, token: str) -> None:
-        await self._release(keys=[self.k_leader], args=[token])
+        await self._script(scripts.RELEASE, [self.k_leader], [token])
 
     @store_call(_spec)
     async def holder(self) -> str | None:
@@ -111,13 +106,10 @@ class RedisPcStore:
 
     @store_call(_spec)
     async def load(self) -> PcSnapshot:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.smembers(self.k_ids)
-            pipe.hgetall(self.k_epochs)
-            pipe.hgetall(self.k_instances)
-            pipe.hgetall(self.k_maps)
-            pipe.hgetall(self.k_directives)
-            ids, epochs, instances, maps, directives = await pipe.execute()
+        # One read script (atomic; on a cluster one command, which follows a failover).
+        ids, *flat = await self.redis.eval(
+            scripts.LOAD, 5, self.k_ids, self.k_epochs, self.k_instances, self.k_maps, self.k_directives)
+        epochs, instances, maps, directives = (dict(zip(f[::2], f[1::2])) for f in flat)
         out = PcSnapshot(
             epochs={_text(k): int(v) for k, v in epochs.items()},
             instances={_text(k): StoredInstance.from_doc(v) for k, v in instances.items()},
@@ -145,34 +137,34 @@ class RedisPcStore:
 
     @store_call(_spec)
     async def put_instance(self, token: str, entry: StoredInstance) -> None:
-        answer = await self._put_instance(keys=[self.k_leader, self.k_epochs, self.k_instances],
-                                          args=[token, entry.instance, entry.epoch, entry.to_doc()])
+        answer = await self._script(scripts.PUT_INSTANCE, [self.k_leader, self.k_epochs, self.k_instances],
+                                    [token, entry.instance, entry.epoch, entry.to_doc()])
         status, value = self._outcome(answer, f"instance {entry.instance}")
         if status == "stale":
             raise StaleEpoch(f"epoch {entry.epoch} of {entry.instance} is lower than {value}, already seen")
 
     @store_call(_spec)
     async def create_session(self, token: str, session: StoredSession, checkpoint: SessionCheckpoint) -> bool:
-        answer = await self._create(
-            keys=[self.k_leader, self._key(session.session), self.k_ids],
-            args=[token, str(session.session), session.epoch, session.to_doc(), dumps(checkpoint.to_json()),
-                  checkpoint.output_offset])
+        answer = await self._script(
+            scripts.CREATE_SESSION, [self.k_leader, self._key(session.session), self.k_ids],
+            [token, str(session.session), session.epoch, session.to_doc(), dumps(checkpoint.to_json()),
+             checkpoint.output_offset])
         status, _ = self._outcome(answer, f"session {session.session}")
         return status == "ok"
 
     @store_call(_spec)
     async def save_session(self, token: str, session: StoredSession, *, expected_epoch: int) -> None:
-        answer = await self._save(keys=[self.k_leader, self._key(session.session)],
-                                  args=[token, expected_epoch, session.epoch, session.to_doc()])
+        answer = await self._script(scripts.SAVE_SESSION, [self.k_leader, self._key(session.session)],
+                                    [token, expected_epoch, session.epoch, session.to_doc()])
         status, value = self._outcome(answer, f"session {session.session}")
         if status == "stale":
             raise StaleEpoch(f"session {session.session} is at epoch {value}, not {expected_epoch}")
 
     @store_call(_spec)
     async def put_checkpoint(self, token: str, checkpoint: SessionCheckpoint) -> int:
-        answer = await self._checkpoint(keys=[self.k_leader, self._key(checkpoint.session)],
-                                        args=[token, checkpoint.epoch, checkpoint.output_offset,
-                                              dumps(checkpoint.to_json())])
+        answer = await self._script(scripts.PUT_CHECKPOINT, [self.k_leader, self._key(checkpoint.session)],
+                                    [token, checkpoint.epoch, checkpoint.output_offset,
+                                     dumps(checkpoint.to_json())])
         status, value = self._outcome(answer, f"session {checkpoint.session}")
         if status == "stale":
             raise StaleEpoch(f"checkpoint epoch {checkpoint.epoch} is lower than the session's epoch {value}")
@@ -182,24 +174,25 @@ class RedisPcStore:
 
     @store_call(_spec)
     async def delete_session(self, token: str, session: uuid.UUID, epoch: int) -> None:
-        answer = await self._delete(keys=[self.k_leader, self._key(session), self.k_ids], args=[token, str(session), epoch])
+        answer = await self._script(scripts.DELETE_SESSION, [self.k_leader, self._key(session), self.k_ids],
+                                    [token, str(session), epoch])
         status, value = self._outcome(answer, f"session {session}")
         if status == "stale":
             raise StaleEpoch(f"epoch {epoch} is not the session's epoch {value}")
 
     @store_call(_spec)
     async def put_shard_map(self, token: str, shard_map: ShardMap) -> None:
-        answer = await self._put_map(keys=[self.k_leader, self.k_versions, self.k_maps],
-                                     args=[token, shard_map.map, shard_map.version, dumps(shard_map.to_json())])
+        answer = await self._script(scripts.PUT_SHARD_MAP, [self.k_leader, self.k_versions, self.k_maps],
+                                    [token, shard_map.map, shard_map.version, dumps(shard_map.to_json())])
         status, value = self._outcome(answer, f"shard map {shard_map.map}")
         if status == "stale":
             raise StaleEpoch(f"map {shard_map.map!r} is at version {value}; got {shard_map.version}")
 
     @store_call(_spec)
     async def put_directive(self, token: str, issued: IssuedDirective) -> None:
-        answer = await self._put_directive(
-            keys=[self.k_leader, self.k_directives, self.k_until],
-            args=[token, str(issued.directive.directive), issued.to_doc(), issued.until_unix_ms, int(time.time() * 1000)])
+        answer = await self._script(
+            scripts.PUT_DIRECTIVE, [self.k_leader, self.k_directives, self.k_until],
+            [token, str(issued.directive.directive), issued.to_doc(), issued.until_unix_ms, int(time.time() * 1000)])
         self._outcome(answer, "directive")
 
     async def close(self) -> None:
