@@ -55,6 +55,8 @@ from ...kvsp.records import (
     dump_json,
     parse_json,
 )
+from ...kvsp.records.lookup_wire import (COMPACT_LOOKUP_MEDIA_TYPE, DEFAULT_MAX_ANSWER_OCTETS, decode_compact_answer,
+                                          encode_compact_request, json_lookup_request)
 from ...storage import RecordKey
 from ..common.errors import (
     ConfigError,
@@ -168,6 +170,25 @@ async def _problem_of(response: aiohttp.ClientResponse) -> tuple[str | None, str
     return problem.name, problem.detail or ""
 
 
+#: What a lookup accepts: the compact answer, else the §6.2 JSON (docs/http-api.md).
+_LOOKUP_ACCEPT = f"{COMPACT_LOOKUP_MEDIA_TYPE}, {KVSP_JSON};q=0.5"
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, at most ``limit`` octets (RecordError beyond: a declared Content-Length is
+    refused before anything is read, an undeclared body once it passes the limit)."""
+    if response.content_length is not None:
+        if response.content_length > limit:
+            raise RecordError("$", f"answer of {response.content_length} octets exceeds the limit of {limit}")
+        return await response.read()
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise RecordError("$", f"answer exceeds the limit of {limit} octets")
+    return bytes(body)
+
+
 class HttpIndexClient:
     """:class:`~.client.publisher.IndexClient` over HTTP (docs/http-api.md "Index Service")."""
 
@@ -179,6 +200,7 @@ class HttpIndexClient:
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = 10.0,
         tls: TlsConfig | None = None,
+        max_answer_octets: int = DEFAULT_MAX_ANSWER_OCTETS,
     ) -> None:
         self.base_url = base_url if base_url.endswith("/") else base_url + "/"
         self._tls = tls or TlsConfig()
@@ -187,6 +209,8 @@ class HttpIndexClient:
         self._session = session
         self._owned = session is None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.max_answer_octets = max_answer_octets  #: the largest lookup answer read (either form)
+        self._compact_requests = True  # until the IS refuses a compact request with 415
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
@@ -247,11 +271,42 @@ class HttpIndexClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def lookup(self, request: LookupRequest) -> LookupResponse:
-        """``POST {is}lookup`` (§6.2), for the PC (``pc.service.PcIndex``)."""
-        status, body, name, detail = await _call(self._client(), "POST", f"{self.base_url}lookup", self._token, request, self._timeout)
-        if status != 200:
-            raise IndexUnreachable(f"lookup: status {status} {name or ''}: {detail}")
-        return parse_json(body, LookupResponse)
+        """``POST {is}lookup`` (§6.2), for the PC (``pc.service.PcIndex``) and the engines:
+        request and answer in the compact form (docs/http-api.md "Compact lookup answer"), or
+        JSON from an IS without it (a 415 to the compact request: JSON from then on). The
+        answer is read up to ``max_answer_octets`` and checked as an answer to ``request``;
+        anything else is :class:`IndexUnreachable` naming the fault."""
+        try:
+            if self._compact_requests:
+                answer = await self._lookup(request, encode_compact_request(request), COMPACT_LOOKUP_MEDIA_TYPE)
+                if answer is not None:
+                    return answer
+                self._compact_requests = False  # 415: an IS without the compact request
+            answer = await self._lookup(request, json_lookup_request(request), KVSP_JSON)
+            if answer is None:
+                raise IndexUnreachable("lookup: status 415: the IS refuses the JSON request")
+            return answer
+        except (aiohttp.ClientError, asyncio.TimeoutError, KvspError) as exc:
+            raise IndexUnreachable(f"lookup: {type(exc).__name__}: {exc}") from exc
+
+    async def _lookup(self, request: LookupRequest, body: bytes, media_type: str) -> LookupResponse | None:
+        """One lookup with ``body`` of ``media_type``; None when the IS answers 415."""
+        headers = self._headers() | {"Content-Type": media_type, "Accept": _LOOKUP_ACCEPT}
+        async with self._client().post(f"{self.base_url}lookup", data=body, headers=headers, timeout=self._timeout) as resp:
+            if resp.status == 415:
+                return None
+            if resp.status != 200:
+                name, detail = await _problem_of(resp)
+                raise IndexUnreachable(f"lookup: status {resp.status} {name or ''}: {detail}")
+            data = await _read_bounded(resp, self.max_answer_octets)
+            if resp.content_type == COMPACT_LOOKUP_MEDIA_TYPE:
+                return decode_compact_answer(data, request)
+            if resp.content_type != KVSP_JSON:
+                raise RecordError("$", f"lookup answer of media type {resp.content_type!r}")
+            answer = parse_json(data, LookupResponse, max_size=self.max_answer_octets)
+            if not answer.answers(request):
+                raise RecordError("blocks", "the answer's blocks are not the request's leading keys, compat_id and scope_id (§6.2)")
+            return answer
 
     async def report_status(self, record: InstanceStatusRecord) -> None:
         """``PUT {is}instance-status``: the PC passes on the statuses it receives (§6.4 inputs)."""

@@ -9,12 +9,14 @@ from aiohttp import web
 
 from ...kvsp.errors import RecordError
 from ...kvsp.records import InstanceStatusRecord, LookupRequest, ReplicaRecord
+from ...kvsp.records.lookup_wire import COMPACT_LOOKUP_MEDIA_TYPE, decode_compact_request, encode_compact_answer
 from ..common.media import KVSP_JSON
 from ..http.server import (
     BLOCK_PATH,
     HEX32_SEGMENT,
     ServiceRoutes,
     authenticate,
+    read_body,
     read_json_object,
     read_record,
     record_response,
@@ -22,7 +24,32 @@ from ..http.server import (
 from .service import IndexService
 from .store import BlockRef, ReplicaId
 
-__all__ = ["IndexRoutes", "block_ref"]
+__all__ = ["IndexRoutes", "block_ref", "wants_compact"]
+
+
+def wants_compact(accept: str) -> bool:
+    """Whether an ``Accept`` field value (RFC 9110 §12.5.1) asks for the compact lookup answer
+    (docs/http-api.md): its media type is listed with a q above 0. Anything else, an absent
+    field included, gets the §6.2 JSON answer."""
+    for element in accept.split(","):
+        media_type, *params = element.split(";")
+        if media_type.strip().lower() != COMPACT_LOOKUP_MEDIA_TYPE:
+            continue
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value.strip()) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
+#: The lookup's answer depends on ``Accept`` (RFC 9110 §12.5.5).
+_VARY_ACCEPT = {"Vary": "Accept"}
+#: The media type of a compact lookup request body.
+_COMPACT_BODY = frozenset({COMPACT_LOOKUP_MEDIA_TYPE})
 
 
 def _batch_record(index: int, item: object) -> ReplicaRecord:
@@ -107,11 +134,21 @@ class IndexRoutes(ServiceRoutes[IndexService]):
         return record_response(await self.service.replicas(principal, block_ref(request)))
 
     async def lookup(self, request: web.Request) -> web.Response:
-        """§6.2 ``POST {is-base}lookup``."""
+        """§6.2 ``POST {is-base}lookup``: the request as ``application/kvsp+json`` or in the
+        compact form (``kvsp/records/lookup_wire.py``); the answer as ``application/kvsp+json``
+        (the shape of docs/http-api.md), or compact when the client's ``Accept`` asks for it."""
         principal = authenticate(request)
-        body = await read_json_object(request, self.max_body)
-        lookup = LookupRequest.from_json(body, max_block_keys=self.service.config.max_block_keys)
-        return record_response(await self.service.lookup(principal, lookup))
+        max_keys = self.service.config.max_block_keys
+        if request.content_type == COMPACT_LOOKUP_MEDIA_TYPE:
+            body = await read_body(request, self.max_body, _COMPACT_BODY)
+            lookup = decode_compact_request(body, max_block_keys=max_keys)
+        else:
+            lookup = LookupRequest.from_json(await read_json_object(request, self.max_body), max_block_keys=max_keys)
+        if not wants_compact(request.headers.get("Accept", "")):
+            return record_response(await self.service.lookup(principal, lookup), headers=_VARY_ACCEPT)
+        found = await self.service.lookup_stored(principal, lookup)
+        answer = encode_compact_answer(lookup.compat_id, lookup.scope_id, lookup.block_keys, found.stored, found.targets)
+        return web.Response(body=answer, content_type=COMPACT_LOOKUP_MEDIA_TYPE, headers=_VARY_ACCEPT)
 
     async def put_instance_status(self, request: web.Request) -> web.Response:
         """Ours: an Instance Status Record (§4.4, §6.3) for the estimates; 200 with the

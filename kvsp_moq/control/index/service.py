@@ -42,6 +42,15 @@ class Published:
     created: bool
 
 
+@dataclass(frozen=True)
+class LookupFound:
+    """A lookup's matched prefix as stored (:meth:`IndexService.lookup_stored`): one non-empty
+    list of replicas per matched key, in prefix order, and the estimates (§6.2)."""
+
+    stored: list[list[StoredReplica]]
+    targets: tuple[TargetEstimate, ...] | None
+
+
 class IndexService:
     """Records replicas and answers lookups."""
 
@@ -143,19 +152,33 @@ class IndexService:
         is its remaining lifetime. With ``targets``, each target the IS can estimate gets
         ``fetch_us`` and ``recompute_us`` (§6.4, :mod:`.common.estimates`); the others are left out.
         """
+        found = await self.lookup_stored(principal, request)
+        blocks = tuple(
+            MatchedBlock(block_key=key, replicas=tuple(_as_returned(s) for s in stored))
+            for key, stored in zip(request.block_keys, found.stored)
+        )
+        return LookupResponse(matched=len(blocks), blocks=blocks, targets=found.targets)
+
+    async def lookup_stored(self, principal: Principal, request: LookupRequest) -> LookupFound:
+        """:meth:`lookup` with the replicas as the store keeps them (each record with its
+        remaining lifetime beside it), for an encoder that writes them without building the
+        returned records (the compact answer, ``routes.py``). Same rules, same metrics."""
         require_scope(principal, request.scope_id)
         started = time.perf_counter()
         found = await self.store.get_prefix(request.compat_id, request.scope_id, request.block_keys)
-        blocks: list[MatchedBlock] = []
-        for key, stored in zip(request.block_keys, found):
-            if not stored:  # a store that overrides get_prefix must stop here; be sure
+        stored: list[list[StoredReplica]] = []
+        for _, replicas in zip(request.block_keys, found):
+            if not replicas:  # a store that overrides get_prefix must stop here; be sure
                 break
-            blocks.append(MatchedBlock(block_key=key, replicas=tuple(_as_returned(s) for s in stored)))
+            stored.append(replicas)
         targets = None
         if request.targets is not None:
+            # the estimates read residency, size and holder, never ttl_ms: the stored records do
+            blocks = [MatchedBlock(block_key=key, replicas=tuple(s.record for s in replicas))
+                      for key, replicas in zip(request.block_keys, stored)]
             targets = self.estimate(request.compat_id, blocks, request.targets)
-        self.metrics.lookup(len(request.block_keys), len(blocks), time.perf_counter() - started)
-        return LookupResponse(matched=len(blocks), blocks=tuple(blocks), targets=targets)
+        self.metrics.lookup(len(request.block_keys), len(stored), time.perf_counter() - started)
+        return LookupFound(stored=stored, targets=targets)
 
     def estimate(self, compat_id: bytes, blocks: list[MatchedBlock], targets: tuple[str, ...]) -> tuple[TargetEstimate, ...]:
         """Estimates for the targets that have an unexpired status, when the compat's

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from ..container import replica_digest
 from ..errors import KvspError, RecordError
@@ -23,6 +26,7 @@ from .members import (
     merge_ranges,
 )
 from .record import Nested, Record, member
+from .record_wire import encode_record
 
 if TYPE_CHECKING:
     from ..naming import BlockName
@@ -88,7 +92,7 @@ class ReplicaRecord(Record):
         )
         if self.layer_digests is not None:
             self._check_layer_digests(path)
-        self._check_moqt(path)
+        self.check_moqt(path)
 
     def _check_layer_digests(self, path: str) -> None:
         assert self.layer_digests is not None
@@ -102,7 +106,9 @@ class ReplicaRecord(Record):
         if replica_digest(self.layer_digests) != self.digest:
             raise RecordError(child(path, "digest"), "is not the SHA-256 of the layer digests (§4.3)")
 
-    def _check_moqt(self, path: str) -> None:
+    def check_moqt(self, path: str) -> None:
+        """Binding v1's rule on ``moqt_namespace`` (class notes), for the record at ``path``;
+        public for a decoder that builds records without :meth:`from_json` (``lookup_wire.py``)."""
         at = child(path, "moqt_namespace")
         if not self.is_moqt:
             if self.moqt_namespace is not None:
@@ -120,6 +126,18 @@ class ReplicaRecord(Record):
                 raise RecordError(at, f"names a different {field} than the record")
 
     # -- helpers ------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def compact_encoding(self) -> msgspec.Raw:
+        """This record as the compact lookup answer carries it (``record_wire.py``), encoded
+        once per record object: a record the Index Service keeps is spliced into every answer
+        that returns it (docs/http-api.md "Compact lookup answer"). Not a member."""
+        return encode_record(
+            holder=self.holder, codec=self.codec, size=self.size, digest=self.digest,
+            layer_digests=self.layer_digests,
+            residency=[(r.tier, r.layers[0], r.layers[1], r.read_mbit_per_s) for r in self.residency],
+            moqt_namespace=self.moqt_namespace,
+        )
 
     @property
     def is_moqt(self) -> bool:
