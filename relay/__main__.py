@@ -1,5 +1,10 @@
 """``python -m relay --listen HOST:PORT [--upstream URL] [--cert PEM --key PEM]
-[--upstream-ca PEM | --insecure-upstream] [--config AUTH.toml] [--metrics [HOST:]PORT] [--log-format json]``
+[--upstream-ca PEM | --insecure-upstream] [--config AUTH.toml] [--metrics [HOST:]PORT] [--log-format json]
+[--transcode-descriptor FILE ...]``
+
+With ``--transcode-descriptor`` the relay makes other codecs of the replicas of those
+descriptors' compats at its edge (relay/transcode.py, docs/relay.md "Transcoding"), through the
+``--transcoder`` plugin (default ``kvsp_moq.bridge.transcoding:from_descriptor_files``).
 
 Without ``--cert``/``--key`` a self-signed certificate (EC P-256, 13 days) is made for the
 listen host. The port takes raw QUIC (ALPN ``moqt-NN``) and WebTransport (ALPN ``h3``,
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import signal
 import sys
@@ -35,6 +41,7 @@ from .config import MiB, RelayConfig
 from .core import Relay
 from .logs import configure_logging
 from .names import parse_namespace
+from .transcoder import Transcoder
 
 
 #: Validity of the self-signed certificate made without ``--cert``: short enough for a
@@ -147,10 +154,20 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                    help="run N relay processes on the --listen port (SO_REUSEPORT) under one "
                         "hub relay that holds the upstream side (relay/workers.py; "
                         "docs/relay.md Cores)")
+    p.add_argument("--transcode-descriptor", action="append", default=[], metavar="FILE",
+                   help="a Compatibility Descriptor (JSON) whose blocks' other codecs the relay "
+                        "makes at its edge, once per replica and codec (relay/transcode.py; "
+                        "docs/relay.md Transcoding); repeatable")
+    p.add_argument("--transcoder", default="kvsp_moq.bridge.transcoding:from_descriptor_files",
+                   metavar="MODULE:FACTORY",
+                   help="what makes the transcoder from the --transcode-descriptor files (a "
+                        "plugin: the relay itself never imports KVSP)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error("--workers must be >= 1")
+    if args.transcode_descriptor and args.workers > 1:
+        p.error("--transcode-descriptor runs with --workers 1 only (the workers' caches are their own)")
     if bool(args.cert) != bool(args.key):
         p.error("--cert and --key go together")
     if args.upstream_ca and args.insecure_upstream:
@@ -161,6 +178,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
             args.auth = load_auth_config(args.config)
         except AuthConfigError as exc:  # one line, exit status 2: the usage would bury it
             p.exit(2, f"{p.prog}: error: {exc}\n")
+    try:  # a bad descriptor file or plugin: one line, exit status 2, as for --config
+        args.transcoder_made = _transcoder(args.transcoder, args.transcode_descriptor)
+    except (OSError, ValueError, ImportError, AttributeError, TypeError) as exc:
+        p.exit(2, f"{p.prog}: error: --transcode-descriptor / --transcoder: {exc}\n")
     return args
 
 
@@ -200,7 +221,17 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
                        upstream_liveness_timeout=getattr(args, "upstream_liveness_timeout", 5.0),
                        upstream_reconnect_initial=getattr(args, "upstream_reconnect_initial", 0.1),
                        upstream_reconnect_max=getattr(args, "upstream_reconnect_max", 5.0),
-                       goaway_uri=getattr(args, "goaway_uri", ""))
+                       goaway_uri=getattr(args, "goaway_uri", ""),
+                       transcoder=getattr(args, "transcoder_made", None))
+
+
+def _transcoder(factory: str, files: list[str]) -> Transcoder | None:
+    """``MODULE:FACTORY`` called with the descriptor files (None without files)."""
+    if not files:
+        return None
+    module, _, name = factory.partition(":")
+    made: Transcoder = getattr(importlib.import_module(module), name)(files)
+    return made
 
 
 def _is_name(host: str) -> bool:

@@ -8,6 +8,7 @@ from kvsp_moq.pubsub.liveness import Reconnect
 from kvsp_moq.transport import TransportConfig
 
 from .auth import AuthConfig
+from .transcoder import Transcoder
 
 __all__ = ["RelayConfig"]
 
@@ -79,6 +80,11 @@ class RelayConfig:
     #: announcements, namespace interest or PUBLISHes want the upstream.
     upstream_reconnect_initial: float = 0.1
     upstream_reconnect_max: float = 5.0
+    #: Makes tracks of a namespace from others of it (relay/transcode.py: another codec of a
+    #: replica, made once and cached); None: every FETCH goes upstream as it is. The KVSP one
+    #: is ``kvsp_moq.bridge.transcoding`` (``--transcoder``), passed in: the relay never
+    #: imports it.
+    transcoder: Transcoder | None = None
 
     @property
     def upstream_reconnect(self) -> Reconnect:

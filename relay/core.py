@@ -36,6 +36,7 @@ from .cache import ObjectCache, TrackName
 from .config import RelayConfig
 from .auth import Principal
 from .fetch import FetchService, fetch_range
+from .transcode import EdgeTranscoding
 from .fill import FillService
 from .deadline import Deadline
 from .gate import Gate
@@ -266,6 +267,10 @@ class Relay:
         self.fetches = FetchService(self.cache, self.stats, self.spawn, config.request_timeout)
         # Joining FETCH, fill fetch streams (relay/fill.py)
         self.fills = FillService(self.upstreams, self.fetches, self)
+        #: FETCHes of tracks the configured transcoder makes (relay/transcode.py), or None.
+        self.transcoding = (EdgeTranscoding(config.transcoder, self.fetches, self.cache, self.stats, self.spawn,
+                                            self.route_then, self.reject, config.request_timeout)
+                            if config.transcoder is not None else None)
         self.sessions: set[PeerSession] = set()
         self.server: Server | None = None
         #: Our session to the --upstream relay: connect, liveness, reconnect with backoff,
@@ -542,6 +547,8 @@ class Relay:
             return
         if self.fetches.try_cache(peer, rid, rng):
             return
+        if self.transcoding is not None and self.transcoding.fetch(peer, rid, rng):
+            return  # another codec of a replica, made here once (relay/transcode.py)
 
         def go(route: PeerSession) -> None:
             if not self.fetches.try_cache(peer, rid, rng):  # it may have landed meanwhile

@@ -56,6 +56,10 @@ class RelayStats:
     #: (LAYER_DIGESTS, relay/digests.py), and those that did not match it (not cached).
     digest_checks: int = 0
     digest_mismatches: int = 0
+    #: Tracks made by the edge transcoder (relay/transcode.py: once per replica and codec),
+    #: and the octets of the coded objects it cached.
+    transcodes: int = 0
+    transcoded_bytes: int = 0
     #: Object payload bytes received from upstream / sent downstream (headers excluded).
     bytes_in: int = 0
     bytes_out: int = 0

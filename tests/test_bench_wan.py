@@ -211,14 +211,22 @@ def test_shaper_delays_loses_and_keeps_order_both_ways(namespaces: tuple[str, st
 @needs_tun
 def test_bench_wan_through_the_tun_shaper_leaves_nothing_behind() -> None:
     """``--shaper tun``: the MOQT figures against HTTP over TCP on the same shaped path, once
-    per QUIC congestion controller (``--congestion-control reno,bbr``), with the shaper's
+    per QUIC congestion controller (``--congestion-control reno,bbr``), and with ``--codec``
+    the effective rate of a codec beside raw HTTP, with the shaper's
     counters, TCP's congestion control (here one set for the run) and the QUIC one in the
     params; afterwards no namespace and no TUN device of the run remain."""
     pytest.importorskip("torch")
     proc = kvsp("bench", "wan", "--shaper", "tun", "--layers", "1", "--delay-ms", "5",
                 "--loss", "0.5", "--repeat", "1", "--tcp-cc", "reno",
-                "--congestion-control", "reno,bbr")
+                "--congestion-control", "reno,bbr", "--codec", "fp8-e4m3")
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    # --codec: the block in fp8-e4m3 from the transcoding holder, decoded, beside raw HTTP
+    (coded,) = [f for f in lines if f["name"].startswith("wan_codec_")]
+    lines = [f for f in lines if f is not coded]
+    assert coded["name"] == "wan_codec_fp8-e4m3_rate" and coded["baseline_name"] == "wan_http_rate"
+    assert coded["value"] > 0 and coded["baseline_value"] > 0
+    assert coded["params"]["ratio_on_wire"] > 1.9 and coded["params"]["raw_bytes"] == 1 << 20
+    assert coded["params"]["tcp_congestion_control"] == "reno"
     by_cc: dict[str, dict[str, Any]] = {}
     for fig in lines:  # one set of figures per QUIC controller, on the same path
         by_cc.setdefault(fig["params"]["congestion_control"], {})[fig["name"]] = fig

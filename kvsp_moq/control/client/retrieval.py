@@ -256,7 +256,8 @@ async def retrieve_block(
     """Fetch the block (or the inclusive layer range ``layers``) from the first replica that
     passes verification; see the module docstring. ``codec`` asks for another codec than the
     replica's (only Repr-Digest then protects it, §6.7). ``max_octets`` caps a response
-    (a whole block is also capped at the record's ``size``). Raises :class:`RetrievalFailed`."""
+    (a whole block is also capped at the record's ``size``, in another codec at that size plus
+    a lossless coder's worst-case expansion). Raises :class:`RetrievalFailed`."""
     if layers is not None and (layers[0] < 0 or layers[0] > layers[1]):
         raise ValueError(f"invalid layer range {layers!r}")
     attempts: list[Attempt] = []
@@ -279,7 +280,7 @@ async def retrieve_block(
             layers[1] if layers is not None else None,
             record.codec if codec is None else codec,
             same_codec and record.layer_digests is not None,
-            _cap(max_octets, record.size if layers is None else None),
+            _cap(max_octets, _size_bound(record, layers, same_codec)),
         )
         try:
             header, digest = await _fetch_one(fetcher, block_url(holder, record, layers, codec), expect, sink, geometry, limits)
@@ -295,6 +296,16 @@ async def retrieve_block(
             continue
         return Retrieved(record, header, tuple(expect.seen), digest, tuple(attempts))
     raise RetrievalFailed(block_key, layers if layers is not None else _all_layers(replicas), attempts)
+
+
+def _size_bound(record: ReplicaRecord, layers: tuple[int, int] | None, same_codec: bool) -> int | None:
+    """The most octets a whole block's answer may have: the record's ``size`` in its codec; in
+    another codec (transcoded, §6.7) that size plus a lossless coder's worst-case expansion
+    (Zstandard's bound is under 1/128 more, plus framing), so a holder cannot stream without
+    end; a layer range: None (the container's own limits apply)."""
+    if layers is not None:
+        return None
+    return record.size if same_codec else record.size + record.size // 128 + 65536
 
 
 def _cap(a: int | None, b: int | None) -> int | None:

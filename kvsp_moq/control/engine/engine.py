@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 
 from ...bridge import MoqtHolder, MoqtPool
 from ...kvsp.blockkeys import BlockKeyChain
+from ...kvsp.codecs.policy import CodecPolicy
 from ...kvsp.compat import compat_id as derive_compat_id
 from ...kvsp.records import Sampler as SamplerRecord
 from ...sinks import LayerFailed
@@ -137,6 +138,7 @@ class InferenceEngine:
         directives: DirectiveFinder | None = None,
         counters: EngineCounters | None = None,
         owned: Sequence[Closeable] = (),
+        codec_policy: CodecPolicy | None = None,
     ) -> None:
         self.config = config
         self._owned = tuple(owned)
@@ -153,7 +155,7 @@ class InferenceEngine:
             store=store, index=index, fetcher=fetcher, pool=pool, geometry=bundle.geometry, layers=bundle.layers,
             block_tokens=bundle.block_tokens, self_url="", to_tensors=self._to_tensors, timeout_s=config.moqt_timeout_s,
             idle_timeout_s=min(config.moqt_idle_timeout_s, config.moqt_timeout_s), index_timeout_s=config.index_timeout_s,
-            counters=self.counters,
+            counters=self.counters, codec_policy=codec_policy,
         )
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsp-engine")
         self._background: set[asyncio.Task[Any]] = set()

@@ -19,6 +19,12 @@ reusable blocks are always a prefix of them):
    does not answer within ``index_timeout_s`` matches nothing: the index is advisory (§6.1),
    the instance recomputes what it cannot look up (docs/reliability.md).
 
+Codecs (``codec_policy``, :mod:`kvsp_moq.kvsp.codecs.policy`): a replica — local or remote —
+stored in a lossy codec is used only where the policy names that codec for the scope (else it
+is not a source, as if absent); HTTP and local replicas in any other codec are decoded to the
+element type (``kvsp.codecs.decode_layer``); MOQT loads take ``raw`` replicas only (the sink
+lands raw sections).
+
 A MOQT load that fails (a layer refused, the relay gone, a source silent for
 ``idle_timeout_s``) is retried over HTTP (:meth:`PrefixPlan.settle`); a block neither
 delivers cuts the prefix there.
@@ -33,7 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...bridge import BlockLoad, LoadResult, MoqtPool, Source, sink_for_record
-from ...kvsp.layout import Geometry, decode_raw_layer
+from ...kvsp.codecs import decode_layer
+from ...kvsp.codecs.policy import CodecPolicy
+from ...kvsp.layout import Geometry
+from ...kvsp.registries import CODEC_RAW
 from ...kvsp.records import LookupRequest, LookupResponse, ReplicaRecord
 from ...storage import BlockStore, RecordKey
 from ..client.retrieval import BlockFetcher, RetrievalFailed, Retrieved, retrieve_block
@@ -158,8 +167,11 @@ class PrefixLoader:
         idle_timeout_s: float | None = None,
         index_timeout_s: float = 10.0,
         counters: EngineCounters | None = None,
+        codec_policy: CodecPolicy | None = None,
     ) -> None:
         self.store = store
+        #: Which lossy codecs a replica may be in to be used, per scope (``[instance.codec_policy]``).
+        self.codec_policy = codec_policy if codec_policy is not None else CodecPolicy()
         self.index = index
         self.fetcher = fetcher
         self.pool = pool
@@ -211,21 +223,23 @@ class PrefixLoader:
     def _local(self, key: RecordKey) -> list[tuple[Any, Any]] | None:
         info = self.store.get(key)
         if info is None or not info.complete or info.first_layer != 0 or info.layer_count != self.layers \
-                or info.token_count != self.block_tokens:
+                or info.token_count != self.block_tokens or not self.codec_policy.accepts(info.codec, key.scope_id):
             return None
         out = []
         for layer in range(self.layers):
             payload = self.store.layer_payload(key, layer)
-            half = len(payload) // 2
-            k, v = decode_raw_layer(payload[:half], payload[half:], self.geometry, self.block_tokens)
+            k_len, v_len = info.lengths[layer]
+            k, v = decode_layer(info.codec, payload[:k_len], payload[k_len:k_len + v_len], self.geometry,
+                                self.block_tokens)
             out.append(self.to_tensors(layer, k, v))
         return out
 
     async def _remote(self, plan: PrefixPlan, keys: Sequence[RecordKey], usable: int, answer: LookupResponse) -> None:
         http_fetches: list[tuple[PrefixBlock, asyncio.Task[tuple[str, int, list[tuple[Any, Any]]] | None]]] = []
         for i in range(len(plan.blocks), min(usable, answer.matched)):
-            records = [r for r in answer.blocks[i].replicas if r.holder != self.self_url]
-            moqt = [r for r in records if r.is_moqt and r.layer_digests is not None]
+            records = [r for r in answer.blocks[i].replicas
+                       if r.holder != self.self_url and self.codec_policy.accepts(r.codec, keys[i].scope_id)]
+            moqt = [r for r in records if r.is_moqt and r.layer_digests is not None and r.codec == CODEC_RAW.value]
             http = tuple(r for r in records if not r.is_moqt)
             block = PrefixBlock(i, keys[i], MOQT if (moqt and self.pool is not None) else HTTP, http_records=http)
             if block.source == MOQT:
@@ -269,7 +283,7 @@ class PrefixLoader:
         layers = []
         octets = 0
         for lv in retrieved.layers:
-            k, v = decode_raw_layer(lv.k, lv.v, self.geometry, tokens)
+            k, v = decode_layer(retrieved.header.codec, lv.k, lv.v, self.geometry, tokens)
             layers.append(self.to_tensors(lv.index, k, v))
             octets += len(lv.k) + len(lv.v)
         return retrieved.record.holder, octets, layers

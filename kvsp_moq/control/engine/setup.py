@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from ...bridge import MoqtHolder, MoqtPool
+from ...kvsp.codecs.policy import CodecPolicy
 from ...pubsub import MoqtSession
 from ...storage import BlockStore
 from ...transport import TransportConfig
@@ -109,12 +110,14 @@ async def start_engine(
     owned: Sequence[Closeable] = (),
     tls: TlsConfig | None = None,
     clock: Clock | None = None,
+    codec_policy: CodecPolicy | None = None,
 ) -> InferenceEngine:
     """Load the model (in a thread: reading the weights and importing torch take a while)
     and attach to the relay in the background when one is configured. ``owned`` are closed with the engine
     (the prefetch executor's counting MOQT retriever and its session pool). ``tls``: the
     process's ``[tls]`` section, for what ``[instance.engine]`` does not set. ``clock``: the
-    instance's, for the TTLs of the ``moqt://`` records (default: the monotonic clock)."""
+    instance's, for the TTLs of the ``moqt://`` records (default: the monotonic clock).
+    ``codec_policy``: ``[instance.codec_policy]``, which lossy replicas the engine may use."""
     bundle = await asyncio.to_thread(load_model, config)
     counters = counters if counters is not None else EngineCounters()
     transport = engine_transport(config, tls or TlsConfig())
@@ -152,6 +155,6 @@ async def start_engine(
     return InferenceEngine(
         config=config, bundle=bundle, store=store, lifecycle=lifecycle, index=index, fetcher=fetcher,
         publisher=publisher, url=url, pool=pool, moqt_holder=moqt_holder, directives=directives, counters=counters,
-        owned=(*owned, *attached, publisher),
+        owned=(*owned, *attached, publisher), codec_policy=codec_policy,
     )
 

@@ -54,6 +54,11 @@ class HolderMetrics(RoleMetrics):
             "kvsp_holder_stored_blocks", "Blocks stored by PUT (§6.7), by transport", ("transport",))
         self.stored_octets = self.counter(
             "kvsp_holder_stored_octets", "Container octets stored by PUT (§6.7), by transport", ("transport",))
+        self.transcodes = self.counter(
+            "kvsp_holder_transcodes", "Replicas transcoded for GET ?codec=n (§6.7), once per replica, range and codec",
+            ("codec",))
+        self.transcoded_octets = self.counter(
+            "kvsp_holder_transcoded_octets", "Octets of the containers made by transcoding, by codec", ("codec",))
         self.lease_requests = self.counter(
             "kvsp_holder_lease_requests", "Lease requests (§6.6 POST leases) granted, or refused by reason", ("result",))
         for result in LEASE_RESULTS:

@@ -11,7 +11,7 @@ from ..common.config import HolderConfig
 from ..common.errors import NotFound
 from ..common.media import BLOCK_MEDIA_TYPE, repr_digest
 from ..http.server import BLOCK_PATH, HttpProblem, authenticate, read_block_body, read_record, record_response
-from .service import HolderService
+from .service import BlockRead, HolderService
 
 __all__ = ["LEASE_SEGMENT", "HolderRoutes", "parse_codec", "parse_layers", "record_key"]
 
@@ -78,6 +78,8 @@ class HolderRoutes:
         layers = parse_layers(request.query.get("layers"))
         codec = parse_codec(request.query.get("codec"))
         read = self.service.open_block(principal, key, layers, codec)
+        if read.transcode_to is not None:
+            return await self._transcoded(request, read)
         digest = await self.service.container_sha256(read)
         response = web.StreamResponse(
             status=200,
@@ -92,6 +94,30 @@ class HolderRoutes:
         if request.method != "HEAD":
             for chunk in read.reader:
                 await response.write(chunk)
+        await response.write_eof()
+        if request.method != "HEAD":
+            self.service.metrics.served(read.reader, read.full)
+        return response
+
+    async def _transcoded(self, request: web.Request, read: BlockRead) -> web.StreamResponse:
+        """§6.7 GET with ``codec=n`` other than the replica's: the transcoded container
+        (``holder/transcode.py``), protected by its own Repr-Digest, the only protection a
+        transcoded representation has (§6.7)."""
+        coded = await self.service.transcoded(read)
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Repr-Digest": repr_digest(coded.sha256),
+                "Cache-Control": f"private, immutable, max-age={read.max_age_s}",
+            },
+        )
+        response.content_type = BLOCK_MEDIA_TYPE
+        response.content_length = len(coded.body)
+        await response.prepare(request)
+        if request.method != "HEAD":
+            view, step = memoryview(coded.body), self.config.chunk_octets
+            for offset in range(0, len(view), step):
+                await response.write(view[offset:offset + step])
         await response.write_eof()
         if request.method != "HEAD":
             self.service.metrics.served(read.reader, read.full)

@@ -26,6 +26,7 @@ from .leases import LeaseManager
 from .moqt import HolderMoqt
 from .routes import HolderRoutes
 from .service import HolderService
+from .transcode import Transcoder, geometries_of
 
 __all__ = ["HOLDER_SERVICE", "serve_holder"]
 
@@ -109,8 +110,9 @@ async def serve_holder(
                                          purpose="the MOQT relays of [holder]")  # + [transport]
         moqt = HolderMoqt(store, index_client, config=hc, clock=clock, transport=transport)
         await moqt.connect()
+    transcoder = Transcoder(geometries_of(hc.descriptors), hc.transcode_cache_octets) if hc.descriptors else None
     service = HolderService(store, clock=clock, leases=leases, publisher=publisher, chunk_octets=hc.chunk_octets,
-                            moqt=moqt)
+                            moqt=moqt, transcoder=transcoder)
     app = build_app(auth=config.auth, routes=[*HolderRoutes(service, hc).routes(),
                                               *metrics_routes(hc.base_path, service.metrics, public=hc.metrics_public)])
     app[HOLDER_SERVICE] = service

@@ -38,10 +38,12 @@ from ..common.errors import LayersNotHeld, NotFound, PreconditionFailed
 from .leases import LeaseManager
 from .metrics import HolderMetrics, lease_result
 from .moqt import HolderMoqt
+from .transcode import Transcoded, Transcoder
 
 __all__ = ["BlockRead", "HolderService"]
 
-#: Codecs this holder serves: it does not transcode (§6.7 "a holder MAY transcode").
+#: Codecs this holder serves without a transcoder (§6.7 "a holder MAY transcode"; with one,
+#: every registered codec for the compats of ``[holder] descriptors``: ``holder/transcode.py``).
 SERVED_CODECS = frozenset({CODEC_RAW.value})
 #: Octets hashed between two yields to the event loop while computing a range's digest.
 _HASH_SLICE = 8 << 20
@@ -54,6 +56,10 @@ class BlockRead:
     reader: BlockReader
     full: bool  # all layers of the replica (its digest is cached by the store)
     remaining_ms: int  # the replica's remaining TTL: max-age is at most this (§6.7)
+    #: The codec asked for when it is not the replica's (``codec=n``, §6.7): the answer is the
+    #: transcoded container (:meth:`HolderService.transcoded`), not the reader's octets.
+    transcode_to: int | None = None
+    source_codec: int = CODEC_RAW.value
 
     @property
     def max_age_s(self) -> int:
@@ -72,8 +78,11 @@ class HolderService:
         publisher: ReplicaPublisher,
         chunk_octets: int = 256 * 1024,
         moqt: HolderMoqt | None = None,
+        transcoder: Transcoder | None = None,
     ) -> None:
         self.store = store
+        #: ``codec=n`` other than the replica's (§6.7 "MAY transcode"); None: 404 for those.
+        self.transcoder = transcoder
         #: Publication over MOQT through ``[holder] moqt_relays`` (``holder/moqt.py``), if any.
         self.moqt = moqt
         self.clock = clock
@@ -83,6 +92,12 @@ class HolderService:
         #: ``GET {h}metrics`` (``holder/metrics.py``, docs/metrics.md).
         self.metrics = HolderMetrics(store)
         self.metrics.count_leases_with(self._live_leases)
+        if transcoder is not None:
+            transcoder.on_transcode = self._transcoded_once
+
+    def _transcoded_once(self, codec: int, octets: int) -> None:
+        self.metrics.transcodes.labels(str(codec)).inc()
+        self.metrics.transcoded_octets.labels(str(codec)).inc(octets)
 
     async def _live_leases(self) -> tuple[int, int]:
         live = await self.leases.leases.live(self.leases.clock.now_ms())
@@ -110,12 +125,14 @@ class HolderService:
         """Open the container of the replica of ``key`` (all layers, or the inclusive range
         ``layers``). ``Forbidden`` without the scope; ``NotFound`` (``kvsp-not-found``) when no
         replica is held; ``LayersNotHeld`` (``kvsp-layers-unavailable``) when a layer of the
-        range is not held or ``codec`` is not the replica's (no transcoding)."""
+        range is not held or ``codec`` is not the replica's and the holder has no transcoder
+        (with one, :meth:`transcoded` makes the representation)."""
         require_scope(principal, key.scope_id)
         info = self.store.get(key)
         if info is None:
             raise NotFound(f"the holder has no replica of block {key.block_key.hex()}")
-        if codec is not None and codec != info.codec:
+        transcode_to = codec if codec is not None and codec != info.codec else None
+        if transcode_to is not None and self.transcoder is None:
             raise LayersNotHeld(f"codec {codec} is not available: the replica is in codec {info.codec} and this holder does not transcode")
         first, last = layers if layers is not None else (info.first_layer, info.last_layer)
         try:
@@ -126,7 +143,15 @@ class HolderService:
             held = ", ".join(f"{a}-{b}" for a, b in exc.available) or "none"
             raise LayersNotHeld(f"layers {first}-{last} are not all held (held: {held})") from None
         full = (first, last) == (info.first_layer, info.last_layer) and info.complete
-        return BlockRead(reader, full, self.publisher.remaining_ms(key, reader.replica_id))
+        return BlockRead(reader, full, self.publisher.remaining_ms(key, reader.replica_id), transcode_to, info.codec)
+
+    async def transcoded(self, read: BlockRead) -> Transcoded:
+        """The container of ``read`` in ``read.transcode_to`` (§6.7 "a holder MAY transcode"),
+        made once per replica, range and codec; ``LayersNotHeld`` when it cannot be made."""
+        assert read.transcode_to is not None
+        if self.transcoder is None:
+            raise LayersNotHeld(f"codec {read.transcode_to} is not available: this holder does not transcode")
+        return await self.transcoder.transcode(read.reader, read.source_codec, read.transcode_to)
 
     async def container_sha256(self, read: BlockRead) -> bytes:
         """SHA-256 of the container a GET returns (``Repr-Digest``, §6.7 MUST).

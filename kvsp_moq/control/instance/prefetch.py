@@ -30,6 +30,14 @@ loading awaited rather than loaded twice:
    and its new replica is published to the IS (§6.1, :class:`~.client.publisher.ReplicaPublisher`);
 5. the lease is released (``DELETE leases/{id}``), whatever happened.
 
+Codecs (``codec_policy``, ``[instance.codec_policy]``, :mod:`kvsp_moq.kvsp.codecs.policy`): a
+block of a scope the policy names a codec for is asked of HTTP holders in that codec (§6.7
+``codec=n``; verified by Repr-Digest only, §6.7), stored in it and published with that codec
+in its record (§4.4 ``codec``), so a lossy replica is never mistaken for a raw one; a holder
+that does not transcode (404) is then asked for the replica's own codec. A replica whose
+record names a lossy codec the policy does not name for the scope is not a source (skipped,
+with the reason in the directive's error). MOQT sources are loaded in the replica's codec.
+
 ``deadline_ms`` runs on the injectable timer: when it passes, loading stops (the task is
 cancelled, its lease still released) and the directive is ``partial`` with the keys loaded so
 far (§6.5 MUST-like "stops loading and reports partial"). Otherwise the end state is
@@ -47,6 +55,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ...kvsp.codecs.policy import CodecChoice, CodecPolicy
 from ...kvsp.errors import ContainerError
 from ...kvsp.records import (
     LeaseGrant,
@@ -127,6 +136,7 @@ class PrefetchExecutor:
         max_running: int = 64,
         moqt_retriever: MoqtRetriever | None = None,
         blocks_in_flight: int = 4,
+        codec_policy: CodecPolicy | None = None,
     ) -> None:
         if blocks_in_flight < 1:
             raise ValueError(f"blocks_in_flight must be at least 1, got {blocks_in_flight}")
@@ -144,6 +154,8 @@ class PrefetchExecutor:
         #: each retrieval waits a round trip or more before its first byte, so a few in flight
         #: keep the path busy; over MOQT they are FETCHes of their own on one session per source.
         self.blocks_in_flight = blocks_in_flight
+        #: The codec blocks are loaded in, per scope (lossy only where configured).
+        self.codec_policy = codec_policy if codec_policy is not None else CodecPolicy()
         self._runs: OrderedDict[uuid.UUID, DirectiveRun] = OrderedDict()
         #: Blocks being loaded now, with the outcome other directives naming them await.
         self._loading: dict[RecordKey, asyncio.Future[str | None]] = {}
@@ -289,10 +301,15 @@ class PrefetchExecutor:
         found = known if known is not None else await self.replicas.replicas(key)
         records = {r.holder: r for r in found}
         reasons: list[str] = []
+        choice = self.codec_policy.choose(key.scope_id)
         for source in sources:
             record = records.get(source)
             if record is None:
                 reasons.append(f"{source}: no replica record at the index")
+                continue
+            if not self.codec_policy.accepts(record.codec, key.scope_id):
+                reasons.append(f"{source}: the replica is in lossy codec {record.codec}, which the "
+                               f"codec policy does not allow for this scope ({choice.reason})")
                 continue
             if source.startswith("moqt:"):
                 # MOQT sources have no HTTP lease endpoint; the bridge retrieves and verifies.
@@ -320,7 +337,7 @@ class PrefetchExecutor:
             try:
                 try:
                     async with gate:
-                        retrieved = await retrieve_block(self.fetcher, [record])  # §6.7, verified
+                        retrieved = await self._retrieve(record, choice)  # §6.7, verified
                 except RetrievalFailed as exc:
                     reasons.append(f"{source}: {exc}")
                     continue
@@ -331,6 +348,23 @@ class PrefetchExecutor:
             finally:
                 await self._release(source, grant.lease)
         return "; ".join(reasons) or "no sources"
+
+    async def _retrieve(self, record: ReplicaRecord, choice: CodecChoice) -> Retrieved:
+        """The block from ``record``'s HTTP holder in the policy's codec (§6.7 ``codec=n``),
+        else, when that holder does not have it in that codec (404), in the replica's own."""
+        codec = choice.value
+        if codec is None or codec == record.codec:
+            return await retrieve_block(self.fetcher, [record])
+        try:
+            retrieved = await retrieve_block(self.fetcher, [record], codec=codec)
+        except RetrievalFailed as exc:
+            if not all(a.outcome == "miss" for a in exc.attempts):
+                raise
+            log.info("block %s: %s does not serve codec %d (%s); loading codec %d",
+                     record.block_key.hex(), record.holder, codec, choice.reason, record.codec)
+            return await retrieve_block(self.fetcher, [record])
+        log.info("block %s loaded in codec %d from %s (%s)", record.block_key.hex(), codec, record.holder, choice.reason)
+        return retrieved
 
     async def _landed(self, key: RecordKey, landed: Landed) -> str | None:
         """A block the MOQT retriever stored itself (``land``): publish its new replica (§6.1);

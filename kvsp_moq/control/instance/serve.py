@@ -117,6 +117,7 @@ async def serve_instance(
         fetcher=counted_fetcher if counted_fetcher is not None else cast(BlockFetcher, fetcher), timer=timer,
         max_directives=ic.max_directives, max_running=ic.max_running_directives, blocks_in_flight=ic.prefetch_blocks_in_flight,
         moqt_retriever=counted_retriever if counted_retriever is not None else moqt_retriever,
+        codec_policy=ic.codec_policy,
     )
     session_pc = pc if isinstance(pc, HttpPcClient) else None
     if session_pc is None and pcs:
@@ -137,7 +138,8 @@ async def serve_instance(
                 ic.engine, store=store, lifecycle=service.lifecycle, url=lambda: service.url, index=index_client,
                 index_publisher=index_client, fetcher=cast(BlockFetcher, fetcher), storer=storer,
                 replica_publisher=publisher, directives=executor, token=ic.token, counters=counters,
-                owned=(counted_retriever,) if counted_retriever is not None else (), tls=tls, clock=timer)
+                owned=(counted_retriever,) if counted_retriever is not None else (), tls=tls, clock=timer,
+                codec_policy=ic.codec_policy)
         except BaseException:
             await fetcher.close()
             for client in owned:

@@ -33,6 +33,7 @@ from types import FrameType
 from ....bench.report import Figure
 from ....transport import TransportConfig
 from ..kv.driver import check_backends, start_holder, stop_holder
+from .codec import check_codecs, codec_figures, load_codecs
 from .path import HOLDER_IP, SHAPERS, Skip, WanPath, wan_path
 from ...core import UsageError
 
@@ -96,14 +97,17 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_size: int = 1452,
         backend: str = "aioquic", delay_ms: float = 20.0,
         loss_pct: float | Sequence[float] = 0.5, repeat: int = 3, shaper: str = "auto",
         seed: int = 1, tcp_cc: str | None = None, sink: str = "torch",
-        congestion_controls: Sequence[str | None] = (None,)) -> list[Figure]:
+        congestion_controls: Sequence[str | None] = (None,),
+        codecs: Sequence[str] = ()) -> list[Figure]:
     """The figures, or [] after printing why the bench was skipped (stderr). ``sink``:
     the loader's layer sink, ``torch`` (CPU tensors) or ``numpy`` (where torch is not
     installed, e.g. a Python that only the aiopquic backend runs on). One path per loss in
     ``loss_pct``; on each, one MOQT load per QUIC congestion controller in
     ``congestion_controls`` (None: the backend's default) and one HTTP load, the baseline of
-    that path's MOQT figures."""
+    that path's MOQT figures. ``codecs``: also, on each path, the effective KV rate of each
+    codec (HTTP ``codec=n`` from a transcoding holder) beside raw HTTP (:mod:`.codec`)."""
     check_backends((backend,))
+    check_codecs(codecs)
     if sink not in ("torch", "numpy"):
         raise UsageError(f"--sink {sink!r}: torch or numpy")
     if shaper not in SHAPERS:
@@ -116,7 +120,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_size: int = 1452,
     figures: list[Figure] = []
     for loss in losses:
         got = _one_path(layers, layer_bytes, datagram_size, backend, delay_ms, loss, repeat,
-                        shaper, seed, tcp_cc, sink, ccs)
+                        shaper, seed, tcp_cc, sink, ccs, tuple(codecs))
         if got is None:
             return []
         figures += got
@@ -125,7 +129,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_size: int = 1452,
 
 def _one_path(layers: int, layer_bytes: int, datagram_size: int, backend: str, delay_ms: float,
               loss_pct: float, repeat: int, shaper: str, seed: int, tcp_cc: str | None,
-              sink: str, ccs: tuple[str | None, ...]) -> list[Figure] | None:
+              sink: str, ccs: tuple[str | None, ...], codecs: tuple[str, ...] = ()) -> list[Figure] | None:
     try:
         with _sigterm_unwinds(), wan_path(delay_ms, loss_pct, mtu=max(1500, datagram_size + 28),
                                           shaper=shaper, seed=seed, tcp_cc=tcp_cc) as path:
@@ -134,6 +138,7 @@ def _one_path(layers: int, layer_bytes: int, datagram_size: int, backend: str, d
                   f"{path.tcp_congestion_control}", file=sys.stderr, flush=True)
             loads = [_load(path, layers, layer_bytes, datagram_size, backend, repeat, sink, cc,
                            http=i == 0) for i, cc in enumerate(ccs)]
+            coded = load_codecs(path, layers, layer_bytes, codecs, repeat) if codecs else None
     except Skip as exc:
         print(f"kvsp bench wan: skipped: {exc}", file=sys.stderr)
         return None
@@ -157,4 +162,6 @@ def _one_path(layers: int, layer_bytes: int, datagram_size: int, backend: str, d
             Figure("wan_moqt_block", "ms", m_block * 1e3, "wan_http_block", h_block * 1e3, params=params),
             Figure("wan_moqt_rate", "MB/s", block / m_block / 1e6, "wan_http_rate", block / h_block / 1e6, params=params),
         ]
+    if coded is not None:
+        figures += codec_figures(*coded, codecs, base)
     return figures

@@ -1,0 +1,132 @@
+"""KVSP codecs over MOQT: the relay's edge transcoder and the consumer's verified load of a
+coded track (docs/binding.md §13, docs/relay.md "Transcoding").
+
+Binding v1: the track name is the codec's registry name, another codec of a replica is
+another track of its namespace. A consumer asks for a codec by FETCHing that track;
+:class:`KvspTranscoder` is what a relay (``relay.transcode``, ``RelayConfig.transcoder``) is
+given to make it from the replica's ``raw`` track, once, for every later subscriber.
+
+Coded object payloads are as raw's: the layer's K section followed by its V section, here in
+the codec's section encoding (docs/container.md "Codecs"); only codecs whose section size the
+geometry fixes (``fp8-e4m3``, ``int8``) are made, so a consumer splits the payload in two
+halves as for raw. The relay declares the SHA-256 of each coded payload (LAYER_DIGESTS of the
+coded track, LAYER_DIGEST of each object): :func:`fetch_coded_layers` checks every object
+against both before it decodes it.
+
+The transcoder needs each compat's geometry (§4.1 ``kv_heads``, ``head_dim``, ``kv_dtype``):
+it makes tracks only for the Compatibility IDs of the descriptors it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..kvsp.codecs import coded_section_bytes, decode_layer, encode_layer, layer_codec
+from ..kvsp.compat import compat_id, validate_descriptor
+from ..kvsp.errors import ContainerError, NamingError
+from ..kvsp.layout import Geometry
+from ..kvsp.naming import BlockName
+from ..kvsp.registries import CODEC_RAW, CODECS_BY_NAME
+from ..pubsub import MoqtSession
+from .binding import BLOCK_GROUP, BindingError, TrackInfo, layer_digest_of
+
+__all__ = ["KvspTranscoder", "fetch_coded_layers", "from_descriptor_files", "from_descriptors"]
+
+RAW = CODEC_RAW.name.encode()
+
+
+class KvspTranscoder:
+    """Makes the ``fp8-e4m3`` / ``int8`` track of a replica from its ``raw`` track
+    (``relay.transcode.Transcoder``)."""
+
+    def __init__(self, geometries: Mapping[bytes, Geometry]) -> None:
+        self.geometries = dict(geometries)
+
+    def _geometry(self, namespace: tuple[bytes, ...]) -> Geometry | None:
+        try:
+            name = BlockName.from_fields(namespace)
+        except NamingError:
+            return None
+        return self.geometries.get(name.compat_id)
+
+    def source_track(self, namespace: tuple[bytes, ...], track_name: bytes) -> bytes | None:
+        codec = CODECS_BY_NAME.get(track_name.decode("ascii", "replace"))
+        geometry = self._geometry(namespace)
+        if codec is None or codec.value == CODEC_RAW.value or geometry is None:
+            return None
+        if coded_section_bytes(codec, geometry, 1) is None:
+            return None  # a content-sized section (zstd-planes): no K/V split in the payload
+        return RAW
+
+    def transcode(self, namespace: tuple[bytes, ...], track_name: bytes,
+                  source_properties: tuple[tuple[int, int | bytes], ...], payloads: Sequence[bytes]) -> list[bytes]:
+        geometry = self._geometry(namespace)
+        if geometry is None:
+            raise ValueError("no geometry for this namespace")
+        try:
+            tokens = TrackInfo.parse(source_properties).token_count
+        except BindingError as exc:
+            raise ValueError(str(exc)) from None
+        section = geometry.section_bytes(tokens)
+        codec = track_name.decode("ascii")
+        out = []
+        for payload in payloads:
+            if len(payload) != 2 * section:
+                raise ValueError(f"a raw payload of {len(payload)} octets, not 2 x {section}")
+            try:
+                k, v = decode_layer("raw", payload[:section], payload[section:], geometry, tokens)
+                ks, vs = encode_layer(codec, k, v, geometry, tokens)
+            except ContainerError as exc:
+                raise ValueError(str(exc)) from None
+            out.append(bytes(ks) + bytes(vs))
+        return out
+
+
+def from_descriptors(descriptors: Iterable[Mapping[str, Any]]) -> KvspTranscoder:
+    """A transcoder for the compats of validated descriptor documents (§4.1)."""
+    return KvspTranscoder({compat_id(d): Geometry.from_descriptor_fields(d["kv_heads"], d["head_dim"], d["kv_dtype"])
+                           for d in descriptors})
+
+
+def from_descriptor_files(paths: Iterable[str]) -> KvspTranscoder:
+    """``python -m relay --transcode-descriptor FILE``: descriptor files (JSON, §4.1),
+    validated; ``DescriptorError`` naming the member at fault."""
+    return from_descriptors(validate_descriptor(json.loads(Path(p).read_bytes())).document for p in paths)
+
+
+async def fetch_coded_layers(session: MoqtSession, name: BlockName, codec: str, geometry: Geometry,
+                             first: int, last: int, *, timeout: float = 30.0
+                             ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """FETCH layers ``first..last`` of the replica ``name`` in ``codec`` (binding v1: the
+    track of that name, made by a transcoding relay) and decode them to the geometry's element
+    type. Every object must hash to its entry of the FETCH_OK's LAYER_DIGESTS and to its own
+    LAYER_DIGEST property; ``BindingError`` naming the layer otherwise (a flipped coded
+    octet), or when the track declares no digests to check against."""
+    entry = layer_codec(codec).codec
+    async with asyncio.timeout(timeout):
+        stream = await session.fetch(name.namespace_fields(), entry.name, start=(BLOCK_GROUP, first),
+                                     end=(BLOCK_GROUP, last))
+        info = TrackInfo.parse(stream.response.track_properties)  # type: ignore[union-attr]
+        if info.layer_digests is None:
+            raise BindingError(f"the {codec} track declares no LAYER_DIGESTS to verify its layers with")
+        section = coded_section_bytes(entry, geometry, info.token_count)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        async for obj in stream:
+            payload = bytes(obj.payload)
+            digest = hashlib.sha256(payload).digest()
+            if digest != info.layer_digests.get(obj.object_id) or digest != layer_digest_of(obj.properties):
+                raise BindingError(f"layer {obj.object_id}: digest mismatch")
+            if section is None or len(payload) != 2 * section:
+                raise BindingError(f"layer {obj.object_id}: {len(payload)} octets, not two {codec} sections")
+            out.append(decode_layer(entry, payload[:section], payload[section:], geometry, info.token_count))
+    if len(out) != last - first + 1:
+        raise BindingError(f"{len(out)} layers of {last - first + 1}")
+    return out
+
