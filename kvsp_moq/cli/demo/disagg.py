@@ -42,8 +42,8 @@ from ...control.router.routes import make_app
 from ...integrations.vllm.router import ProcessEngine
 from ...integrations.vllm.tiny_model import TinyLlama
 from .cluster import http_request
-from .engines import BLOCK_TOKENS, VllmPlane, interrupts_as_keyboard_interrupt, progress_line, require_vllm
-from .vllm import prompt_tokens, vllm_version
+from .engines import BLOCK_TOKENS, VllmPlane
+from .vllm import prompt_tokens, run_reported, vllm_version
 
 __all__ = ["CHUNK_TOKENS", "cmd_demo_disagg", "decoder_line", "run_disagg"]
 
@@ -181,24 +181,6 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def cmd_demo_disagg(args: argparse.Namespace) -> int:
-    require_vllm()
-    report: dict[str, Any] | None = None
-    try:
-        with interrupts_as_keyboard_interrupt(), VllmPlane(progress_line, prefix="kvsp-demo-disagg-") as plane:
-            try:
-                report = run_disagg(plane, args.model_dir, args.decoders, getattr(args, "dtype", "float32"))
-            except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
-                progress_line(f"failed: {type(exc).__name__}: {exc}")
-                return 1
-            finally:
-                progress_line("shutting down")
-        progress_line("all servers stopped, relay and engines exited")
-    except KeyboardInterrupt:
-        progress_line("interrupted: clean shutdown, exit 130")
-        return 130
-    assert report is not None
-    if args.json:
-        print(json.dumps(report))
-    else:
-        _print_report(report)
-    return 0 if report["ok"] else 1
+    return run_reported(args, lambda plane: run_disagg(plane, args.model_dir, args.decoders,
+                                                       getattr(args, "dtype", "float32")),
+                        _print_report, prefix="kvsp-demo-disagg-")

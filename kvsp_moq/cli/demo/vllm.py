@@ -40,6 +40,7 @@ outputs matched and the cache was used.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import json
 import random
 import time
@@ -57,7 +58,7 @@ from .engines import (
     require_vllm,
 )
 
-__all__ = ["cmd_demo_vllm", "prompt_tokens", "run_demo", "vllm_version"]
+__all__ = ["cmd_demo_vllm", "prompt_tokens", "run_demo", "run_reported", "vllm_version"]
 
 #: Request 1 = the system prefix + question 1 (11 full blocks and 8 tokens); request 2 = the
 #: same prefix + another question (only the 10 prefix blocks in common with request 1).
@@ -284,13 +285,22 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def cmd_demo_vllm(args: argparse.Namespace) -> int:
+    return run_reported(args, lambda plane: run_demo(plane, args.model_dir, getattr(args, "dtype", "float32")),
+                        _print_report)
+
+
+def run_reported(args: argparse.Namespace, scenario: Callable[[VllmPlane], dict[str, Any]],
+                 print_report: Callable[[dict[str, Any]], None], *, prefix: str = "kvsp-demo-vllm-") -> int:
+    """A vLLM demo's scenario on a plane of its own, then its report (``--json``: one object);
+    the exit status: 0 if the report is ok, 1 if not or if it failed (after the cleanup ran),
+    130 on Ctrl-C / SIGTERM."""
     require_vllm()
     report: dict[str, Any] | None = None
     try:
-        with interrupts_as_keyboard_interrupt(), VllmPlane(progress_line) as plane:
+        with interrupts_as_keyboard_interrupt(), VllmPlane(progress_line, prefix=prefix) as plane:
             try:
-                report = run_demo(plane, args.model_dir, getattr(args, "dtype", "float32"))
-            except (RuntimeError, TimeoutError, OSError) as exc:  # reported after the cleanup ran
+                report = scenario(plane)
+            except (RuntimeError, TimeoutError, OSError, ValueError) as exc:  # reported after the cleanup ran
                 progress_line(f"failed: {type(exc).__name__}: {exc}")
                 return 1
             finally:
@@ -303,5 +313,5 @@ def cmd_demo_vllm(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        _print_report(report)
+        print_report(report)
     return 0 if report["ok"] else 1

@@ -60,6 +60,7 @@ per token per FLOP are Llama-3-8B's; ``--model-dir`` a local model (fp32).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import contextlib
 import sys
 import time
@@ -405,10 +406,15 @@ def _cmd_disagg(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise UsageError("--repeat must be >= 1")
     require_vllm()
+    return _emit_run(lambda: run_disagg(prompt_tokens=n, chunk_tokens=chunk, repeat=args.repeat,
+                                        progress=_progress, split=not args.no_cpu_split))
+
+
+def _emit_run(measure: Callable[[], list[Figure]]) -> int:
+    """Run a bench, print its figures; Ctrl-C: everything stopped, exit 130."""
     started = time.perf_counter()
     try:
-        figs = run_disagg(prompt_tokens=n, chunk_tokens=chunk, repeat=args.repeat, progress=_progress,
-                          split=not args.no_cpu_split)
+        figs = measure()
     except KeyboardInterrupt:
         _progress("interrupted: everything stopped, exit 130")
         return 130
@@ -438,14 +444,6 @@ def cmd(args: argparse.Namespace) -> int:
         if args.hidden < 32 or args.hidden % 32:
             raise UsageError("--hidden must be a positive multiple of 32")
     require_vllm()
-    started = time.perf_counter()
-    try:
-        figs = run(prefix_tokens=n, repeat=args.repeat, hidden=args.hidden or DEFAULT_HIDDEN,
-                   geometry=args.geometry, model_dir=args.model_dir, lmcache=not args.no_lmcache,
-                   block_tokens=b, progress=_progress)
-    except KeyboardInterrupt:
-        _progress("interrupted: everything stopped, exit 130")
-        return 130
-    emit(figs)
-    _progress(f"done in {time.perf_counter() - started:.0f} s; everything stopped")
-    return 0
+    return _emit_run(lambda: run(prefix_tokens=n, repeat=args.repeat, hidden=args.hidden or DEFAULT_HIDDEN,
+                                 geometry=args.geometry, model_dir=args.model_dir, lmcache=not args.no_lmcache,
+                                 block_tokens=b, progress=_progress))
