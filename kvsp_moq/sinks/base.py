@@ -250,21 +250,7 @@ class LayerSink(ABC, Generic[KV]):
         except SinkError as exc:
             self._fail(slot, str(exc))
             return False
-        assert slot.digest is not None  # begin_layer refuses a layer without a digest
-        if digest != slot.digest:
-            self._fail(
-                slot, f"digest mismatch: received {digest.hex()}, expected {slot.digest.hex()}"
-            )
-            return False
-        slot.reception = None
-        try:
-            self._publish(layer - self.first_layer)
-        except Exception as exc:
-            self._fail(slot, f"could not publish the layer: {exc!r}")
-            raise
-        slot.state = LayerState.READY
-        self._wake(slot, None)
-        return True
+        return self._settle(slot, layer, digest)
 
     async def end_layer_async(self, layer: int) -> bool:
         """:meth:`end_layer` for a layer hashed off the loop: awaits the hash worker's last
@@ -293,10 +279,16 @@ class LayerSink(ABC, Generic[KV]):
         verified, False failed (its octets are never exposed)."""
         slot = self._slot(layer)
         self._receiving(layer)  # SinkError unless a delivery is in progress
+        return self._settle(slot, layer, bytes(digest))
+
+    def _settle(self, slot: _Layer, layer: int, digest: bytes) -> bool:
+        """A delivery whose digest is known: compare it with the expected one (§4.3) and
+        publish the layer (True), or fail it, its octets never exposed (False)."""
         assert slot.digest is not None  # begin_layer refuses a layer without a digest
-        if bytes(digest) != slot.digest:
-            self._fail(slot, f"digest mismatch: received {bytes(digest).hex()}, "
-                             f"expected {slot.digest.hex()}")
+        if digest != slot.digest:
+            self._fail(
+                slot, f"digest mismatch: received {digest.hex()}, expected {slot.digest.hex()}"
+            )
             return False
         slot.reception = None
         try:

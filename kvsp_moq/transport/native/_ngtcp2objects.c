@@ -146,15 +146,7 @@ static void op_end(void *arg, const nq_dsp_object *o, const uint8_t *digest) {
   if (self->failed) {
     return;
   }
-  memset(&info, 0, sizeof(info));
-  info.group = o->group;
-  info.subgroup = o->subgroup;
-  info.has_subgroup = o->has_subgroup;
-  info.object = o->object;
-  info.length = o->length;
-  info.has_priority = o->has_priority;
-  info.priority = o->priority;
-  info.status = o->status;
+  nq_objinfo_of(o, 0, &info);
   info.has_digest = digest != NULL;
   if (digest != NULL) {
     memcpy(info.digest, digest, NQ_DIGEST_LEN);

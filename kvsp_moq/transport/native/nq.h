@@ -382,6 +382,8 @@ void nq_objreg_free(nq_objreg *r);
 nq_dsp_dest nq_objreg_begin(nq_objreg *r, nq_dsp *p, const nq_dsp_object *o, uint8_t **dest,
                             size_t *slot);
 void nq_objreg_end(nq_objreg *r, size_t slot, const uint8_t *digest);
+/* The OBJECT event's fields of a parsed object header (``reg``: its registration's handle). */
+void nq_objinfo_of(const nq_dsp_object *o, uint64_t reg, nq_objinfo *info);
 int nq_objects_recv(nq_conn *c, nq_stream *s, const uint8_t *data, size_t len, int fin);
 void nq_objects_reset(nq_conn *c, nq_stream *s, uint64_t code);
 void nq_objects_stream_free(nq_stream *s);

@@ -193,9 +193,9 @@ static void rx_landed(void *arg, const uint8_t *at, size_t n) {
   }
 }
 
-static void fill_info(nq_rx *rx, const nq_dsp_object *o, nq_objinfo *info) {
+void nq_objinfo_of(const nq_dsp_object *o, uint64_t reg, nq_objinfo *info) {
   memset(info, 0, sizeof(*info));
-  info->reg = rx->reg_handle;
+  info->reg = reg;
   info->group = o->group;
   info->subgroup = o->subgroup;
   info->has_subgroup = o->has_subgroup;
@@ -214,7 +214,7 @@ static void rx_end(void *arg, const nq_dsp_object *o, const uint8_t *digest) {
     /* Landed: the hash thread finishes its digest and queues its OBJECT event. */
     nq_objreg_end(rx->reg, rx->slot, (const uint8_t *)"");
     flush_batch(rx);
-    fill_info(rx, o, &info);
+    nq_objinfo_of(o, rx->reg_handle, &info);
     rx->hashing = 0;
     rx->landing = 0;
     if (nq_hasher_finish(hasher_of(rx), rx->hash, 1, rx->conn->handle, rx->stream->id, &info,
@@ -227,16 +227,7 @@ static void rx_end(void *arg, const nq_dsp_object *o, const uint8_t *digest) {
   if (rx->reg == NULL) {
     return; /* Python forgot the request: nobody to tell */
   }
-  memset(&info, 0, sizeof(info));
-  info.reg = rx->reg_handle;
-  info.group = o->group;
-  info.subgroup = o->subgroup;
-  info.has_subgroup = o->has_subgroup;
-  info.object = o->object;
-  info.length = o->length;
-  info.has_priority = o->has_priority;
-  info.priority = o->priority;
-  info.status = o->status;
+  nq_objinfo_of(o, rx->reg_handle, &info);
   if (nq_emit_object(rx->conn, rx->stream->id, &info, o->props, o->propslen) != 0) {
     nq_dsp_refuse(&rx->dsp, NQ_MOQT_EXCESSIVE_LOAD, "event queue full");
   }

@@ -16,6 +16,7 @@ import gc
 import io
 import json
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -136,13 +137,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="TransportConfig.congestion_control_algorithm (aioquic: reno, cubic, "
                         "bbr; default: the backend's)")
     args = p.parse_args(argv)
+    return serve_until_stdin_closes(lambda stop: serve_block(args.host, args.layers, args.layer_mib << 20,
+                                                             args.datagram_size, args.backend, stop,
+                                                             args.congestion_control))
+
+
+def serve_until_stdin_closes(serve: Callable[[asyncio.Future[None]], Coroutine[Any, Any, Any]]) -> int:
+    """Run ``serve(stop)`` on a new uvloop until it returns; ``stop`` is done once the parent
+    closes our stdin (or dies). A bench's child process's ``main``."""
     loop = new_event_loop(use_uvloop=True)
     stop: asyncio.Future[None] = loop.create_future()
     fd = sys.stdin.fileno()
     # typeshed types TextIO.buffer as BinaryIO, which has no read1; stdin's is a BufferedReader.
     stdin = cast(io.BufferedReader, sys.stdin.buffer)
 
-    def stdin_readable() -> None:  # serve until the parent closes our stdin (or dies)
+    def stdin_readable() -> None:
         if not stdin.read1(1 << 16):
             loop.remove_reader(fd)
             if not stop.done():
@@ -150,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     loop.add_reader(fd, stdin_readable)
     try:
-        loop.run_until_complete(serve_block(args.host, args.layers, args.layer_mib << 20,
-                                            args.datagram_size, args.backend, stop,
-                                            args.congestion_control))
+        loop.run_until_complete(serve(stop))
     finally:
         loop.close()
     return 0

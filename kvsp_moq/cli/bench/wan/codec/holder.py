@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, cast
+from typing import Any
 
 from .....control.common.auth import Authorizer, Grant, Principal
 from .....control.common.config import ControlConfig, HolderConfig, IndexConfig, TierConfig
@@ -28,8 +26,7 @@ from .....kvsp.codecs import layer_codec
 from .....kvsp.compat import compat_id, make_descriptor
 from .....kvsp.layout import LAYOUT
 from .....storage import BlockStore, HostTier, RecordKey
-from .....transport import new_event_loop
-from ...kv.holder import BENCH_TOKEN, freeze_heap
+from ...kv.holder import BENCH_TOKEN, freeze_heap, serve_until_stdin_closes
 
 __all__ = ["CodecHolderInfo", "descriptor", "main"]
 
@@ -115,24 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer-mib", type=int, default=1)
     p.add_argument("--codec", default="fp8-e4m3", help="codecs to transcode into, comma-separated")
     args = p.parse_args(argv)
-    loop = new_event_loop(use_uvloop=True)
-    stop: asyncio.Future[None] = loop.create_future()
-    fd = sys.stdin.fileno()
-    stdin = cast(io.BufferedReader, sys.stdin.buffer)
-
-    def stdin_readable() -> None:  # serve until the parent closes our stdin (or dies)
-        if not stdin.read1(1 << 16):
-            loop.remove_reader(fd)
-            if not stop.done():
-                stop.set_result(None)
-
-    loop.add_reader(fd, stdin_readable)
-    try:
-        loop.run_until_complete(serve(args.host, args.layers, args.layer_mib << 20,
-                                      [c for c in args.codec.split(",") if c], stop))
-    finally:
-        loop.close()
-    return 0
+    codecs = [c for c in args.codec.split(",") if c]
+    return serve_until_stdin_closes(lambda stop: serve(args.host, args.layers, args.layer_mib << 20, codecs, stop))
 
 
 if __name__ == "__main__":
