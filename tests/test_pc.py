@@ -166,8 +166,11 @@ async def test_placement_sends_directive_to_running_instance_when_loading_wins()
         run = instance_service(ii).prefetch.get(uuid.UUID(reply.json["directive"]))
         await run.done.wait()
         assert run.status().state == "complete"
-        # now resident at the instance: no new directive is needed
+        # the same request placed again (a client retrying): the directive sent for it (§6.5 request_ref)
+        same = await call(w.session, "POST", f"{w.pc.url}placements", body=place_body([0], 10_000))
+        assert same.json["directive"] == reply.json["directive"] and len(instance_service(ii).prefetch.by_request_ref("req-1")) == 1
+        # another request, now resident at the instance: no new directive is needed
         await instance_service(ii).reporter.report_now()
-        again = await call(w.session, "POST", f"{w.pc.url}placements", body=place_body([0], 10_000))
+        again = await call(w.session, "POST", f"{w.pc.url}placements", body=place_body([0], 10_000) | {"request_ref": "req-2"})
         assert again.json["instance"] == ii.url and "directive" not in again.json
     assert PcConfig().sleep_policy == "min-active" and TOKENS

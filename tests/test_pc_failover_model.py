@@ -25,7 +25,7 @@ import pytest
 
 from redis_support import RedisServer, redis_server  # noqa: F401
 from test_migration_support import Cluster, cluster, guarded, sampler_json
-from test_pc_failover import PcProcess, get, start_pc
+from test_pc_failover import PcProcess, get, pc_processes
 
 torch = pytest.importorskip("torch")
 
@@ -61,9 +61,9 @@ async def test_sigkill_the_active_pc_mid_generation_every_index_once(
     model_dir, descriptor, compat = model_files
     ids = ByteTokenizer().encode(PROMPT)
     n, seed, kill_at = 40, 11, 7
-    active = await start_pc(tmp_path, "pc1", redis_server.url)
-    standby = await start_pc(tmp_path, "pc2", redis_server.url)
-    try:
+    async with pc_processes(tmp_path, redis_server.url) as pcs:
+        active = await pcs.start("pc1")
+        standby = await pcs.start("pc2")
         async with cluster(tmp_path, model_dir, descriptor, compat, pc_urls=(active.url, standby.url)) as c:
             instance = await c.start_instance("a", checkpoint_every=8)
             deterministic = method == "greedy"
@@ -90,9 +90,6 @@ async def test_sigkill_the_active_pc_mid_generation_every_index_once(
             assert tally is not None and tally.accepted == {1: n} and tally.duplicates == 0  # no migration needed
             status, _ = await get(c.http, f"{standby.url}sessions/{sid}")
             assert status == 404, c.logs()  # the standby, now active, received the session's done and forgot it
-    finally:
-        for pc in (active, standby):
-            await pc.stop()
 
 
 async def test_the_standby_takes_over_the_duties_and_migrates_a_session_whose_instance_died_too(
@@ -104,9 +101,9 @@ async def test_the_standby_takes_over_the_duties_and_migrates_a_session_whose_in
     model_dir, descriptor, compat = model_files
     ids = ByteTokenizer().encode(PROMPT)
     n, kill_at = 40, 12
-    active = await start_pc(tmp_path, "pc1", redis_server.url)
-    standby = await start_pc(tmp_path, "pc2", redis_server.url)
-    try:
+    async with pc_processes(tmp_path, redis_server.url) as pcs:
+        active = await pcs.start("pc1")
+        standby = await pcs.start("pc2")
         async with cluster(tmp_path, model_dir, descriptor, compat, pc_urls=(active.url, standby.url)) as c:
             a = await c.start_instance("a", status_ttl_ms=3000, checkpoint_every=8)
             b = await c.start_instance("b", status_ttl_ms=3000, checkpoint_every=8)
@@ -141,6 +138,3 @@ async def test_the_standby_takes_over_the_duties_and_migrates_a_session_whose_in
             status, views = await get(c.http, f"{standby.url}instances")
             assert status == 200
             assert {v["instance"]: v["state"] for v in views["instances"]} == {first: "failed", other: "active"}
-    finally:
-        for pc in (active, standby):
-            await pc.stop()

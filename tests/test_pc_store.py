@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from kvsp_moq.control.common.clock import ManualClock
-from kvsp_moq.control.common.errors import NotFound, NotLeader, StaleEpoch
+from kvsp_moq.control.common.errors import NotFound, NotLeader, PreconditionFailed, StaleEpoch
 from kvsp_moq.control.common.session_records import SessionOpen
 from kvsp_moq.control.common.store import parse_store
 from kvsp_moq.control.pc.store import (
-    IssuedDirective, MemoryPcStore, PcStore, RedisPcStore, StoredInstance, StoredSession)
+    ABORT, COMMIT, IssuedDirective, MemoryPcStore, PcStore, RedisPcStore, StoredInstance, StoredReshard, StoredSession)
 from kvsp_moq.kvsp.errors import RecordError
 from kvsp_moq.kvsp.records import InstanceStatusRecord, PrefetchBlock, PrefetchDirective, SessionCheckpoint, ShardMap
 from redis_support import RedisServer, redis_server  # noqa: F401
@@ -256,7 +256,7 @@ async def test_issued_directives_are_kept_until_they_no_longer_matter(pair: Pair
     directive = PrefetchDirective(directive=uuid.uuid4(), request_ref="r", scope_id=SCOPE, compat_id=COMPAT,
                                   blocks=(PrefetchBlock(block_key=bytes(32), sources=(IX,)),), deadline_ms=1000, lease_ms=5000)
     now = int(time.time() * 1000)
-    live = IssuedDirective(IX, directive, now + 60_000)
+    live = IssuedDirective(IX, directive, now + 60_000, location=f"{IX}prefetch/{directive.directive}")
     gone = IssuedDirective(IX, replace(directive, directive=uuid.uuid4()), now - 1)
     await pair.a.put_directive(token, gone)
     await pair.b.put_directive(token, live)
@@ -276,3 +276,32 @@ async def test_everything_loads_as_it_was_stored(pair: Pair) -> None:
     assert snapshot.sessions == {body.session: full} and snapshot.checkpoints == {body.session: cp(body, 1, 5)}
     assert snapshot.instances == {IX: StoredInstance(status(7), assigned="sleeping")} and snapshot.epochs == {IX: 7}
     assert snapshot.shard_maps == {"m": shard_map(4)}
+
+
+async def test_a_reshard_in_flight_is_kept_decided_once_and_forgotten_at_its_end(pair: Pair) -> None:
+    """§6.9 (issue 30): one undecided reshard per map, begun only from the stored version; its
+    decision taken once (a commit stores v+1 in the same step); loaded until it ends; fenced."""
+    token = await leader(pair)
+    await pair.a.put_shard_map(token, shard_map(4))
+    step = StoredReshard(shard_map(4), shard_map(5, 16), 200, 1_000)
+    with pytest.raises(StaleEpoch):  # not from the authoritative version
+        await pair.a.begin_reshard(token, replace(step, old=shard_map(3)))
+    await pair.a.begin_reshard(token, step)
+    with pytest.raises(PreconditionFailed):  # one in flight per map
+        await pair.b.begin_reshard(token, replace(step, new=shard_map(5, 24)))
+    assert (await pair.b.load()).reshards == {"m": step}
+    with pytest.raises(NotFound):
+        await pair.a.decide_reshard(token, replace(step, new=shard_map(6)), COMMIT)
+    with pytest.raises(NotLeader):
+        await pair.a.decide_reshard("not-the-leader", step, COMMIT)
+    decided = await asyncio.gather(pair.a.decide_reshard(token, step, COMMIT), pair.b.decide_reshard(token, step, ABORT))
+    assert decided[0] == decided[1]  # racing decisions: one stands, both are told it
+    snapshot = await pair.b.load()
+    assert snapshot.reshards == {"m": replace(step, decision=decided[0])}
+    assert snapshot.shard_maps["m"] == (shard_map(5, 16) if decided[0] == COMMIT else shard_map(4))
+    with pytest.raises(NotLeader):
+        await pair.a.end_reshard("not-the-leader", step)
+    await pair.a.end_reshard(token, replace(step, new=shard_map(6)))  # another one: nothing
+    assert (await pair.a.load()).reshards != {}
+    await pair.a.end_reshard(token, step)
+    assert (await pair.a.load()).reshards == {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +41,8 @@ def shard_map(version: int, *shards: tuple[int, int, str]) -> dict[str, Any]:
 
 class GatedStore(MemoryShardStore):
     """A real store whose reads wait for ``release`` once ``gate`` is set (a slow or stuck
-    peer), and fail when ``fail`` is set; ``staged_event`` is set when anything is staged."""
+    peer), and fail when ``fail`` is set; ``staged_event`` is set when anything is staged,
+    ``committed`` when a version is committed."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -50,6 +51,7 @@ class GatedStore(MemoryShardStore):
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
         self.staged_event = asyncio.Event()
+        self.committed = asyncio.Event()
 
     async def read(self, map_id: str, tokens: TokenRange) -> ShardSlice:
         if self.gate:
@@ -62,6 +64,10 @@ class GatedStore(MemoryShardStore):
     async def stage(self, map_id: str, version: int, data: ShardSlice) -> None:
         await super().stage(map_id, version, data)
         self.staged_event.set()
+
+    def commit(self, map_id: str, version: int, release: Sequence[TokenRange]) -> None:
+        super().commit(map_id, version, release)
+        self.committed.set()
 
 
 @dataclass
@@ -190,6 +196,23 @@ async def test_a_refusing_member_aborts_and_fetched_ranges_are_discarded() -> No
         results = {m["instance"]: m["result"] for m in reply.json["members"]}
         assert results[g.url(1)] == "refused" and results[g.url(0)] == "acknowledged"
         g.assert_v4_intact()
+
+
+async def test_a_pc_stopping_mid_reshard_with_the_memory_store_tells_the_members_abort() -> None:
+    """With the memory store no PC takes over (issue 30): a PC stopping mid-reshard does not
+    wait for the deadline; it answers the PUT 503 and sends the members abort, so none is left
+    holding a plan nobody decides (which would refuse the next one) or its staged ranges."""
+    async with group() as g:
+        await g.put_map(g.v4())
+        g.stores[2].gate = True
+        put = asyncio.create_task(g.put_map(g.v5(), "?deadline_ms=120000"))
+        await guarded(g.stores[2].entered.wait())
+        await guarded(g.stores[0].staged_event.wait())
+        await guarded(g.w.pc.close())
+        reply = await guarded(put)
+        assert reply.status == 503 and reply.problem == "kvsp-not-leader"
+        g.assert_v4_intact()
+        assert [g.service(i).shards.staged_maps() for i in range(3)] == [[], [], []]
 
 
 async def test_hostile_reshard_messages_and_maps() -> None:

@@ -13,28 +13,50 @@
   (:class:`~.common.session_records.ReshardOutcome`) says which, and what each member did;
 - any other version is refused: lower or equal with ``kvsp-stale-epoch`` (409), higher with 400.
 
-One reshard per map at a time (412 while one runs). The PC's calls go through
-:class:`ReshardClient` (``client.http.HttpInstanceClient.reshard``).
+One reshard per map at a time: another version while one runs is refused (412); the same
+v+1 again (a client retrying, e.g. after a PC takeover) waits for the one in flight and gets
+its outcome. The PC's calls go through :class:`ReshardClient`
+(``client.http.HttpInstanceClient.reshard``).
 
-The maps are the active PC's cache of its store (``pc/store``): a map is stored (the store
-refuses a version at or below the stored one, atomically) before it becomes authoritative here.
+**A reshard survives its PC** (issue 30). Its steps are stored (``pc/store``,
+:class:`~.pc.store.StoredReshard`) so that a PC taking over finishes it, each step idempotent:
+
+1. *begin* — before any plan is sent: ``old``, ``new``, the plans' ``deadline_ms`` and when it
+   passes (wall clock);
+2. *decide* — once every member acknowledged (commit) or one did not (abort): one atomic
+   store step, which for a commit also makes v+1 authoritative (§6.9 "authoritative until all
+   instances have acknowledged": never before, and never lost after);
+3. the decision is sent to every member; then *end* forgets the reshard.
+
+A PC that becomes active (:meth:`ReshardCoordinator.load`) resumes every stored reshard in the
+background (:meth:`ReshardCoordinator.resume`): an undecided one sends the same plans again
+(recomputed from ``old``, ``new`` and ``deadline_ms``; a member given the same plan awaits the
+work it started, so nothing is fetched twice, and one that finished answers at once) and waits
+until the stored deadline, then decides; a decided one sends its decision again (a member that
+has it already answers 200). Past the deadline, an undecided reshard is aborted. A deposed PC
+cannot decide or end (fenced writes) and sends no decision after it learnt it was deposed.
+
+The maps are the active PC's cache of its store: a map is stored (the store refuses a version
+at or below the stored one, atomically) before it becomes authoritative here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from ...kvsp.errors import RecordError
 from ...kvsp.records import ReshardAbort, ReshardCommit, ReshardMessage, ReshardPlan, ShardMap
 from ..common.auth import Principal, require_instance
 from ..common.clock import MonotonicClock, Timer
-from ..common.errors import InstanceUnreachable, NotFound, PreconditionFailed, StaleEpoch
+from ..common.errors import InstanceUnreachable, NotFound, NotLeader, PreconditionFailed, StaleEpoch, StoreUnavailable
 from ..common.session_records import CANCELLED, REFUSED, TIMED_OUT, MemberOutcome, ReshardAck, ReshardOutcome
 from .leader import Leadership
 from .reshard_plan import reshard_plans
-from .store import MemoryPcStore, PcSnapshot
+from .store import ABORT, COMMIT, MemoryPcStore, PcSnapshot, StoredReshard
 
 __all__ = ["ReshardClient", "ReshardCoordinator"]
 
@@ -49,6 +71,19 @@ class ReshardClient(Protocol):
         ...
 
 
+@dataclass
+class _InFlight:
+    """A reshard this PC drives: its task, which answers its outcome."""
+
+    reshard: StoredReshard
+    task: asyncio.Task[ReshardOutcome]
+    resumed: bool  # taken over from another PC: nobody awaits its outcome
+
+
+def _unix_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class ReshardCoordinator:
     """Shard Maps by id, and the version steps between them (see the module notes)."""
 
@@ -59,13 +94,54 @@ class ReshardCoordinator:
         self.timer: Timer = timer if timer is not None else MonotonicClock()
         self.deadline_ms = deadline_ms
         self.maps: dict[str, ShardMap] = {}
-        self._busy: set[str] = set()
+        self._in_flight: dict[str, _InFlight] = {}
 
     def load(self, snapshot: PcSnapshot) -> None:
+        """The stored maps become this PC's, and every stored reshard is resumed (module notes)."""
         self.maps = dict(snapshot.shard_maps)
+        for reshard in snapshot.reshards.values():
+            if self.client is None:
+                log.warning("reshard of %r to version %d not resumed: this PC cannot reach instances",
+                            reshard.map, reshard.new.version)
+                continue
+            self._start(reshard, resumed=True)
 
     def clear(self) -> None:
+        """Deposed: forget the maps; the reshards this PC drives stop (the store keeps them for
+        the PC that takes over)."""
         self.maps = {}
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop driving every reshard, without deciding (a PC shutting down or deposed)."""
+        for flight in self._in_flight.values():
+            flight.task.cancel()
+        self._in_flight = {}
+
+    async def close(self) -> None:
+        tasks = [f.task for f in self._in_flight.values()]
+        self.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def abandon(self, bound_s: float) -> None:
+        """A PC that nobody takes over from (the memory store) is stopping: stop every reshard
+        and send its members the end, within ``bound_s``: the decision if one was taken, else
+        ``abort`` (v stays; their staged ranges are discarded and they take a new plan)."""
+        flights = list(self._in_flight.values())
+        await self.close()
+        if not flights or self.client is None:
+            return
+        stored = (await self.leader.store.load()).reshards
+        sends = []
+        for flight in flights:
+            r = stored.get(flight.reshard.map, flight.reshard)
+            message: ReshardMessage = (ReshardCommit(map=r.map, commit=r.new.version) if r.decision == COMMIT
+                                       else ReshardAbort(map=r.map, abort=r.new.version))
+            sends.append(self._broadcast(list(reshard_plans(r.old, r.new, r.deadline_ms)), message))
+        try:
+            await asyncio.wait_for(asyncio.gather(*sends), bound_s)
+        except asyncio.TimeoutError:
+            log.warning("members of %d reshard(s) were not all told its end before the PC stopped", len(flights))
 
     async def _keep(self, shard_map: ShardMap) -> None:
         await self.leader.write(lambda token: self.leader.store.put_shard_map(token, shard_map))
@@ -84,6 +160,9 @@ class ReshardCoordinator:
         old = self.maps.get(new.map)
         for shard in new.shards + (old.shards if old else ()):
             require_instance(principal, shard.instance)
+        flight = self._in_flight.get(new.map)
+        if flight is not None and flight.reshard.new == new:
+            return await self._outcome_of(flight)  # the same reshard asked again: its outcome
         if old is None:
             await self._keep(new)
             return ReshardOutcome(map=new.map, state="installed", version=new.version)
@@ -91,22 +170,74 @@ class ReshardCoordinator:
             if new == old:
                 return ReshardOutcome(map=new.map, state="committed", version=new.version)
             raise StaleEpoch(f"map {new.map!r} is at version {old.version}; got {new.version}")
-        if new.map in self._busy:
-            raise PreconditionFailed(f"a reshard of map {new.map!r} is in progress")
-        plans = reshard_plans(old, new, deadline_ms or self.deadline_ms)
+        if flight is not None:
+            raise PreconditionFailed(f"a reshard of map {new.map!r} to version {flight.reshard.new.version} is in progress")
+        deadline = deadline_ms or self.deadline_ms
+        reshard_plans(old, new, deadline)  # refuses maps that are no version step (400)
         if self.client is None:
             raise NotFound("this PC has no client to reach instances")
-        self._busy.add(new.map)
+        reshard = StoredReshard(old, new, deadline, _unix_ms() + deadline)
+        flight = self._start(reshard, resumed=False)
+        return await self._outcome_of(flight)
+
+    def _start(self, reshard: StoredReshard, *, resumed: bool) -> _InFlight:
+        task = asyncio.get_running_loop().create_task(self._drive(reshard, resumed=resumed))
+        flight = _InFlight(reshard, task, resumed)
+        self._in_flight[reshard.map] = flight
+        task.add_done_callback(lambda t: self._finished(flight))
+        return flight
+
+    def _finished(self, flight: _InFlight) -> None:
+        if self._in_flight.get(flight.reshard.map) is flight:
+            del self._in_flight[flight.reshard.map]
+        if not flight.task.cancelled() and flight.task.exception() is not None and flight.resumed:
+            log.warning("reshard of %r to version %d stopped: %s", flight.reshard.map, flight.reshard.new.version,
+                        flight.task.exception())
+
+    @staticmethod
+    async def _outcome_of(flight: _InFlight) -> ReshardOutcome:
+        """The reshard's outcome; a reshard stopped undecided (this PC was deposed or is
+        stopping) is ``NotLeader`` (503): the PC that takes over finishes it."""
         try:
-            members = await self._send_plans(plans, deadline_ms or self.deadline_ms)
-            if all(m.result == "acknowledged" for m in members):
-                await self._keep(new)  # authoritative once stored (§6.9)
-                await self._broadcast(list(plans), ReshardCommit(map=new.map, commit=new.version))
-                return ReshardOutcome(map=new.map, state="committed", version=new.version, members=members)
-            await self._broadcast(list(plans), ReshardAbort(map=new.map, abort=new.version))
-            return ReshardOutcome(map=new.map, state="aborted", version=old.version, members=members)
-        finally:
-            self._busy.discard(new.map)
+            return await asyncio.shield(flight.task)
+        except asyncio.CancelledError:
+            if flight.task.cancelled():
+                raise NotLeader("this PC stopped driving the reshard; the PC that takes over finishes it") from None
+            raise
+
+    async def _drive(self, reshard: StoredReshard, *, resumed: bool) -> ReshardOutcome:
+        """Run ``reshard`` from its stored step to its end (module notes)."""
+        store = self.leader.store
+        plans = reshard_plans(reshard.old, reshard.new, reshard.deadline_ms)
+        if not resumed:
+            await self.leader.write(lambda token: store.begin_reshard(token, reshard))
+        members: tuple[MemberOutcome, ...] = ()
+        decision = reshard.decision
+        if decision is None:
+            wait_ms = reshard.deadline_ms if not resumed else reshard.until_unix_ms - _unix_ms()
+            if wait_ms > 0:
+                members = await self._send_plans(plans, wait_ms)
+            else:  # taken over past the deadline: whatever the members did, v stays (§6.9)
+                members = tuple(MemberOutcome(instance=i, result=TIMED_OUT, detail="no acknowledgement within deadline_ms")
+                                for i in sorted(plans))
+            wanted = COMMIT if all(m.result == "acknowledged" for m in members) else ABORT
+            decision = await self.leader.write(lambda token: store.decide_reshard(token, reshard, wanted))
+        elif resumed:
+            log.info("resuming the reshard of %r to version %d: sending %s again", reshard.map, reshard.new.version, decision)
+        if decision == COMMIT:
+            self.maps[reshard.map] = reshard.new  # authoritative once stored (§6.9)
+        self.leader.require()  # a PC that knows it was deposed sends nothing: its successor does
+        message: ReshardMessage = (ReshardCommit(map=reshard.map, commit=reshard.new.version) if decision == COMMIT
+                                   else ReshardAbort(map=reshard.map, abort=reshard.new.version))
+        await self._broadcast(list(plans), message)
+        try:
+            await self.leader.write(lambda token: store.end_reshard(token, reshard))
+        except (StoreUnavailable, NotLeader) as exc:  # decided and sent: the outcome stands
+            log.warning("reshard of %r to version %d sent but not forgotten (a PC taking over sends its %s "
+                        "again; a new reshard of the map replaces it): %s", reshard.map, reshard.new.version, decision, exc)
+        if decision == COMMIT:
+            return ReshardOutcome(map=reshard.map, state="committed", version=reshard.new.version, members=members)
+        return ReshardOutcome(map=reshard.map, state="aborted", version=reshard.old.version, members=members)
 
     async def _send_plans(self, plans: dict[str, ReshardPlan], deadline_ms: int) -> tuple[MemberOutcome, ...]:
         """Send every plan; stop at the first refusal or at the deadline (§6.9)."""

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 PC_SERVICE = web.AppKey("kvsp_pc_service", PlacementController)
 
+#: How long a stopping PC with the memory store spends telling reshard members the end.
+SHUTDOWN_NOTICE_S = 2.0
+
 
 async def serve_pc(
     config: ControlConfig,
@@ -93,6 +96,17 @@ async def serve_pc(
             await client.close()
         await store.close()
 
+    async def stop_reshards(app: web.Application) -> None:
+        # A reshard's PUT waits up to its deadline_ms (the client's choice): the server's graceful
+        # shutdown would wait for it (aiohttp: up to 60 s) before closing. Its PUT answers 503 now.
+        # With a shared store the reshard stays stored: the PC that takes over finishes it; with
+        # the memory store nobody will, so its members are told its end (abort if undecided).
+        if spec.is_memory:
+            await service.reshard.abandon(SHUTDOWN_NOTICE_S)
+        else:
+            service.reshard.stop()
+
+    app.on_shutdown.append(stop_reshards)  # runs before the server waits for its requests
     app.cleanup_ctx.append(close_clients)
     return await serve_app(app, host, port, base_path=pcc.base_path, ssl_context=config.tls.server_ssl_context())
 

@@ -14,7 +14,10 @@ A plain class: callers pass an authenticated :class:`~.common.auth.Principal` an
 - :data:`StartInstance` — the deployment's hook that starts a new instance (§6.4 MAY);
 - :class:`~.pc.sessions.SessionManager` (``sessions``) — §6.8 checkpoints, session epochs and
   migration, placing with :meth:`PlacementController.rank`;
-- :class:`~.pc.reshard.ReshardCoordinator` (``reshard``) — §6.9 Shard Maps and reshard plans;
+- :class:`~.pc.reshard.ReshardCoordinator` (``reshard``) — §6.9 Shard Maps and reshard plans
+  (a reshard in flight is stored, and finished by the PC that takes over);
+- :class:`~.pc.directives.DirectiveBook` (``directives``) — the §6.5 directives sent that still
+  matter: a placement of their request goes where they load, and none is sent twice;
 - :class:`~.pc.leader.Leadership` (``leader``) — the store (``pc/store``, DESIGN.md §8) and the
   leader lock: the three collaborators above are the active PC's cache of the store, written
   through ``leader.write`` (fenced), loaded by :meth:`PlacementController.elected` when this PC
@@ -34,7 +37,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ...kvsp.records import (
@@ -50,9 +53,10 @@ from ..common import estimates
 from ..common.auth import Principal, require_instance, require_scope
 from ..common.clock import Clock, Timer
 from ..common.config import PcConfig
-from ..common.errors import InstanceUnreachable, NotActive, NotFound, StoreUnavailable
+from ..common.errors import InstanceUnreachable, NotActive, NotFound, NotLeader, StoreUnavailable
 from ..common.records import Candidate, InstanceList, InstanceView, Placement, PlacementRequest, StatusAnswer
 from . import placement
+from .directives import DirectiveBook
 from .leader import Leadership
 from .metrics import PcMetrics
 from .registry import InstanceRegistry
@@ -196,6 +200,8 @@ class PlacementController:
         #: §6.9 Shard Maps and resharding (``pc/reshard.py``); deadlines on ``timer``.
         self.reshard = ReshardCoordinator(client=reshard_client, timer=timer, deadline_ms=self.config.reshard_deadline_ms,
                                           leader=self.leader)
+        #: §6.5 directives sent that still matter (``pc/directives.py``).
+        self.directives = DirectiveBook()
         self._background: set[asyncio.Task[object]] = set()
         #: ``GET {pc}metrics`` (``pc/metrics.py``, docs/metrics.md).
         self.metrics = PcMetrics()
@@ -210,10 +216,12 @@ class PlacementController:
     async def elected(self, snapshot: PcSnapshot) -> None:
         """This PC became the active one: the stored state becomes its own. The duties start
         at once, in the background: sessions of instances that failed meanwhile, and pending
-        ones, are placed (§6.8)."""
+        ones, are placed (§6.8); reshards in flight are finished (§6.9); the directives sent
+        are honoured (§6.5)."""
         self.registry.load(snapshot)
         self.sessions.load(snapshot)
-        self.reshard.load(snapshot)
+        self.directives.load(snapshot.directives.values())
+        self.reshard.load(snapshot)  # starts the stored reshards: they run once ``leader.leading`` is set
         if self.sessions.tracking():
             self.spawn(self.sessions.check_failures())  # runs once ``leader.leading`` is set
 
@@ -223,6 +231,7 @@ class PlacementController:
             task.cancel()
         self.registry.clear()
         self.sessions.clear()
+        self.directives.clear()
         self.reshard.clear()
 
     # -- §6.3 status and lifecycle --------------------------------------------------------------
@@ -323,6 +332,12 @@ class PlacementController:
         statuses = self.registry.active_records()
         lookup = await self._lookup(request, [s.instance for s in statuses])
         candidates = self.candidates(request, statuses, lookup)
+        honoured = self._directive_of(request)
+        if honoured is not None:  # §6.5: the request goes where its directive loads
+            cost = next((c.cost_us for c in candidates if c.instance == honoured.instance), None)
+            return Placement(instance=honoured.instance, cost_us=cost, matched=lookup.matched, started=False,
+                             directive=honoured.directive.directive, directive_status=honoured.location,
+                             candidates=candidates)
         chosen = placement.best(candidates)
         started = False
         if chosen is None and self.start_instance is not None:
@@ -340,6 +355,14 @@ class PlacementController:
         if not placement.loads_cache(chosen):
             return result
         return await self._with_prefetch(result, request, lookup, self.registry.record(chosen.instance))
+
+    def _directive_of(self, request: PlacementRequest, instance: str | None = None) -> IssuedDirective | None:
+        """A live directive this PC or its predecessor sent for ``request`` (by its request_ref,
+        to ``instance`` if given) whose instance is still active (§6.3), or None."""
+        issued = self.directives.for_request(request.scope_id, request.compat_id, request.request_ref, instance)
+        if issued is None or not self.registry.is_active(issued.instance):
+            return None
+        return issued
 
     async def _lookup(self, request: PlacementRequest, targets: list[str]) -> LookupResponse:
         if self.index is None or not request.block_keys:
@@ -402,6 +425,7 @@ class PlacementController:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self.reshard.close()  # undecided: the PC that takes over finishes them
         await self.leader.close()
 
     # -- §6.5 prefetch directives --------------------------------------------------------------
@@ -446,6 +470,9 @@ class PlacementController:
         no prefetch asked). ``InstanceUnreachable``/``NotActive`` when the instance refused."""
         if not request.prefetch or not request.block_keys:
             return None
+        sent = self._directive_of(request, instance)
+        if sent is not None:  # sent already (e.g. by the PC before a takeover): not twice
+            return sent.directive.directive
         lookup = await self._lookup(request, [instance])
         directive = self.directive_for(instance, request, lookup.blocks, self.registry.record(instance))
         if directive is None:
@@ -471,4 +498,11 @@ class PlacementController:
             self.metrics.directives.labels("refused").inc()
             raise
         self.metrics.directives.labels("sent").inc()
+        if directive.request_ref is not None:  # what a placement of its request is answered with (§6.5)
+            issued = replace(issued, location=location)
+            self.directives.add(issued)
+            try:
+                await self.leader.write(lambda token: self.leader.store.put_directive(token, issued))
+            except (StoreUnavailable, NotLeader) as exc:  # sent: the placement stands
+                log.warning("recording the status resource of directive %s failed: %s", directive.directive, exc)
         return location

@@ -8,12 +8,12 @@ from ...common.clock import Clock
 from ...common.store import StoreSpec
 from .base import PcStore
 from .memory import MemoryPcStore
-from .records import IssuedDirective, PcSnapshot, StoredInstance, StoredSession
+from .records import ABORT, COMMIT, IssuedDirective, PcSnapshot, StoredInstance, StoredReshard, StoredSession
 from .shared import RedisPcStore
 
 __all__ = [
-    "IssuedDirective", "MemoryPcStore", "PcSnapshot", "PcStore", "RedisPcStore", "StoredInstance", "StoredSession",
-    "open_pc_store",
+    "ABORT", "COMMIT", "IssuedDirective", "MemoryPcStore", "PcSnapshot", "PcStore", "RedisPcStore", "StoredInstance",
+    "StoredReshard", "StoredSession", "open_pc_store",
 ]
 
 

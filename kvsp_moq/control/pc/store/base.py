@@ -17,7 +17,10 @@ Every "reject a lower epoch / keep the highest" rule is decided by the store, at
   (lower: :class:`StaleEpoch`; higher: never assigned, :class:`RecordError`); kept only when
   it covers at least as much output as the kept one; answers the kept offset;
 - :meth:`PcStore.delete_session` — only at the session's epoch;
-- :meth:`PcStore.put_shard_map` — §6.9: only a version above the stored one.
+- :meth:`PcStore.put_shard_map` — §6.9: only a version above the stored one;
+- :meth:`PcStore.begin_reshard` / :meth:`PcStore.decide_reshard` / :meth:`PcStore.end_reshard`
+  — §6.9: one reshard per map in flight, begun only from the authoritative version; its
+  decision is taken once (a commit stores v+1 in the same step) and kept until the reshard ends.
 
 The leader lock (:meth:`acquire`, :meth:`renew`, :meth:`release`) is a lease: it lapses
 ``lease_ms`` after the last acquire or renew unless renewed. ``lease_ms=None`` holds it for
@@ -31,7 +34,7 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from ....kvsp.records import SessionCheckpoint, ShardMap
-from .records import IssuedDirective, PcSnapshot, StoredInstance, StoredSession
+from .records import IssuedDirective, PcSnapshot, StoredInstance, StoredReshard, StoredSession
 
 __all__ = ["PcStore"]
 
@@ -91,7 +94,24 @@ class PcStore(Protocol):
         ...
 
     def put_directive(self, token: str, issued: IssuedDirective) -> Awaitable[None]:
-        """Record a directive the PC sent (forgotten after ``until_unix_ms``)."""
+        """Record a directive the PC sent, or replace its record (forgotten after ``until_unix_ms``)."""
+        ...
+
+    def begin_reshard(self, token: str, reshard: StoredReshard) -> Awaitable[None]:
+        """Keep ``reshard`` (undecided) as its map's reshard in flight. PreconditionFailed while
+        an undecided one of the map is stored (a decided one is replaced: it was sent); StaleEpoch
+        unless ``reshard.old.version`` is the stored version of the map."""
+        ...
+
+    def decide_reshard(self, token: str, reshard: StoredReshard, decision: str) -> Awaitable[str]:
+        """Decide the stored reshard to ``reshard.new`` once: ``COMMIT`` also stores the new map
+        (as :meth:`put_shard_map`), in the same step. Answers the decision that stands (an earlier
+        one, if any). NotFound unless that reshard is stored."""
+        ...
+
+    def end_reshard(self, token: str, reshard: StoredReshard) -> Awaitable[None]:
+        """Forget the stored reshard to ``reshard.new`` (every member was sent the decision);
+        nothing if another (or none) is stored."""
         ...
 
     def close(self) -> Awaitable[None]:

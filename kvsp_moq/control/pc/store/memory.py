@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import replace
 
 from ....kvsp.errors import RecordError
 from ....kvsp.records import SessionCheckpoint, ShardMap
 from ...common.clock import Clock, MonotonicClock
-from ...common.errors import NotFound, NotLeader, StaleEpoch
-from .records import IssuedDirective, PcSnapshot, StoredInstance, StoredSession
+from ...common.errors import NotFound, NotLeader, PreconditionFailed, StaleEpoch
+from .records import COMMIT, IssuedDirective, PcSnapshot, StoredInstance, StoredReshard, StoredSession
 
 __all__ = ["MemoryPcStore"]
 
@@ -64,7 +65,7 @@ class MemoryPcStore:
     async def load(self) -> PcSnapshot:
         s = self._state
         return PcSnapshot(dict(s.instances), dict(s.epochs), dict(s.sessions), dict(s.checkpoints),
-                          dict(s.shard_maps), self._live_directives())
+                          dict(s.shard_maps), self._live_directives(), dict(s.reshards))
 
     async def put_instance(self, token: str, entry: StoredInstance) -> None:
         self._fence(token)
@@ -126,6 +127,38 @@ class MemoryPcStore:
         self._fence(token)
         self._state.directives = self._live_directives()
         self._state.directives[issued.directive.directive] = issued
+
+    async def begin_reshard(self, token: str, reshard: StoredReshard) -> None:
+        self._fence(token)
+        held = self._state.reshards.get(reshard.map)
+        if held is not None and held.decision is None:
+            raise PreconditionFailed(f"a reshard of map {reshard.map!r} to version {held.new.version} is in progress")
+        stored = self._state.shard_maps.get(reshard.map)
+        if stored is None or stored.version != reshard.old.version:
+            raise StaleEpoch(f"map {reshard.map!r} is at version {stored.version if stored else None}, "
+                             f"not {reshard.old.version}")
+        self._state.reshards[reshard.map] = replace(reshard, decision=None)
+
+    async def decide_reshard(self, token: str, reshard: StoredReshard, decision: str) -> str:
+        self._fence(token)
+        held = self._state.reshards.get(reshard.map)
+        if held is None or held.new.version != reshard.new.version:
+            raise NotFound(f"no reshard of map {reshard.map!r} to version {reshard.new.version} is stored")
+        if held.decision is not None:
+            return held.decision
+        if decision == COMMIT:
+            old = self._state.shard_maps.get(reshard.map)
+            if old is not None and reshard.new.version <= old.version:
+                raise StaleEpoch(f"map {reshard.map!r} is at version {old.version}; got {reshard.new.version}")
+            self._state.shard_maps[reshard.map] = reshard.new
+        self._state.reshards[reshard.map] = replace(held, decision=decision)
+        return decision
+
+    async def end_reshard(self, token: str, reshard: StoredReshard) -> None:
+        self._fence(token)
+        held = self._state.reshards.get(reshard.map)
+        if held is not None and held.new.version == reshard.new.version:
+            del self._state.reshards[reshard.map]
 
     def _live_directives(self) -> dict[uuid.UUID, IssuedDirective]:
         now = time.time() * 1000

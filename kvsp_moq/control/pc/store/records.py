@@ -11,6 +11,9 @@ form (``to_doc``/``from_doc``) for the Redis store; the memory store keeps the o
   serving it, what the PC learnt of it. The checkpoint with the highest ``output_offset`` is
   kept beside it, so that a checkpoint write touches only the checkpoint.
 - Shard Maps (§6.9) are stored as the records they are, with their version beside them.
+- :class:`StoredReshard` — a reshard in flight (§6.9), from the moment its plans go out until
+  every member has been sent the decision, so that a PC taking over finishes it.
+- :class:`IssuedDirective` — a §6.5 directive sent, while it can still matter.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ from dataclasses import dataclass, field
 from ....kvsp.records import InstanceStatusRecord, PrefetchDirective, SessionCheckpoint, ShardMap
 from ...common.session_records import SessionOpen
 
-__all__ = ["IssuedDirective", "PcSnapshot", "StoredInstance", "StoredSession", "dumps"]
+__all__ = ["COMMIT", "ABORT", "IssuedDirective", "PcSnapshot", "StoredInstance", "StoredReshard", "StoredSession", "dumps"]
+
+#: The two decisions of a reshard (§6.9): commit v+1, or abort it (v stays authoritative).
+COMMIT = "commit"
+ABORT = "abort"
 
 
 def dumps(obj: object) -> str:
@@ -99,14 +106,19 @@ class IssuedDirective:
     instance: str
     directive: PrefetchDirective
     until_unix_ms: int
+    #: Its status resource (the instance's ``Location``), once the instance accepted it.
+    location: str | None = None
 
     def to_doc(self) -> str:
-        return dumps({"instance": self.instance, "directive": self.directive.to_json(), "until": self.until_unix_ms})
+        return dumps({"instance": self.instance, "directive": self.directive.to_json(), "until": self.until_unix_ms,
+                      "location": self.location})
 
     @classmethod
     def from_doc(cls, doc: str | bytes) -> IssuedDirective:
         obj = json.loads(doc)
-        return cls(obj["instance"], PrefetchDirective.from_json(obj["directive"]), int(obj["until"]))
+        location = obj.get("location")
+        directive = PrefetchDirective.from_json(obj["directive"])
+        return cls(obj["instance"], directive, int(obj["until"]), location if isinstance(location, str) else None)
 
 
 @dataclass
@@ -119,3 +131,39 @@ class PcSnapshot:
     checkpoints: dict[uuid.UUID, SessionCheckpoint] = field(default_factory=dict)
     shard_maps: dict[str, ShardMap] = field(default_factory=dict)
     directives: dict[uuid.UUID, IssuedDirective] = field(default_factory=dict)
+    reshards: dict[str, StoredReshard] = field(default_factory=dict)  # by map id: at most one in flight each
+
+
+@dataclass(frozen=True)
+class StoredReshard:
+    """A reshard of ``old`` (version v, authoritative) to ``new`` (v+1) in flight (§6.9).
+
+    Stored before the first plan is sent and deleted once every member has been sent the
+    decision. The plans are not stored: :func:`~..reshard_plan.reshard_plans` recomputes the
+    same ones from ``old``, ``new`` and ``deadline_ms``, and a member given the same plan again
+    awaits the work it started (never fetches twice). ``decision`` is set, in the same atomic
+    step that makes v+1 authoritative for a commit, before any member hears it; a PC that
+    takes over sends a decided reshard's decision again (commit and abort are idempotent at
+    the members) and asks the members of an undecided one again until ``until_unix_ms``.
+    """
+
+    old: ShardMap
+    new: ShardMap
+    deadline_ms: int  # the plans' deadline_ms
+    until_unix_ms: int  # when that deadline passes (wall clock: PCs share no monotonic clock)
+    decision: str | None = None  # COMMIT or ABORT once decided
+
+    @property
+    def map(self) -> str:
+        return self.new.map
+
+    def to_doc(self) -> str:
+        """JSON of everything but the decision (stored beside it: the scripts set it)."""
+        return dumps({"old": self.old.to_json(), "new": self.new.to_json(), "deadline_ms": self.deadline_ms,
+                      "until": self.until_unix_ms})
+
+    @classmethod
+    def from_doc(cls, doc: str | bytes, decision: str | None) -> StoredReshard:
+        obj = json.loads(doc)
+        return cls(ShardMap.from_json(obj["old"]), ShardMap.from_json(obj["new"]), int(obj["deadline_ms"]),
+                   int(obj["until"]), decision if decision in (COMMIT, ABORT) else None)

@@ -10,8 +10,8 @@ strings; epochs and offsets are below 2^53, exact in Lua's numbers.
 from __future__ import annotations
 
 __all__ = [
-    "ACQUIRE", "CREATE_SESSION", "LOAD", "DELETE_SESSION", "PUT_CHECKPOINT", "PUT_DIRECTIVE", "PUT_INSTANCE", "PUT_SHARD_MAP",
-    "RELEASE", "RENEW", "SAVE_SESSION",
+    "ACQUIRE", "BEGIN_RESHARD", "CREATE_SESSION", "DECIDE_RESHARD", "DELETE_SESSION", "END_RESHARD", "LOAD",
+    "PUT_CHECKPOINT", "PUT_DIRECTIVE", "PUT_INSTANCE", "PUT_SHARD_MAP", "RELEASE", "RENEW", "SAVE_SESSION",
 ]
 
 _FENCE = """
@@ -19,10 +19,11 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'not-leader', 0} end
 """
 
 #: Everything but the sessions, in one atomic read. KEYS: session ids, epochs, instances,
-#: map documents, directives. Answers {ids, flat epochs, flat instances, flat maps, flat directives}.
+#: map documents, directives, reshards, reshard decisions. Answers {ids, then each hash flat}.
 LOAD = """
 return {redis.call('SMEMBERS', KEYS[1]), redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-        redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
+        redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5]), redis.call('HGETALL', KEYS[6]),
+        redis.call('HGETALL', KEYS[7])}
 """
 
 #: The lock: take it if free (or extend it if the token holds it), extend / delete only if the
@@ -110,4 +111,47 @@ redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
 return {'ok', ARGV[4]}
+"""
+
+#: §6.9 a reshard in flight, one per map (``store/base.py``). KEYS: lock, reshard target
+#: versions, reshard documents, reshard decisions, map versions. ARGV: token, map, from, to, doc.
+#: An undecided reshard of the map is ``exists``; a decided one (sent already) is replaced.
+BEGIN_RESHARD = _FENCE + """
+local held = redis.call('HGET', KEYS[2], ARGV[2])
+if held and not redis.call('HGET', KEYS[4], ARGV[2]) then return {'exists', held} end
+local v = redis.call('HGET', KEYS[5], ARGV[2])
+if (not v) or tonumber(v) ~= tonumber(ARGV[3]) then return {'stale', v or 'none'} end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[4])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
+redis.call('HDEL', KEYS[4], ARGV[2])
+return {'ok', ARGV[4]}
+"""
+
+#: §6.9 the decision, once; a commit makes the new version authoritative in the same step.
+#: KEYS: lock, reshard target versions, reshard decisions, map versions, maps. ARGV: token,
+#: map, to, decision, the new map's document. Answers the decision that stands.
+DECIDE_RESHARD = _FENCE + """
+local held = redis.call('HGET', KEYS[2], ARGV[2])
+if (not held) or tonumber(held) ~= tonumber(ARGV[3]) then return {'missing', 0} end
+local d = redis.call('HGET', KEYS[3], ARGV[2])
+if d then return {'ok', d} end
+if ARGV[4] == 'commit' then
+  local cur = redis.call('HGET', KEYS[4], ARGV[2])
+  if cur and tonumber(ARGV[3]) <= tonumber(cur) then return {'stale', cur} end
+  redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
+  redis.call('HSET', KEYS[5], ARGV[2], ARGV[5])
+end
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+return {'ok', ARGV[4]}
+"""
+
+#: KEYS: lock, reshard target versions, reshard documents, reshard decisions. ARGV: token, map, to.
+END_RESHARD = _FENCE + """
+local held = redis.call('HGET', KEYS[2], ARGV[2])
+if held and tonumber(held) == tonumber(ARGV[3]) then
+  redis.call('HDEL', KEYS[2], ARGV[2])
+  redis.call('HDEL', KEYS[3], ARGV[2])
+  redis.call('HDEL', KEYS[4], ARGV[2])
+end
+return {'ok', ARGV[3]}
 """

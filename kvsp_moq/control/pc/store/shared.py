@@ -16,6 +16,9 @@ beside what it writes, runs there; docs/deploy.md "Redis Cluster"):
 ``maps``             hash          map id -> Shard Map JSON
 ``directives``       hash + zset   ``directives``: id -> :class:`IssuedDirective` JSON;
 ``directive-until``                ``directive-until``: id scored by when it may be forgotten
+``reshard-to``       hash          map id -> the version its reshard in flight goes to (§6.9)
+``reshards``         hash          map id -> :class:`StoredReshard` JSON (without decision)
+``reshard-decided``  hash          map id -> ``commit`` / ``abort``, once decided
 ===================  ============  ====================================================
 
 Each write is one Lua script (``store/scripts.py``) that checks the leader token and the rule
@@ -34,11 +37,11 @@ from typing import Any
 
 from ....kvsp.errors import RecordError
 from ....kvsp.records import SessionCheckpoint, ShardMap
-from ...common.errors import NotFound, NotLeader, StaleEpoch
+from ...common.errors import NotFound, NotLeader, PreconditionFailed, StaleEpoch
 from ...common.store import StoreClient, StoreSpec, open_redis, store_call
 from ...common.store_scripts import ScriptCall, run_scripts
 from . import scripts
-from .records import IssuedDirective, PcSnapshot, StoredInstance, StoredSession, dumps
+from .records import COMMIT, IssuedDirective, PcSnapshot, StoredInstance, StoredReshard, StoredSession, dumps
 
 __all__ = ["RedisPcStore"]
 
@@ -64,6 +67,7 @@ class RedisPcStore:
         self.k_ids, self.k_session = p + "session-ids", p + "s:"
         self.k_versions, self.k_maps = p + "map-versions", p + "maps"
         self.k_directives, self.k_until = p + "directives", p + "directive-until"
+        self.k_reshard_to, self.k_reshards, self.k_decided = p + "reshard-to", p + "reshards", p + "reshard-decided"
 
     async def _script(self, script: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """One write script, acknowledged once replicated (``common.store_scripts``)."""
@@ -108,12 +112,15 @@ class RedisPcStore:
     async def load(self) -> PcSnapshot:
         # One read script (atomic; on a cluster one command, which follows a failover).
         ids, *flat = await self.redis.eval(
-            scripts.LOAD, 5, self.k_ids, self.k_epochs, self.k_instances, self.k_maps, self.k_directives)
-        epochs, instances, maps, directives = (dict(zip(f[::2], f[1::2])) for f in flat)
+            scripts.LOAD, 7, self.k_ids, self.k_epochs, self.k_instances, self.k_maps, self.k_directives,
+            self.k_reshards, self.k_decided)
+        epochs, instances, maps, directives, reshards, decided = (
+            {_text(k): v for k, v in zip(f[::2], f[1::2])} for f in flat)
         out = PcSnapshot(
-            epochs={_text(k): int(v) for k, v in epochs.items()},
-            instances={_text(k): StoredInstance.from_doc(v) for k, v in instances.items()},
-            shard_maps={_text(k): ShardMap.from_json(json.loads(v)) for k, v in maps.items()},
+            epochs={k: int(v) for k, v in epochs.items()},
+            instances={k: StoredInstance.from_doc(v) for k, v in instances.items()},
+            shard_maps={k: ShardMap.from_json(json.loads(v)) for k, v in maps.items()},
+            reshards={k: StoredReshard.from_doc(v, _text(decided[k]) if k in decided else None) for k, v in reshards.items()},
         )
         now = time.time() * 1000
         for v in directives.values():
@@ -194,6 +201,33 @@ class RedisPcStore:
             scripts.PUT_DIRECTIVE, [self.k_leader, self.k_directives, self.k_until],
             [token, str(issued.directive.directive), issued.to_doc(), issued.until_unix_ms, int(time.time() * 1000)])
         self._outcome(answer, "directive")
+
+    @store_call(_spec)
+    async def begin_reshard(self, token: str, reshard: StoredReshard) -> None:
+        answer = await self._script(
+            scripts.BEGIN_RESHARD, [self.k_leader, self.k_reshard_to, self.k_reshards, self.k_decided, self.k_versions],
+            [token, reshard.map, reshard.old.version, reshard.new.version, reshard.to_doc()])
+        status, value = self._outcome(answer, f"shard map {reshard.map}")
+        if status == "exists":
+            raise PreconditionFailed(f"a reshard of map {reshard.map!r} to version {value} is in progress")
+        if status == "stale":
+            raise StaleEpoch(f"map {reshard.map!r} is at version {value}, not {reshard.old.version}")
+
+    @store_call(_spec)
+    async def decide_reshard(self, token: str, reshard: StoredReshard, decision: str) -> str:
+        answer = await self._script(
+            scripts.DECIDE_RESHARD, [self.k_leader, self.k_reshard_to, self.k_decided, self.k_versions, self.k_maps],
+            [token, reshard.map, reshard.new.version, decision, dumps(reshard.new.to_json()) if decision == COMMIT else ""])
+        status, value = self._outcome(answer, f"reshard of map {reshard.map!r} to version {reshard.new.version}")
+        if status == "stale":
+            raise StaleEpoch(f"map {reshard.map!r} is at version {value}; got {reshard.new.version}")
+        return value
+
+    @store_call(_spec)
+    async def end_reshard(self, token: str, reshard: StoredReshard) -> None:
+        answer = await self._script(scripts.END_RESHARD, [self.k_leader, self.k_reshard_to, self.k_reshards, self.k_decided],
+                                    [token, reshard.map, reshard.new.version])
+        self._outcome(answer, f"reshard of map {reshard.map!r}")
 
     async def close(self) -> None:
         await self.redis.aclose()
