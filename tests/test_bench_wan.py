@@ -222,11 +222,18 @@ def test_bench_wan_through_the_tun_shaper_leaves_nothing_behind() -> None:
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     # --codec: the block in fp8-e4m3 from the transcoding holder, decoded, beside raw HTTP
     (coded,) = [f for f in lines if f["name"].startswith("wan_codec_")]
-    lines = [f for f in lines if f is not coded]
+    (moqt_coded,) = [f for f in lines if f["name"].startswith("wan_moqt_codec_")]
+    lines = [f for f in lines if f is not coded and f is not moqt_coded]
     assert coded["name"] == "wan_codec_fp8-e4m3_rate" and coded["baseline_name"] == "wan_http_rate"
     assert coded["value"] > 0 and coded["baseline_value"] > 0
     assert coded["params"]["ratio_on_wire"] > 1.9 and coded["params"]["raw_bytes"] == 1 << 20
     assert coded["params"]["tcp_congestion_control"] == "reno"
+    # and over MOQT: the fp8-e4m3 track through the transcoding relay at the holder's end,
+    # decoded, beside the same raw HTTP load, on the first --congestion-control
+    assert moqt_coded["name"] == "wan_moqt_codec_fp8-e4m3_rate" and moqt_coded["baseline_name"] == "wan_http_rate"
+    assert moqt_coded["value"] > 0 and moqt_coded["baseline_value"] == coded["baseline_value"]
+    assert moqt_coded["params"]["ratio_on_wire"] > 1.9 and moqt_coded["params"]["moqt_raw_rate"] > 0
+    assert moqt_coded["params"]["congestion_control"] == "reno"
     by_cc: dict[str, dict[str, Any]] = {}
     for fig in lines:  # one set of figures per QUIC controller, on the same path
         by_cc.setdefault(fig["params"]["congestion_control"], {})[fig["name"]] = fig

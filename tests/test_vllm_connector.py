@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import random
 import signal
@@ -27,6 +28,8 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,10 +42,13 @@ if importlib.util.find_spec("vllm") is None:
 
 from kvsp_moq.bridge import MoqtHolder  # noqa: E402
 from kvsp_moq.control.common.tls import TlsConfig  # noqa: E402
+from kvsp_moq.integrations.vllm.descriptor import EngineModel, positional_of  # noqa: E402
 from kvsp_moq.integrations.vllm.engine_process import EngineProcess, EngineSpec  # noqa: E402
 from kvsp_moq.integrations.vllm.settings import connector_extra_config, kv_transfer_config, salt_digest  # noqa: E402
 from kvsp_moq.integrations.vllm.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from kvsp_moq.kvsp.blockkeys import block_keys  # noqa: E402
+from kvsp_moq.kvsp.codecs import coded_section_bytes  # noqa: E402
+from kvsp_moq.kvsp.compat import compat_id  # noqa: E402
 from kvsp_moq.kvsp.container import replica_digest  # noqa: E402
 from kvsp_moq.kvsp.hexids import format_digest  # noqa: E402
 from kvsp_moq.kvsp.layout import Geometry, encode_raw_block  # noqa: E402
@@ -54,17 +60,37 @@ from kvsp_moq.storage import BlockStore, HostTier, RecordKey  # noqa: E402
 from vllm_support import ROOT, LoopbackCluster  # noqa: E402
 
 B = 32
-SCOPES = {"tenant-a": bytes(range(32)), "tenant-b": bytes(range(100, 132))}
+SCOPES = {"tenant-a": bytes(range(32)), "tenant-b": bytes(range(100, 132)), "tenant-c": bytes(range(150, 182))}
 #: The operator's secret salts (the gateway sets a tenant's as the request's cache_salt).
-SALT_A, SALT_B = "tenant-a-secret-6f1c", "tenant-b-secret-93ad"
-SCOPE_SALTS = {"tenant-a": [salt_digest(SALT_A)], "tenant-b": [salt_digest(SALT_B)]}
+SALT_A, SALT_B, SALT_C = "tenant-a-secret-6f1c", "tenant-b-secret-93ad", "tenant-c-secret-27e0"
+SCOPE_SALTS = {"tenant-a": [salt_digest(SALT_A)], "tenant-b": [salt_digest(SALT_B)],
+               "tenant-c": [salt_digest(SALT_C)]}
+#: The operator's codec policy (docs/vllm.md "Codecs"): tenant-c's blocks load in fp8; a
+#: request class "bulk" would load int8, but a request names its class itself, so only where
+#: its scope already allows a lossy codec.
+CODEC_POLICY = {"scopes": {"tenant-c": "fp8-e4m3"}, "classes": {"bulk": "int8"}}
 SHAPE = TinyLlama()
 DTYPE, ELEMENT = "bfloat16", ELEMENT_TYPES["bf16"]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LoopbackCluster]:
-    c = LoopbackCluster()
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), SHAPE)
+
+
+def engine_descriptor(model: Path) -> dict[str, Any]:
+    """The Compatibility Descriptor the engines derive for ``model`` (vLLM's served model
+    name is the model path; the RoPE parameters are config.json's)."""
+    config = SimpleNamespace(**json.loads((model / "config.json").read_text()))
+    positional, extra = positional_of(config, SHAPE.head_dim)
+    return EngineModel(model_dir=model, name=str(model), tokenizer=model, layers=SHAPE.layers,
+                       total_kv_heads=SHAPE.kv_heads, head_dim=SHAPE.head_dim, kv_dtype=ELEMENT.name,
+                       positional=positional, positional_extra=extra, block_tokens=B).descriptor()
+
+
+@pytest.fixture(scope="module")
+def cluster(model: Path) -> Iterator[LoopbackCluster]:
+    c = LoopbackCluster(descriptors=[engine_descriptor(model)])  # the holder and the relay transcode
     yield c
     c.close()
 
@@ -123,16 +149,15 @@ def is_forwarder(cluster: LoopbackCluster) -> Iterator[tuple[subprocess.Popen[st
 
 
 @pytest.fixture(scope="module")
-def engines(cluster: LoopbackCluster, is_forwarder: tuple[subprocess.Popen[str], str],
+def engines(cluster: LoopbackCluster, is_forwarder: tuple[subprocess.Popen[str], str], model: Path,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProcess, EngineProcess]]:
-    model = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), SHAPE)
     specs = []
     for index_url in (cluster.index_url, is_forwarder[1]):  # A directly, B through the forwarder
         extra = connector_extra_config(
             index_url=index_url, relay_url=cluster.relay_url, holder_url=cluster.holder_url,
             index_token=cluster.token, holder_token=cluster.token, moqt_token=cluster.token,
             ca_file=str(cluster.tls.ca_file), scopes=SCOPES, default_scope="tenant-a", scope_salts=SCOPE_SALTS,
-            deadline_ms=20_000, moqt_timeout_ms=1_500)
+            deadline_ms=20_000, moqt_timeout_ms=1_500, codec_policy=CODEC_POLICY)
         specs.append(EngineSpec(str(model), block_size=B, dtype=DTYPE, kv_transfer_config=kv_transfer_config(extra)))
     a, b = start_engines(("engine A", specs[0]), ("engine B", specs[1]), logs=tmp_path_factory.mktemp("engine-logs"))
     try:
@@ -439,6 +464,42 @@ def test_a_stalled_index_service_never_holds_the_engine(
     a.generate(q, max_tokens=2)
     assert a.flush()
     assert kvsp(b.generate(q, max_tokens=2))["external_tokens"] == 2 * B  # the IS answers B again
+
+
+def test_the_operators_codec_policy_loads_fp8_blocks_through_the_transcoding_relay(
+        cluster: LoopbackCluster, model: Path, engines: tuple[EngineProcess, EngineProcess]) -> None:
+    """tenant-c's policy is fp8-e4m3: engine B FETCHes the fp8-e4m3 track of A's raw
+    replicas through the relay, which makes it once per replica (docs/binding.md §13); every
+    layer is checked against the coded digests, decoded to bf16 and placed, and the request
+    says its codec. A request of a raw scope naming a codec or a lossy class in its body
+    chooses nothing: its blocks come raw, its output is the exact one."""
+    a, b = engines
+    p = prompt(61, 4 * B + 9)  # seeds no other test uses: their prompts share no prefix
+    published = kvsp(a.generate(p, max_tokens=2, cache_salt=SALT_C))
+    assert published["blocks_published"] == 4
+    assert published["compat_id"] == compat_id(engine_descriptor(model)).hex()  # the transcoders know it
+    assert a.flush()
+    before = cluster.relay_stats()
+    coded = b.generate(p, max_tokens=8, cache_salt=SALT_C)
+    after = cluster.relay_stats()
+    stats = kvsp(coded)
+    assert stats["scope"] == "tenant-c" and stats["codec"] == "fp8-e4m3" and stats["external_tokens"] == 4 * B
+    assert stats["blocks_moqt"] == stats["blocks_coded"] == 4 and "blocks_failed" not in stats
+    assert stats["bytes_moqt"] == 4 * block_octets()  # decoded to bf16, the KV cache's dtype
+    geometry = Geometry(SHAPE.kv_heads, SHAPE.head_dim, ELEMENT)
+    on_wire = 4 * SHAPE.layers * 2 * (coded_section_bytes("fp8-e4m3", geometry, B) or 0)
+    assert stats["coded_bytes_moqt"] == on_wire < stats["bytes_moqt"]
+    assert after["relay_transcodes_total"] - before["relay_transcodes_total"] == 4  # once per replica
+    assert len(coded["token_ids"]) == 8
+
+    q = prompt(62, 2 * B + 3)
+    assert kvsp(a.generate(q, max_tokens=2))["blocks_published"] == 2
+    assert a.flush()
+    raw = b.generate(q, max_tokens=8, kv_transfer_params={"kvsp_codec": "fp8-e4m3", "kvsp_class": "bulk"})
+    stats = kvsp(raw)
+    assert stats["scope"] == "tenant-a" and stats["blocks_moqt"] == 2 and stats["bytes_moqt"] == 2 * block_octets()
+    assert "codec" not in stats and "blocks_coded" not in stats
+    assert raw["token_ids"] == baseline(b, q)
 
 
 def test_with_the_relay_down_blocks_come_over_http(cluster: LoopbackCluster,

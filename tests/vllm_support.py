@@ -9,13 +9,14 @@ run. Bearer tokens are generated per run; one principal may act for every scope 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,11 +35,14 @@ T = TypeVar("T")
 
 
 class LoopbackCluster:
-    """IS + holder (in this process, on their own loop) + relay (a child process)."""
+    """IS + holder (in this process, on their own loop) + relay (a child process).
+    ``descriptors``: Compatibility Descriptors (§4.1) whose blocks the holder (``GET
+    ...?codec=n``, §6.7) and the relay (the coded tracks, docs/binding.md §13) transcode."""
 
-    def __init__(self) -> None:
+    def __init__(self, descriptors: Sequence[Mapping[str, Any]] = ()) -> None:
         self.loop = ClientLoop("kvsp-test-cluster")
         self.workdir = Path(tempfile.mkdtemp(prefix="kvsp-vllm-"))
+        self.descriptors = tuple(descriptors)
         self.token = secrets.token_urlsafe(32)
         everything: Grant = Grant(everything=True)
         self.auth = Authorizer.from_tokens({self.token: Principal("all", scopes=everything, holders=everything,
@@ -59,16 +63,22 @@ class LoopbackCluster:
         clock = MonotonicClock()
         index = await self._stack.enter_async_context(await serve_index(
             ControlConfig(auth=self.auth, index=IndexConfig()), clock=clock))
-        hc = HolderConfig(index_url=index.url, index_token=self.token, tiers=(TierConfig("host", 256 << 20),))
+        hc = HolderConfig(index_url=index.url, index_token=self.token, tiers=(TierConfig("host", 256 << 20),),
+                          descriptors=self.descriptors)
         holder = await self._stack.enter_async_context(
             await serve_holder(ControlConfig(auth=self.auth, holder=hc), clock=clock, store=build_store(hc.tiers, clock)))
         return index.url, holder.url
 
     def start_relay(self) -> None:
+        transcode: list[str] = []
+        for i, doc in enumerate(self.descriptors):
+            path = self.workdir / f"descriptor-{i}.json"
+            path.write_text(json.dumps(doc))
+            transcode += ["--transcode-descriptor", str(path)]
         proc = subprocess.Popen(
             [sys.executable, "-m", "relay", "--listen", "127.0.0.1:0", "--metrics", "0", "--cache-mib", "64",
              "--cert", str(self.tls.cert_file), "--key", str(self.tls.key_file), "--drain-timeout", "2",
-             "--log-level", "ERROR"],
+             "--log-level", "ERROR", *transcode],
             cwd=str(ROOT), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         self.relay = proc
         found: dict[str, str] = {}

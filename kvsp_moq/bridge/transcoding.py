@@ -10,8 +10,8 @@ Coded object payloads are as raw's: the layer's K section followed by its V sect
 the codec's section encoding (docs/container.md "Codecs"); only codecs whose section size the
 geometry fixes (``fp8-e4m3``, ``int8``) are made, so a consumer splits the payload in two
 halves as for raw. The relay declares the SHA-256 of each coded payload (LAYER_DIGESTS of the
-coded track, LAYER_DIGEST of each object): :func:`fetch_coded_layers` checks every object
-against both before it decodes it.
+coded track, LAYER_DIGEST of each object): :func:`coded_layers` checks every object
+against both before it decodes it, and yields each layer as soon as it is decoded.
 
 The transcoder needs each compat's geometry (§4.1 ``kv_heads``, ``head_dim``, ``kv_dtype``):
 it makes tracks only for the Compatibility IDs of the descriptors it was given.
@@ -20,10 +20,13 @@ it makes tracks only for the Compatibility IDs of the descriptors it was given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import json
 from pathlib import Path
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +40,7 @@ from ..kvsp.registries import CODEC_RAW, CODECS_BY_NAME
 from ..pubsub import MoqtSession
 from .binding import BLOCK_GROUP, BindingError, TrackInfo, layer_digest_of
 
-__all__ = ["KvspTranscoder", "fetch_coded_layers", "from_descriptor_files", "from_descriptors"]
+__all__ = ["CodedLayer", "KvspTranscoder", "coded_layers", "fetch_coded_layers", "from_descriptor_files", "from_descriptors"]
 
 RAW = CODEC_RAW.name.encode()
 
@@ -101,32 +104,109 @@ def from_descriptor_files(paths: Iterable[str]) -> KvspTranscoder:
     return from_descriptors(validate_descriptor(json.loads(Path(p).read_bytes())).document for p in paths)
 
 
-async def fetch_coded_layers(session: MoqtSession, name: BlockName, codec: str, geometry: Geometry,
-                             first: int, last: int, *, timeout: float = 30.0
-                             ) -> list[tuple[np.ndarray, np.ndarray]]:
+@dataclass(frozen=True)
+class CodedLayer:
+    """One layer of a coded track, checked and decoded (:func:`coded_layers`)."""
+
+    index: int
+    k: np.ndarray
+    v: np.ndarray
+    #: Octets of the coded payload (what crossed the wire).
+    coded_octets: int
+
+
+async def coded_layers(session: MoqtSession, name: BlockName, codec: str, geometry: Geometry,
+                       first: int, last: int, *, timeout: float = 30.0,
+                       decode: Callable[[Callable[[], tuple[np.ndarray, np.ndarray]]],
+                                        Awaitable[tuple[np.ndarray, np.ndarray]]] | None = None,
+                       ) -> AsyncGenerator[CodedLayer, None]:
     """FETCH layers ``first..last`` of the replica ``name`` in ``codec`` (binding v1: the
-    track of that name, made by a transcoding relay) and decode them to the geometry's element
-    type. Every object must hash to its entry of the FETCH_OK's LAYER_DIGESTS and to its own
+    track of that name, made by a transcoding relay, docs/binding.md §13) and yield each one,
+    in ascending order, as soon as it is checked and decoded to the geometry's element type.
+    Every object must hash to its entry of the FETCH_OK's LAYER_DIGESTS and to its own
     LAYER_DIGEST property; ``BindingError`` naming the layer otherwise (a flipped coded
-    octet), or when the track declares no digests to check against."""
+    octet), when the track declares no digests to check against, when a layer is missing or
+    out of order, or when a payload is not two sections of the codec. The whole FETCH is
+    bounded by ``timeout``.
+
+    ``decode`` runs each layer's check and decoding (e.g. on a worker thread) while the next
+    objects are read: the layers are pipelined, never reordered (at most the requested range
+    is held). Default: inline, one object at a time."""
     entry = layer_codec(codec).codec
     async with asyncio.timeout(timeout):
         stream = await session.fetch(name.namespace_fields(), entry.name, start=(BLOCK_GROUP, first),
                                      end=(BLOCK_GROUP, last))
         info = TrackInfo.parse(stream.response.track_properties)  # type: ignore[union-attr]
-        if info.layer_digests is None:
+        digests = info.layer_digests
+        if digests is None:
             raise BindingError(f"the {codec} track declares no LAYER_DIGESTS to verify its layers with")
         section = coded_section_bytes(entry, geometry, info.token_count)
-        out: list[tuple[np.ndarray, np.ndarray]] = []
-        async for obj in stream:
-            payload = bytes(obj.payload)
-            digest = hashlib.sha256(payload).digest()
-            if digest != info.layer_digests.get(obj.object_id) or digest != layer_digest_of(obj.properties):
-                raise BindingError(f"layer {obj.object_id}: digest mismatch")
-            if section is None or len(payload) != 2 * section:
-                raise BindingError(f"layer {obj.object_id}: {len(payload)} octets, not two {codec} sections")
-            out.append(decode_layer(entry, payload[:section], payload[section:], geometry, info.token_count))
-    if len(out) != last - first + 1:
-        raise BindingError(f"{len(out)} layers of {last - first + 1}")
-    return out
+        if section is None:
+            raise BindingError(f"{codec} sections are content-sized: no coded track carries them")
 
+        def checked(index: int, payload: bytes, declared: bytes | None) -> tuple[np.ndarray, np.ndarray]:
+            digest = hashlib.sha256(payload).digest()
+            if digest != digests.get(index) or digest != declared:
+                raise BindingError(f"layer {index}: digest mismatch")
+            return decode_layer(entry, payload[:section], payload[section:], geometry, info.token_count)
+
+        # One reader puts each object's check-and-decode in order (a future, or the error that
+        # ended the FETCH); the generator yields them as they complete.
+        queue: asyncio.Queue[tuple[int, int, asyncio.Future[tuple[np.ndarray, np.ndarray]]] | BaseException | None] \
+            = asyncio.Queue()
+
+        async def read() -> None:
+            expected = first
+            try:
+                async for obj in stream:
+                    if obj.object_id != expected or obj.object_id > last:
+                        raise BindingError(f"layer {obj.object_id} where layer {expected} was due")
+                    payload = bytes(obj.payload)
+                    if len(payload) != 2 * section:
+                        raise BindingError(f"layer {obj.object_id}: {len(payload)} octets, not two {codec} sections")
+                    run = functools.partial(checked, obj.object_id, payload, layer_digest_of(obj.properties))
+                    if decode is None:
+                        done: asyncio.Future[tuple[np.ndarray, np.ndarray]] = asyncio.get_running_loop().create_future()
+                        done.set_result(run())
+                    else:
+                        done = asyncio.ensure_future(decode(run))
+                    queue.put_nowait((obj.object_id, len(payload), done))
+                    expected += 1
+                    if decode is None:
+                        await queue.join()  # inline: one object at a time
+                if expected != last + 1:
+                    raise BindingError(f"{expected - first} layers of {last - first + 1}")
+                queue.put_nowait(None)
+            except Exception as exc:  # ends the FETCH: the consumer raises it in order
+                queue.put_nowait(exc)
+
+        reader = asyncio.ensure_future(read())
+        pending: list[asyncio.Future[tuple[np.ndarray, np.ndarray]]] = []
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                index, octets, done = item
+                pending.append(done)
+                k, v = await done
+                queue.task_done()
+                yield CodedLayer(index, k, v, octets)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            while not queue.empty():
+                left = queue.get_nowait()
+                if isinstance(left, tuple):
+                    pending.append(left[2])
+            for future in pending:
+                if not future.done():
+                    future.cancel()
+
+
+async def fetch_coded_layers(session: MoqtSession, name: BlockName, codec: str, geometry: Geometry,
+                             first: int, last: int, *, timeout: float = 30.0
+                             ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`coded_layers`, all of them: (K, V) of layers ``first..last`` in order."""
+    return [(layer.k, layer.v) async for layer in
+            coded_layers(session, name, codec, geometry, first, last, timeout=timeout)]

@@ -257,7 +257,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
     q.add_argument("--codec", type=_csv(str), default=(), metavar="C[,C...]",
                    help="also the effective KV rate of each codec (HTTP codec=n from a "
-                        "transcoding holder, decoded) beside raw HTTP: wan_codec_<C>_rate")
+                        "transcoding holder, decoded) beside raw HTTP: wan_codec_<C>_rate; and "
+                        "over MOQT on --backend through a transcoding relay: wan_moqt_codec_<C>_rate")
     q.set_defaults(handler=_wan)
     q = bsub.add_parser("index", help="IS lookups/s over HTTP vs in-process; holder block GET "
                                       "MB/s (plain and verified) vs TCP")

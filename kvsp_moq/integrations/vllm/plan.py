@@ -16,7 +16,8 @@ __all__ = ["BlockLoad", "BlockSave", "COUNTERS", "RequestLoad", "RequestSave", "
 
 #: The per-request counters the worker reports (docs/vllm.md "Counters").
 COUNTERS = ("blocks_moqt", "blocks_http", "blocks_failed", "bytes_moqt", "bytes_http",
-            "blocks_published", "publish_errors", "publish_dropped")
+            "blocks_published", "publish_errors", "publish_dropped", "blocks_coded", "coded_bytes_moqt",
+            "coded_bytes_http")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class RequestLoad:
     asynchronous: bool = True
     #: The request's stream id (:mod:`.stream`): the Replica ID of its streamed blocks.
     stream_id: bytes | None = None
+    #: The codec the operator's ``codec_policy`` names for the request (its registry name,
+    #: ``ConnectorSettings.codec_of``); None: raw, bit-exact.
+    codec: str | None = None
 
 
 @dataclass(frozen=True)

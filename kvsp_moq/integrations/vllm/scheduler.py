@@ -8,6 +8,10 @@ Per request (vLLM's ``Request``, read duck-typed):
 - **what else makes its KV differ** — a LoRA adapter is part of the request's Compatibility
   Descriptor (§4.1 ``adapters``, the adapter's digest); multimodal inputs and prompt embeddings
   are not in the Block Keys (which cover token ids), so such requests share nothing.
+- **codec** — the operator's ``codec_policy`` for the request's scope (and, where it adds no
+  loss the scope does not allow, the class the request names:
+  :meth:`~.settings.ConnectorSettings.codec_of`); the workers load in it, the output reports
+  it. ``kv_transfer_params["kvsp_codec"]`` chooses nothing.
 - **Block Keys** — over the prompt's complete blocks (kvsp-draft §4.2), under the scope's
   key and the request's Compatibility ID (:mod:`.descriptor`), B = vLLM's block size; one set
   per tensor-parallel rank (each rank's shard has its own Compatibility ID).
@@ -92,6 +96,9 @@ class _Request:
     stream: StreamParams | None = None
     marks: dict[str, list[int]] = field(default_factory=dict)
     prompt_len: int = 0
+    #: The codec its loads ask for (``codec_policy``; None: raw) and why (reported).
+    codec: str | None = None
+    codec_reason: str = ""
 
 
 class SchedulerSide:
@@ -111,6 +118,7 @@ class SchedulerSide:
         #: Requests that share nothing and why (reported by request_finished).
         self._unshared: dict[str, str] = {}
         self._warned_scope_param = False
+        self._warned_codec_param = False
         self._loop = loop
         self._index: HttpIndexClient | None = None
         if settings.enabled and settings.load:
@@ -179,7 +187,8 @@ class SchedulerSide:
             if state.load_pending:
                 stream = state.stream.stream_id if state.stream is not None else None
                 plan.loads.append(RequestLoad(req_id, state.scope_id, state.compat_ids, tuple(state.load_pending),
-                                              asynchronous=self._asynchronous(state), stream_id=stream))
+                                              asynchronous=self._asynchronous(state), stream_id=stream,
+                                              codec=state.codec))
                 state.load_pending = None
         scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
@@ -227,7 +236,8 @@ class SchedulerSide:
             # time marks: CLOCK_MONOTONIC ns, comparable between the engines of one host
             stream = {"stream": state.stream.to_json(),
                       **{name: sorted(values) for name, values in state.marks.items()}}
-        return {"kvsp": {"scope": state.scope, "compat_id": state.compat_ids[0].hex(), **ranks,
+        codec = {"codec": state.codec, "codec_reason": state.codec_reason} if state.codec is not None else {}
+        return {"kvsp": {"scope": state.scope, "compat_id": state.compat_ids[0].hex(), **ranks, **codec,
                          "external_tokens": state.external, "matched_blocks": state.matched,
                          "local_tokens": state.local_tokens, **state.counts, **stream}}
 
@@ -273,6 +283,10 @@ class SchedulerSide:
             self._warned_scope_param = True
             log.warning("KVSP: kv_transfer_params['kvsp_scope'] is ignored: a scope is selected only by the "
                         "secret cache_salt the operator configured (scope_salts, docs/vllm.md)")
+        if "kvsp_codec" in params and not self._warned_codec_param:
+            self._warned_codec_param = True
+            log.warning("KVSP: kv_transfer_params['kvsp_codec'] is ignored: the codec a request loads in is the "
+                        "operator's codec_policy (docs/vllm.md \"Codecs\")")
         choice = self.settings.scope_of(params, getattr(request, "cache_salt", None))
         if choice.scope is None:
             if params.get("kvsp") is not False:
@@ -302,6 +316,9 @@ class SchedulerSide:
         tokens: Sequence[int] = request.prompt_token_ids or []
         keys = tuple(block_keys(key, c, list(tokens), self.block_tokens) for c in compat_ids)
         state = _Request(choice.scope, scope_id(key), compat_ids, keys, stream=stream, prompt_len=len(tokens))
+        codec = self.settings.codec_of(choice.scope, params)
+        if codec.codec is not None:
+            state.codec, state.codec_reason = codec.codec.name, codec.reason
         self._requests[request.request_id] = state
         return state
 

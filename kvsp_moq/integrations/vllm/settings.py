@@ -21,6 +21,15 @@ never by a name in the client's request body:
 - ``kv_transfer_params["kvsp_scope"]`` selects nothing (it came from the request body); it is
   ignored with a warning. ``kv_transfer_params={"kvsp": false}`` switches the connector off for
   one request (opting out takes nothing from anyone).
+
+Codecs (``codec_policy``, :class:`~kvsp_moq.kvsp.codecs.policy.CodecPolicy`; docs/vllm.md
+"Codecs"): the operator names the codec a scope's blocks are loaded in (``scopes``: scope
+name -> codec), a lossless codec for every other scope (``lossless``) and the codec of a
+request class (``classes``). A request names its class in ``kv_transfer_params["kvsp_class"]``
+(the request body): so a class is honoured only where it adds no loss the operator did not
+allow for the request's scope — its codec is lossless, or the scope's own choice is lossy
+(:meth:`ConnectorSettings.codec_of`). ``kv_transfer_params["kvsp_codec"]`` chooses nothing
+(ignored with a warning). Without ``codec_policy`` every load is raw, bit-exact.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...kvsp.scope import check_scope_key
+from ...kvsp.codecs.policy import CodecChoice, CodecPolicy
+from ...kvsp.errors import RecordError
+from ...kvsp.scope import check_scope_key, scope_id
 
 __all__ = ["CONNECTOR_CLASS", "CONNECTOR_MODULE", "WORKER_EXTENSION", "ConnectorSettings", "ScopeChoice", "SettingsError",
            "connector_extra_config", "kv_transfer_config", "salt_digest"]
@@ -125,6 +136,8 @@ class ConnectorSettings:
     #: store and served over MOQT, its record published by the refresh (``publish_dropped``
     #: counts the holder PUTs so skipped).
     max_saves_in_flight: int = 64
+    #: The codec loads ask for, per scope and request class (module notes); None: raw.
+    codec_policy: CodecPolicy | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
@@ -169,6 +182,7 @@ class ConnectorSettings:
             block_tokens=_positive(extra, "block_tokens", 0) if "block_tokens" in extra else None,
             max_loads_in_flight=_positive(extra, "max_loads_in_flight", 32),
             max_saves_in_flight=_positive(extra, "max_saves_in_flight", 64),
+            codec_policy=_codec_policy(extra.get("codec_policy"), scopes),
         )
 
     @property
@@ -194,6 +208,44 @@ class ConnectorSettings:
             if hmac.compare_digest(digest, wanted):
                 return ScopeChoice(scope)
         return ScopeChoice(None, "its cache_salt selects no scope")
+
+    def codec_of(self, scope: str, kv_transfer_params: Mapping[str, Any] | None) -> CodecChoice:
+        """The codec a request of ``scope`` loads its blocks in (module notes): the policy's
+        choice for the scope, or for the request's class where that adds no loss the
+        operator did not allow for the scope; raw (``codec`` None) without a policy."""
+        if self.codec_policy is None:
+            return CodecChoice(None, "no codec_policy: raw")
+        sid = scope_id(self.scopes[scope])
+        for_scope = self.codec_policy.choose(sid)
+        request_class = (kv_transfer_params or {}).get("kvsp_class")
+        if not isinstance(request_class, str):
+            return for_scope
+        for_class = self.codec_policy.choose(sid, request_class)
+        if for_class.lossy and not for_scope.lossy:
+            return CodecChoice(for_scope.codec, f"{for_scope.reason} (request class {request_class!r} names a lossy "
+                                                "codec the operator did not allow for this scope: ignored)")
+        return for_class
+
+
+def _codec_policy(raw: object, scopes: Mapping[str, bytes]) -> CodecPolicy | None:
+    """``codec_policy`` ({"scopes": {scope name: codec}, "classes": {class: codec},
+    "lossless": codec}) as a :class:`CodecPolicy` over Scope IDs, checked."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SettingsError("codec_policy", "must be an object with scopes, classes and lossless")
+    doc = dict(raw)
+    named = doc.get("scopes", {})
+    if not isinstance(named, Mapping):
+        raise SettingsError("codec_policy", "scopes must be an object of scope name -> codec")
+    for name in named:
+        if name not in scopes:
+            raise SettingsError("codec_policy", f"scope {name!r} is not in scopes")
+    doc["scopes"] = {scope_id(scopes[name]).hex(): codec for name, codec in named.items()}
+    try:
+        return CodecPolicy.from_mapping(doc, "codec_policy")
+    except RecordError as exc:
+        raise SettingsError("codec_policy", str(exc)) from None
 
 
 def _scope_salts(raw: object, scopes: Mapping[str, bytes]) -> dict[str, str]:

@@ -13,7 +13,12 @@ does (docs/engine.md), so naming, containers, digests and records are never re-i
   offered to vLLM (:class:`Incoming`) the moment it is verified. When MOQT fails at layer l
   (no relay, a refused or tampered layer), layers l..L-1 are fetched from an HTTP replica
   (``client.retrieval.retrieve_block``: Repr-Digest and layer digests verified); when that
-  fails too the block is failed (vLLM recomputes it).
+  fails too the block is failed (vLLM recomputes it). In the codec the request's
+  ``codec_policy`` names (``settings.ConnectorSettings.codec_of``): first the codec's track
+  FETCHed through the relay, which transcodes the raw replica (``bridge.transcoding.
+  coded_layers``: each layer checked against the relay's coded digests, decoded to the cache's
+  dtype), then raw from the first layer that did not come; over HTTP ``codec=n`` (§6.7,
+  Repr-Digest), else the replica's codec.
 - :func:`begin_block` / :class:`Publications` — a block computed here: a
   ``MoqtHolder.begin`` writer (each layer is published to subscribers as it is written,
   DESIGN.md §4 "layers are published as computed"), sealed once every layer is in; then, in
@@ -45,14 +50,19 @@ from typing import cast
 import numpy as np
 
 from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source, subscribe_block
+from ...bridge.transcoding import coded_layers
 from ...control.client.computed import ComputedBlockPublisher, PublicationCounts
 from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
 from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_block
 from ...control.common.tls import TlsConfig
-from ...kvsp.layout import Geometry, decode_raw_layer
+from ...kvsp.codecs import coded_section_bytes, decode_layer
+from ...kvsp.codecs.elements import FLOAT_TYPES
+from ...kvsp.codecs.policy import LOSSY_CODECS
+from ...kvsp.errors import ContainerError
+from ...kvsp.layout import Geometry
 from ...kvsp.naming import BlockName
 from ...kvsp.records import ReplicaRecord
-from ...kvsp.registries import CODEC_RAW
+from ...kvsp.registries import CODEC_RAW, CODECS, CODECS_BY_NAME
 from ...pubsub import MoqtSession
 from ...sinks import LayerFailed, NumpySink
 from ...storage import BlockStore, BlockWriter, HostTier, RecordKey, ReplicaExists
@@ -147,6 +157,8 @@ class Incoming:
     ready: list[asyncio.Event] = field(default_factory=list)
     failed_from: int | None = None  # the first layer no source delivered
     octets: dict[str, int] = field(default_factory=dict)
+    #: Octets received in a codec other than raw, per way (what crossed the wire).
+    coded: dict[str, int] = field(default_factory=dict)
     source: str | None = None
     task: asyncio.Task[None] | None = None
     #: A block of a prefill→decode stream; when each layer was offered (monotonic ns, 0: not yet).
@@ -162,10 +174,14 @@ class Incoming:
     def block_ids(self) -> tuple[int, ...]:
         return tuple(bid for _, bid in self.pages)
 
-    def offer(self, layer: int, k: np.ndarray, v: np.ndarray, via: str) -> None:
+    def offer(self, layer: int, k: np.ndarray, v: np.ndarray, via: str, coded_octets: int | None = None) -> None:
+        """Layer ``layer``, verified, in the KV cache's element type; ``coded_octets``: the
+        octets it crossed the wire as, when it came in a codec other than raw."""
         self.arrived_ns[layer] = time.monotonic_ns()
         self.kv[layer] = (k, v)
         self.octets[via] = self.octets.get(via, 0) + k.nbytes + v.nbytes
+        if coded_octets is not None:
+            self.coded[via] = self.coded.get(via, 0) + coded_octets
         self.source = via if self.source in (None, via) else "mixed"
         self.ready[layer].set()
 
@@ -179,10 +195,14 @@ class Incoming:
         return self.kv[layer]
 
 
-def _records(raw: Sequence[Mapping[str, object]]) -> list[ReplicaRecord]:
-    """The records that parse and whose replicas are in codec raw: the connector places raw
-    kvsp-layout-1 sections only (a coded replica is not a source for it; docs/container.md
-    "Codecs")."""
+def _records(raw: Sequence[Mapping[str, object]], codec: str | None) -> list[ReplicaRecord]:
+    """The records that parse and are sources for a load in ``codec`` (None: raw): replicas
+    in codec raw; and, over HTTP, replicas stored in ``codec`` itself or in a lossless codec
+    (decoded as they arrive). A replica stored in a lossy codec the request's policy did not
+    name is never a source (docs/container.md "Codec policy")."""
+    wanted = {CODEC_RAW.value, *(c.value for c in CODECS.values() if c.value not in LOSSY_CODECS)}
+    if codec is not None:
+        wanted.add(CODECS_BY_NAME[codec].value)
     out = []
     for obj in raw:
         try:
@@ -190,32 +210,38 @@ def _records(raw: Sequence[Mapping[str, object]]) -> list[ReplicaRecord]:
         except Exception as exc:  # a record the IS sent that does not parse: not a source
             log.warning("KVSP: skipping an invalid replica record: %s", exc)
             continue
-        if record.codec == CODEC_RAW.value:
+        if record.codec == CODEC_RAW.value or (record.codec in wanted and not record.is_moqt):
             out.append(record)
     return out
 
 
 async def load(peers: Peers, incoming: Incoming, key: RecordKey, raw_records: Sequence[Mapping[str, object]],
-               geometry: Geometry, tokens: int) -> None:
-    """Load one block into ``incoming`` (module notes), once a place among the loads in flight
-    is free; never raises."""
+               geometry: Geometry, tokens: int, codec: str | None = None) -> None:
+    """Load one block into ``incoming`` (module notes), in ``codec`` where the request's
+    ``codec_policy`` names one (None: raw), once a place among the loads in flight is free;
+    never raises."""
     async with peers.load_slots:
-        await _load(peers, incoming, key, raw_records, geometry, tokens)
+        await _load(peers, incoming, key, raw_records, geometry, tokens, codec)
 
 
 async def _load(peers: Peers, incoming: Incoming, key: RecordKey, raw_records: Sequence[Mapping[str, object]],
-                geometry: Geometry, tokens: int) -> None:
-    records = [r for r in _records(raw_records) if RecordKey.of(r) == key]
+                geometry: Geometry, tokens: int, codec: str | None) -> None:
+    if codec is not None and geometry.dtype.name not in FLOAT_TYPES:
+        codec = None  # the codecs code fp32/fp16/bf16 elements; an fp8 cache loads raw
+    records = [r for r in _records(raw_records, codec) if RecordKey.of(r) == key]
     layers = incoming.layers
     timeout = peers.settings.moqt_timeout_ms / 1000
     next_layer = 0
     moqt = [r for r in records if r.is_moqt and r.layer_digests is not None and len(r.layer_digests) == layers]
-    if moqt and peers.pool is not None:
-        sink = NumpySink(geometry, tokens, (0, layers - 1), moqt[0].layer_digests or ())
+    if codec is not None and moqt and peers.pool is not None and coded_section_bytes(codec, geometry, tokens) is not None:
+        next_layer = await _coded_from_moqt(peers, incoming, moqt, codec, geometry, tokens)
+    if next_layer < layers and moqt and peers.pool is not None:
+        first = next_layer
+        sink = NumpySink(geometry, tokens, (first, layers - 1), moqt[0].layer_digests or ())
         block_load = BlockLoad(sink, [Source.from_record(r) for r in moqt], pool=peers.pool, timeout=timeout)
         task = asyncio.get_running_loop().create_task(block_load.run())
         try:
-            for layer in range(layers):
+            for layer in range(first, layers):
                 k, v = await block_load.wait_for_layer(layer)
                 incoming.offer(layer, np.asarray(k), np.asarray(v), MOQT)
                 next_layer = layer + 1
@@ -228,29 +254,73 @@ async def _load(peers: Peers, incoming: Incoming, key: RecordKey, raw_records: S
                 await task
     if next_layer < layers:
         http = [r for r in records if not r.is_moqt]
-        if http and not await _from_http(peers, incoming, http, next_layer, geometry, tokens):
+        if http and not await _from_http(peers, incoming, http, next_layer, geometry, tokens, codec):
             incoming.fail(next_layer)
         elif not http:
             incoming.fail(next_layer)
 
 
-async def _from_http(peers: Peers, incoming: Incoming, records: list[ReplicaRecord], first: int,
-                     geometry: Geometry, tokens: int) -> bool:
-    """Layers ``first``.. of the block from an HTTP replica; False if none delivers."""
-    last = incoming.layers - 1
+async def _coded_from_moqt(peers: Peers, incoming: Incoming, records: list[ReplicaRecord], codec: str,
+                           geometry: Geometry, tokens: int) -> int:
+    """Layers of the block in ``codec`` over MOQT: the coded track of a raw replica, FETCHed
+    through the relay, which makes it from the raw track (docs/binding.md §13); each layer
+    checked against the coded digests the relay declares, decoded (on a worker thread) and
+    offered; the FETCH bounded by ``moqt_timeout_ms`` like the raw one. Returns the first layer
+    not delivered (0: none; the raw track is loaded then)."""
+    assert peers.pool is not None
+    url = peers.settings.relay_url or records[0].holder
+    name = records[0].block_name()
+    if name is None:
+        return 0
+    done = 0
     try:
-        got = await retrieve_block(cast(BlockFetcher, peers.fetcher), records, layers=None if first == 0 else (first, last),
-                                   geometry=None)
-    except RetrievalFailed as exc:
-        log.info("KVSP: no HTTP replica delivered layers %d-%d: %s", first, last, exc)
-        return False
+        session = await peers.pool.get(url)
+        async with contextlib.aclosing(coded_layers(session, name, codec, geometry, 0, incoming.layers - 1,
+                                                    timeout=peers.settings.moqt_timeout_ms / 1000,
+                                                    decode=asyncio.to_thread)) as layers:
+            async for layer in layers:
+                incoming.offer(layer.index, layer.k, layer.v, MOQT, coded_octets=layer.coded_octets)
+                done = layer.index + 1
+    except Exception as exc:  # no transcoding relay, a refused FETCH, a tampered layer: raw then
+        log.info("KVSP: block %s: %s over MOQT stopped at layer %d (%s): the raw track from there",
+                 name.block_key.hex()[:12], codec, done, exc)
+    return done
+
+
+async def _from_http(peers: Peers, incoming: Incoming, records: list[ReplicaRecord], first: int,
+                     geometry: Geometry, tokens: int, codec: str | None = None) -> bool:
+    """Layers ``first``.. of the block from an HTTP replica, in ``codec`` where a holder
+    transcodes (§6.7 ``codec=n``; Repr-Digest protects it), else in the replica's codec;
+    each decoded to the KV cache's element type. False if none delivers."""
+    last = incoming.layers - 1
+    layers = None if first == 0 else (first, last)
+    fetcher = cast(BlockFetcher, peers.fetcher)
+    got = None
+    if codec is not None:
+        try:
+            got = await retrieve_block(fetcher, records, layers=layers, codec=CODECS_BY_NAME[codec].value, geometry=None)
+        except RetrievalFailed as exc:
+            log.info("KVSP: no HTTP replica delivered layers %d-%d in %s: %s; asking for the replicas' codec",
+                     first, last, codec, exc)
+    if got is None:
+        try:
+            got = await retrieve_block(fetcher, records, layers=layers, geometry=None)
+        except RetrievalFailed as exc:
+            log.info("KVSP: no HTTP replica delivered layers %d-%d: %s", first, last, exc)
+            return False
     if got.header.token_count != tokens or got.first_layer != first or got.last_layer != last:
         log.warning("KVSP: %s sent layers %d-%d of %d tokens, not %d-%d of %d", got.record.holder,
                     got.first_layer, got.last_layer, got.header.token_count, first, last, tokens)
         return False
+    coded = got.header.codec != CODEC_RAW.value
     for lv in got.layers:
-        k, v = decode_raw_layer(lv.k, lv.v, geometry, tokens)
-        incoming.offer(lv.index, np.asarray(k), np.asarray(v), HTTP)
+        try:
+            k, v = decode_layer(got.header.codec, lv.k, lv.v, geometry, tokens)
+        except ContainerError as exc:  # verified octets that do not decode: not placed
+            log.warning("KVSP: %s: layer %d does not decode: %s", got.record.holder, lv.index, exc)
+            return False
+        incoming.offer(lv.index, np.asarray(k), np.asarray(v), HTTP,
+                       coded_octets=len(lv.k) + len(lv.v) if coded else None)
     return True
 
 

@@ -5,8 +5,9 @@ paged cache and host arrays (:mod:`.layout`) and hand work to the client loop
 (:mod:`.transfers`), every wait bounded by ``deadline_ms`` from the step's start:
 
 - :meth:`WorkerSide.start_load_kv` — starts the loads of the step's external blocks (one
-  :func:`~.transfers.load` task per block); vLLM calls it before the forward pass of a step
-  with synchronous loads, after it otherwise;
+  :func:`~.transfers.load` task per block, in the codec the request's ``codec_policy`` names:
+  decoded to the KV cache's dtype before it is placed); vLLM calls it before the forward pass
+  of a step with synchronous loads, after it otherwise;
 - :meth:`WorkerSide.get_finished` — asynchronous loads (the default): after each step, the
   requests whose blocks have all arrived verified (or failed, or passed ``deadline_ms``) have
   their layers copied into the paged cache at the block ids vLLM allocated, on vLLM's thread
@@ -193,7 +194,8 @@ class WorkerSide:
                 if block.streamed and req.stream_id is not None:
                     work = stream(self.peers, incoming, key, req.stream_id, self.geometry, self.block_tokens)
                 else:
-                    work = load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens)
+                    work = load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens,
+                                codec=req.codec)
                 incoming.task = asyncio.get_running_loop().create_task(work)
                 incoming.task.add_done_callback(lambda _task: self._settled_any.set())
                 out.append(incoming)
@@ -325,6 +327,10 @@ class WorkerSide:
                 c[name] = c.get(name, 0) + 1
             for via, octets in block.octets.items():
                 c[f"bytes_{via}"] = c.get(f"bytes_{via}", 0) + octets
+            if block.coded:  # received in the codec of the request's codec_policy
+                c["blocks_coded"] = c.get("blocks_coded", 0) + 1
+            for via, octets in block.coded.items():
+                c[f"coded_bytes_{via}"] = c.get(f"coded_bytes_{via}", 0) + octets
         return failed
 
     @staticmethod

@@ -138,7 +138,8 @@ def _one_path(layers: int, layer_bytes: int, datagram_size: int, backend: str, d
                   f"{path.tcp_congestion_control}", file=sys.stderr, flush=True)
             loads = [_load(path, layers, layer_bytes, datagram_size, backend, repeat, sink, cc,
                            http=i == 0) for i, cc in enumerate(ccs)]
-            coded = load_codecs(path, layers, layer_bytes, codecs, repeat) if codecs else None
+            coded = load_codecs(path, layers, layer_bytes, codecs, repeat, (backend, datagram_size, ccs[0])) \
+                if codecs else None
     except Skip as exc:
         print(f"kvsp bench wan: skipped: {exc}", file=sys.stderr)
         return None
@@ -163,5 +164,5 @@ def _one_path(layers: int, layer_bytes: int, datagram_size: int, backend: str, d
             Figure("wan_moqt_rate", "MB/s", block / m_block / 1e6, "wan_http_rate", block / h_block / 1e6, params=params),
         ]
     if coded is not None:
-        figures += codec_figures(*coded, codecs, base)
+        figures += codec_figures(*coded, codecs, base, {"congestion_control": ccs[0] or _DEFAULT_CC.get(backend, "default")})
     return figures

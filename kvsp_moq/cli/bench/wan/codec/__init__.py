@@ -9,6 +9,11 @@ layer verified and decoded to bf16 as it arrives. Figures, per codec:
 ``wan_http_rate``: the same block raw over the same HTTP/TCP path in the same run (TCP's
 congestion control is the path's, ``--tcp-cc``; the issue's baseline is BBR). The params give
 the octets on the wire, the ratio, and the holder's one-time transcoding seconds.
+
+``wan_moqt_codec_<codec>_rate`` (MB/s): the same over MOQT on ``--backend`` (its congestion
+control, ``--congestion-control`` or the backend's default): the codec's track FETCHed
+through a transcoding relay at the holder's end of the path (:mod:`.moqt`), beside the same
+``wan_http_rate``; the params give the raw track's MOQT rate through that relay too.
 """
 
 from __future__ import annotations
@@ -40,12 +45,20 @@ def check_codecs(codecs: Sequence[str]) -> None:
 
 
 def load_codecs(path: WanPath, layers: int, layer_bytes: int, codecs: Sequence[str],
-                repeat: int) -> tuple[CodecHolderInfo, dict[str, list[float]]]:
-    """Run the codec holder and loader across ``path``; their info and the loader's timings."""
+                repeat: int, moqt: tuple[str, int, str | None] | None = None
+                ) -> tuple[CodecHolderInfo, dict[str, list[float]]]:
+    """Run the codec holder and loader across ``path``; their info and the loader's timings.
+    ``moqt``: (backend, datagram size, congestion control or None) of the MOQT rows (the
+    coded tracks through a transcoding relay at the holder's end, :mod:`.moqt`); None: HTTP only."""
     joined = ",".join(codecs)
+    over_moqt: list[str] = []
+    if moqt is not None:
+        over_moqt = ["--moqt-backend", moqt[0], "--datagram-size", str(moqt[1]),
+                     *(("--congestion-control", moqt[2]) if moqt[2] else ())]
     proc = subprocess.Popen(
         ["ip", "netns", "exec", path.holder_ns, sys.executable, "-m", "kvsp_moq.cli.bench.wan.codec.holder",
-         "--host", HOLDER_IP, "--layers", str(layers), "--layer-mib", str(layer_bytes >> 20), "--codec", joined],
+         "--host", HOLDER_IP, "--layers", str(layers), "--layer-mib", str(layer_bytes >> 20), "--codec", joined,
+         *over_moqt],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -55,7 +68,7 @@ def load_codecs(path: WanPath, layers: int, layer_bytes: int, codecs: Sequence[s
         info = CodecHolderInfo.from_line(line)
         done = subprocess.run(
             ["ip", "netns", "exec", path.loader_ns, sys.executable, "-m", "kvsp_moq.cli.bench.wan.codec.loader",
-             "--info", line.strip(), "--host", HOLDER_IP, "--codec", joined, "--repeat", str(repeat)],
+             "--info", line.strip(), "--host", HOLDER_IP, "--codec", joined, "--repeat", str(repeat), *over_moqt],
             stdout=subprocess.PIPE, text=True, check=True)
     finally:
         stop_process(proc)
@@ -64,8 +77,10 @@ def load_codecs(path: WanPath, layers: int, layer_bytes: int, codecs: Sequence[s
 
 
 def codec_figures(info: CodecHolderInfo, got: dict[str, list[float]], codecs: Sequence[str],
-                  base: dict[str, object]) -> list[Figure]:
-    """``wan_codec_<codec>_rate`` beside ``wan_http_rate`` (raw, same path, same run)."""
+                  base: dict[str, object], moqt: dict[str, object] | None = None) -> list[Figure]:
+    """``wan_codec_<codec>_rate`` (HTTP) and, where the loader loaded them, ``wan_moqt_codec_
+    <codec>_rate`` (MOQT through the transcoding relay; ``moqt``: their params, the backend and
+    its congestion control), each beside ``wan_http_rate`` (raw, same path, same run)."""
     raw_s, raw_octets = got["raw"]
     figures = []
     for name in codecs:
@@ -76,5 +91,20 @@ def codec_figures(info: CodecHolderInfo, got: dict[str, list[float]], codecs: Se
                   "holder_transcode_MBps": round(info.raw_bytes / info.transcode_s[name] / 1e6, 1),
                   "verified": "Repr-Digest (raw: + layer and replica digests)", "decoded_to": "bf16"}
         figures.append(Figure(f"wan_codec_{name}_rate", "MB/s", info.raw_bytes / seconds / 1e6,
+                              "wan_http_rate", info.raw_bytes / raw_s / 1e6, params=params))
+    if "moqt:raw" not in got:
+        return figures
+    moqt_raw_s, moqt_raw_octets = got["moqt:raw"]
+    for name in codecs:
+        if f"moqt:{name}" not in got:
+            continue  # a codec whose section size the content decides: the relay does not make it
+        seconds, octets = got[f"moqt:{name}"]
+        params = {**base, **(moqt or {}), "raw_bytes": info.raw_bytes, "wire_octets": int(octets),
+                  "ratio_on_wire": round(moqt_raw_octets / octets, 4),
+                  "moqt_raw_rate": round(info.raw_bytes / moqt_raw_s / 1e6, 2),
+                  "path": "holder -> transcoding relay (holder's end) -> WAN -> loader",
+                  "verified": "the relay's coded LAYER_DIGESTS and each object's LAYER_DIGEST",
+                  "decoded_to": "bf16"}
+        figures.append(Figure(f"wan_moqt_codec_{name}_rate", "MB/s", info.raw_bytes / seconds / 1e6,
                               "wan_http_rate", info.raw_bytes / raw_s / 1e6, params=params))
     return figures

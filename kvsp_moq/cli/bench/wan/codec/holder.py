@@ -6,8 +6,9 @@ model, ``bench/codec/speed.py``), stores it raw, serves it with the control plan
 (``serve_holder``, kvsp-draft §6.7) configured with the block's descriptor so that it
 transcodes (``GET ...?codec=n``, ``control/holder/transcode.py``), transcodes it once into
 each codec before serving (as the first GET would: every later GET is served from the
-holder's cache; the seconds it took are reported), prints one JSON line
-(:class:`CodecHolderInfo`) and serves until its stdin closes.
+holder's cache; the seconds it took are reported), with ``--moqt-backend`` also publishes it
+through a transcoding relay (:mod:`.moqt`), prints one JSON line (:class:`CodecHolderInfo`)
+and serves until its stdin closes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .....kvsp.compat import compat_id, make_descriptor
 from .....kvsp.layout import LAYOUT
 from .....storage import BlockStore, HostTier, RecordKey
 from ...kv.holder import BENCH_TOKEN, freeze_heap, serve_until_stdin_closes
+from .moqt import serve_through_relay
 
 __all__ = ["CodecHolderInfo", "descriptor", "main"]
 
@@ -57,6 +59,8 @@ class CodecHolderInfo:
     tokens: int
     transcode_s: dict[str, float]
     coded_octets: dict[str, int]
+    #: The raw replica's record through the transcoding relay (``--moqt``, :mod:`.moqt`), or None.
+    moqt_record: dict[str, Any] | None = None
 
     def to_line(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -66,7 +70,10 @@ class CodecHolderInfo:
         return cls(**json.loads(line))
 
 
-async def serve(host: str, layers: int, layer_bytes: int, codecs: list[str], stop: asyncio.Future[None]) -> None:
+async def serve(host: str, layers: int, layer_bytes: int, codecs: list[str], stop: asyncio.Future[None],
+                moqt: tuple[str, int, str | None] | None = None) -> None:
+    """``moqt``: (backend, datagram size, congestion control) of the transcoding relay the
+    block is also served through (:func:`.moqt.serve_through_relay`), or None."""
     from .....bench.codec.speed import SPEED_CONFIG, sample_layers  # torch: only here
 
     assert (SPEED_CONFIG.name, SPEED_CONFIG.kv_heads, SPEED_CONFIG.head_dim, SPEED_CONFIG.layers) == (
@@ -84,7 +91,10 @@ async def serve(host: str, layers: int, layer_bytes: int, codecs: list[str], sto
                            holder=HolderConfig(tiers=(TierConfig("host", 1 << 30),), descriptors=(doc,),
                                                transcode_cache_octets=1 << 30))
     http = await serve_holder(config, host, 0, store=store)
+    relayed = None
     try:
+        if moqt is not None:
+            relayed = await serve_through_relay(store, key, doc, host, *moqt, cache_bytes=4 * layers * layer_bytes)
         service = http.app[HOLDER_SERVICE]
         info = store.get(key)
         assert info is not None and service.transcoder is not None
@@ -97,11 +107,14 @@ async def serve(host: str, layers: int, layer_bytes: int, codecs: list[str], sto
             coded[name] = len(got.body)
         out = CodecHolderInfo(info.replica_record(http.url, 600_000).to_json(), http.port,
                               f"{http.base_path.rstrip('/')}/blocks/{key.path}",
-                              sum(k.nbytes + v.nbytes for k, v in arrays), geometry_tokens, transcode_s, coded)
+                              sum(k.nbytes + v.nbytes for k, v in arrays), geometry_tokens, transcode_s, coded,
+                              None if relayed is None else relayed.record.to_json())
         freeze_heap()
         print(out.to_line(), flush=True)
         await stop
     finally:
+        if relayed is not None:
+            await relayed.close()
         await http.close()
 
 
@@ -111,9 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--layer-mib", type=int, default=1)
     p.add_argument("--codec", default="fp8-e4m3", help="codecs to transcode into, comma-separated")
+    p.add_argument("--moqt-backend", default=None, help="also serve through a transcoding relay on this backend")
+    p.add_argument("--datagram-size", type=int, default=1452)
+    p.add_argument("--congestion-control", default=None, help="the relay's (the sender's); default: the backend's")
     args = p.parse_args(argv)
     codecs = [c for c in args.codec.split(",") if c]
-    return serve_until_stdin_closes(lambda stop: serve(args.host, args.layers, args.layer_mib << 20, codecs, stop))
+    moqt = None if args.moqt_backend is None else (args.moqt_backend, args.datagram_size, args.congestion_control)
+    return serve_until_stdin_closes(lambda stop: serve(args.host, args.layers, args.layer_mib << 20, codecs, stop,
+                                                       moqt))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ digests, kvsp-draft §6.7) once raw and once per codec (``codec=n``: the holder'
 representation), decoding each layer to the element type (bf16) as soon as it has arrived and
 been checked, on a worker thread while the event loop reads the next layers. One JSON line: for each codec
 (and ``raw``) the best seconds of ``repeat`` loads after one untimed, from the request to the
-last layer decoded, and the octets received.
+last layer decoded, and the octets received. With ``--moqt-backend`` also, keyed
+``moqt:<codec>``, the coded tracks through the holder's transcoding relay (:mod:`.moqt`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from .....kvsp.codecs import decode_layer, layer_codec
 from .....kvsp.container import DecodedLayer
 from .....kvsp.layout import Geometry
 from .....kvsp.records import ReplicaRecord
-from .....transport import new_event_loop
+from .....transport import TransportConfig, new_event_loop
 from ...kv.holder import BENCH_TOKEN
 from .holder import CodecHolderInfo, descriptor
+from .moqt import load_moqt
 
 __all__ = ["DecodingSink", "load", "main"]
 
@@ -95,17 +97,35 @@ async def load(info: CodecHolderInfo, codecs: Sequence[str], repeat: int, host: 
     return out
 
 
+async def _load_moqt(info: CodecHolderInfo, codecs: Sequence[str], args: argparse.Namespace) -> dict[str, list[float]]:
+    """``moqt:<codec>`` -> [best seconds, coded octets] through the holder's transcoding relay."""
+    assert info.moqt_record is not None
+    record = ReplicaRecord.from_json(info.moqt_record)
+    doc = descriptor(len(record.layer_digests or ()), info.tokens)
+    geometry = Geometry.from_descriptor_fields(doc["kv_heads"], doc["head_dim"], doc["kv_dtype"])
+    config = TransportConfig(backend=args.moqt_backend, insecure=True, max_datagram_size=args.datagram_size,
+                             congestion_control_algorithm=args.congestion_control)
+    got = await load_moqt(record, geometry, info.tokens, codecs, args.repeat, config)
+    return {f"moqt:{name}": value for name, value in got.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvsp_moq.cli.bench.wan.codec.loader")
     p.add_argument("--info", required=True)
     p.add_argument("--host", required=True)
     p.add_argument("--codec", default="fp8-e4m3")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--moqt-backend", default=None, help="also load the coded tracks through the holder's relay")
+    p.add_argument("--datagram-size", type=int, default=1452)
+    p.add_argument("--congestion-control", default=None)
     args = p.parse_args(argv)
+    info = CodecHolderInfo.from_line(args.info)
+    codecs = [c for c in args.codec.split(",") if c]
     loop = new_event_loop(use_uvloop=True)
     try:
-        got = loop.run_until_complete(load(CodecHolderInfo.from_line(args.info),
-                                           [c for c in args.codec.split(",") if c], args.repeat, args.host))
+        got = loop.run_until_complete(load(info, codecs, args.repeat, args.host))
+        if args.moqt_backend is not None and info.moqt_record is not None:
+            got.update(loop.run_until_complete(_load_moqt(info, codecs, args)))
     finally:
         loop.close()
     print(json.dumps(got), flush=True)
