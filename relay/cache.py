@@ -10,11 +10,14 @@ to be complete (so a FETCH can be answered without asking upstream).
 * MAX_CACHE_DURATION (Track Property 0x04, §"MAX CACHE DURATION"): an object is not served
   from the cache once that many milliseconds passed since its beginning was received; it
   is then evicted, and any complete range that held it is forgotten.
-* A FETCH is served from the cache only when its whole range lies inside a range an
-  upstream FETCH returned completely (FETCH_OK then FIN) and every object of it is still
-  cached. Objects received on subscriptions are cached too (they serve TRACK_STATUS and the
-  objects of a later complete range), but a subscription alone never proves that a range is
-  complete (an object that does not exist and one not yet received look the same).
+* What the cache holds of a range (:meth:`ObjectCache.held`, :meth:`ObjectCache.complete_spans`)
+  is what :mod:`relay.known` plans a FETCH from: objects received on subscriptions and on
+  FETCHes alike are cached, each track's locations kept sorted, so a FETCH is answered from
+  the objects held and only the unknown gaps go upstream (:mod:`relay.held`). A range an
+  upstream FETCH returned completely (FETCH_OK then FIN) is recorded: inside it an object
+  not held does not exist. A subscription alone never proves that (§"Objects": "A gap in
+  the observed Object IDs does not by itself convey any information about the skipped
+  Objects").
 * One budget bounds everything (hostile peers, issue 18): each object is charged its
   payload, properties and :data:`OBJECT_OVERHEAD`; each track entry (Track Properties,
   Largest Object, complete ranges) :data:`TRACK_OVERHEAD` plus its properties, and it is
@@ -27,14 +30,15 @@ to be complete (so a FETCH can be answered without asking upstream).
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, insort
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvsp_moq.moqt.objects import ObjectStatus
 
-__all__ = ["CachedObject", "CachedRange", "OBJECT_OVERHEAD", "ObjectCache", "TRACK_OVERHEAD",
-           "TrackName", "max_cache_duration_ms"]
+__all__ = ["CachedObject", "CachedRange", "MAX_RANGES", "OBJECT_OVERHEAD", "ObjectCache",
+           "TRACK_OVERHEAD", "TrackName", "max_cache_duration_ms"]
 
 TrackName = tuple[tuple[bytes, ...], bytes]
 Loc = tuple[int, int]
@@ -43,6 +47,8 @@ OBJECT_OVERHEAD = 128
 #: Bookkeeping bytes charged per track entry on top of its Track Properties.
 TRACK_OVERHEAD = 256
 MAX_CACHE_DURATION = 0x04
+#: Complete ranges kept per track (an empty one holds no object that could evict it).
+MAX_RANGES = 64
 
 
 def max_cache_duration_ms(track_properties: Sequence[tuple[int, int | bytes]]) -> int | None:
@@ -108,6 +114,13 @@ class _Track:
     largest: Loc | None = None
     objects: int = 0
     ranges: list[CachedRange] = field(default_factory=list)
+    #: The locations of its cached objects, ascending (what :meth:`ObjectCache.held` reads).
+    locs: list[Loc] = field(default_factory=list)
+
+    def unindex(self, loc: Loc) -> None:
+        i = bisect_left(self.locs, loc)
+        if i < len(self.locs) and self.locs[i] == loc:
+            del self.locs[i]
 
 
 def _properties_size(props: Sequence[tuple[int, int | bytes]]) -> int:
@@ -255,6 +268,7 @@ class ObjectCache:
         self._objects[key] = obj
         self.bytes += obj.size
         loc = obj.location
+        insort(t.locs, loc)
         if t.largest is None or t.largest < loc:
             t.largest = loc
         return True
@@ -276,6 +290,7 @@ class ObjectCache:
         self.bytes -= old.size
         t = self._tracks[key[0]]
         t.objects -= 1
+        t.unindex((key[1], key[2]))
         if not t.objects:
             self._idle[key[0]] = None
 
@@ -293,19 +308,23 @@ class ObjectCache:
         if t.objects <= 0:
             self._drop_track(track)  # the track's last object: its metadata goes too
             return
+        loc = (key[1], key[2])
+        t.unindex(loc)
         if t.ranges:
-            loc = (key[1], key[2])
             t.ranges = [r for r in t.ranges if not (r.start <= loc <= r.end)]
 
     # -- complete ranges ---------------------------------------------------------------------
     def record_range(self, track: TrackName, start: Loc, end: Loc, keys: Sequence[Loc],
                      end_of_track: bool) -> None:
-        """An upstream FETCH returned every object from ``start`` to ``end``: ``keys``."""
+        """An upstream FETCH returned every object from ``start`` to ``end``: ``keys`` (none:
+        the range is known to hold no object, relay.known). A track keeps its
+        :data:`MAX_RANGES` latest ranges."""
         t = self._tracks.get(track)
-        if t is None or not keys or any((track, g, o) not in self._objects for g, o in keys):
+        if t is None or any((track, g, o) not in self._objects for g, o in keys):
             return  # something did not fit: the range cannot be served from here
         t.ranges.append(
             CachedRange(tuple(start), tuple(end), tuple(keys), end_of_track))  # type: ignore[arg-type]
+        del t.ranges[:-MAX_RANGES]
 
     def lookup_range(self, track: TrackName, start: Loc, end: Loc | None) -> RangeHit | None:
         """The cached objects of ``start`` .. ``end`` (inclusive; None: to the end of the
@@ -331,3 +350,28 @@ class ObjectCache:
                 continue
             return RangeHit(objs, r.end_of_track and (end is None or end >= r.end))
         return None
+
+    # -- what is held of a range (relay.known, relay.held) --------------------------------------
+    def held(self, track: TrackName, start: Loc, end: Loc | None) -> list[CachedObject]:
+        """The objects of ``track`` cached from ``start`` to ``end`` (inclusive; None: to the
+        last one), ascending, whatever brought them (a subscription, a FETCH); expired ones
+        are evicted on the way."""
+        t = self._tracks.get(track)
+        if t is None:
+            return []
+        i = bisect_left(t.locs, start)
+        locs = t.locs[i:] if end is None else t.locs[i:bisect_left(t.locs, end, lo=i) + 1]
+        out: list[CachedObject] = []
+        for g, o in locs:
+            if end is not None and (g, o) > end:
+                break
+            c = self.get(track, g, o)
+            if c is not None:
+                out.append(c)
+        return out
+
+    def complete_spans(self, track: TrackName) -> list[tuple[Loc, Loc, bool]]:
+        """The complete ranges of ``track`` (an upstream FETCH returned them, FIN included,
+        and every object of them is still cached): ``(start, end, end_of_track)``."""
+        t = self._tracks.get(track)
+        return [(r.start, r.end, r.end_of_track) for r in t.ranges] if t is not None else []

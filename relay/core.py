@@ -265,6 +265,7 @@ class Relay:
         self.upstreams = UpstreamManager(self.cache, self.stats, config.subscriber_queue_bytes,
                                          self.emit, config.request_timeout)
         self.fetches = FetchService(self.cache, self.stats, self.spawn, config.request_timeout)
+        self.fetches.largest_of = self._live_largest  # a FETCH is capped there (relay/fetch.py)
         # Joining FETCH, fill fetch streams (relay/fill.py)
         self.fills = FillService(self.upstreams, self.fetches, self)
         #: FETCHes of tracks the configured transcoder makes (relay/transcode.py), or None.
@@ -538,6 +539,11 @@ class Relay:
                 and self.rendezvous.hold(peer, rid, msg)):
             return  # RENDEZVOUS_TIMEOUT: wait for a publisher (relay/rendezvous.py)
         self.route_then(peer, rid, track[0], go)
+
+    def _live_largest(self, track: TrackName) -> tuple[int, int] | None:
+        """The Largest Object of ``track``'s Established upstream subscription (None: none)."""
+        up = self.upstreams.get(track)
+        return up.fanout.largest if up is not None and up.established and not up.ended else None
 
     def _on_fetch(self, peer: PeerSession, rid: int, msg: Message) -> None:
         self.stats.fetches += 1

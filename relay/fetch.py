@@ -24,10 +24,17 @@
   can contain objects with different publisher priorities"); its objects are pulled from
   the held list one at a time, never copied or queued.
 
+* A range the cache holds only part of — objects a subscription the relay forwards brought,
+  or several earlier FETCHes — is answered from what is held, only the gaps of unknown
+  status going upstream (:mod:`relay.known` plans it, :class:`relay.held.HeldAnswer` answers
+  it). A range capped at the Largest Object of the track's live upstream subscription
+  (``largest_of``; §"FETCH": objects past the Largest Object "will not be retrieved by a
+  FETCH") and held whole needs no upstream request at all, so a publisher that does not
+  implement FETCH does not fail it.
+
 Draft-18 Joining FETCHes and draft-20+ fill fetch streams are resolved to a range in
 :mod:`relay.fill` and served here. Not yet: descending GROUP_ORDER (served ascending), End
-of Range markers (not cached; a range holding one is served upstream again), serving a
-range partly from the cache.
+of Range markers (not cached; a range holding one is served upstream again).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from kvsp_moq.moqt.messages import (
 from kvsp_moq.moqt.objects import ObjectStatus
 
 from .cache import CachedObject, ObjectCache, TrackName
+from .held import HeldAnswer
 from .inflight import (
     WHOLE_GROUP,
     FetchRange,
@@ -57,15 +65,19 @@ from .inflight import (
     fetch_pieces,
     log_range,
 )
+from .known import Gap, HeldPlan, plan
 from .peer import PeerSession, RequestHandler
 from .sender import RequestOut
 from .stats import RelayStats
 
-__all__ = ["FetchAnswer", "FetchRange", "FetchService", "FetchSink", "WHOLE_GROUP",
+__all__ = ["FetchAnswer", "FetchRange", "FetchService", "FetchSink", "MAX_GAPS", "WHOLE_GROUP",
            "fetch_pieces", "fetch_range"]
 
 logger = logging.getLogger(__name__)
 Loc = tuple[int, int]
+#: The most upstream FETCHes one downstream FETCH may need for the gaps of a partly held
+#: range (relay.held); a range with more gaps goes upstream whole.
+MAX_GAPS = 8
 
 
 def fetch_range(msg: Message) -> FetchRange | None:
@@ -140,6 +152,32 @@ class FetchAnswer(FetchSink):
         self.service.finisher(self.down, self.rid)()
 
 
+class _FetchOutput:
+    """A downstream FETCH answered from what the relay holds (relay.held): FETCH_OK and its
+    fetch stream, or REQUEST_ERROR; our half of the request stream closed at the end."""
+
+    needs_end = True
+
+    def __init__(self, service: FetchService, down: PeerSession, rid: int,
+                 track: TrackName) -> None:
+        self.service, self.down, self.rid, self.track = service, down, rid, track
+
+    def open(self, end_location: Loc, end_of_track: bool, publisher_priority: int,
+             group_id: int) -> tuple[RequestOut, int] | None:
+        return self.service.answer(self.down, self.rid, end_location, end_of_track,
+                                   self.service.track_properties(self.track),
+                                   publisher_priority, group_id)
+
+    def encoder(self) -> FetchStreamEncoder:
+        return FetchStreamEncoder(self.rid, self.down.version)
+
+    def refuse(self, code: int, reason: str, retry_interval: int) -> None:
+        self.service.reject(self.down, self.rid, code, reason, retry_interval)
+
+    def done(self) -> None:
+        self.service.finisher(self.down, self.rid)()
+
+
 class _ServedFetch(RequestHandler):
     """A downstream FETCH being answered: its output in the session's sender."""
 
@@ -184,12 +222,23 @@ class FetchService:
         self.stats = stats
         self.spawn = spawn
         self.inflight: dict[FetchRange, UpstreamFetch] = {}
+        #: The Largest Object of a track's live upstream subscription (None: none), set by
+        #: the relay: a FETCH's range is capped there (§"FETCH").
+        self.largest_of: Callable[[TrackName], Loc | None] = lambda track: None
 
     def try_cache(self, down: PeerSession, rid: int, rng: FetchRange) -> bool:
-        """Serve from the cache if the range is fully cached; True if it was."""
+        """Serve from the cache if the range is fully cached, or held whole (relay.known);
+        True if it was."""
         hit = self.cache.lookup_range(rng.track, rng.start, rng.end)
         if hit is None:
-            return False
+            held = self.held_plan(rng)
+            if held is None or held[1] is None or held[0].gaps:
+                return False
+            self.stats.cache_hits += 1
+            log_range("cache_hit", rng)
+            HeldAnswer(self, _FetchOutput(self, down, rid, rng.track), rng.track,
+                       *held).start(None)
+            return True
         self.stats.cache_hits += 1
         log_range("cache_hit", rng)
         self.serve(down, rid, hit.objects, hit.end_of_track, rng.track)
@@ -197,8 +246,65 @@ class FetchService:
 
     def join_or_start(self, down: PeerSession, rid: int, rng: FetchRange,
                       route: PeerSession) -> None:
-        """A miss: wait on the in-flight upstream FETCH of this range, or start it."""
+        """A miss: answered from the objects held with only the gaps FETCHed upstream
+        (relay.held) when some are held; else wait on the in-flight upstream FETCH of this
+        range, or start it."""
+        held = self.held_plan(rng)
+        if held is not None:
+            self.stats.cache_hits += 1
+            log_range("cache_partial_hit", rng)
+            HeldAnswer(self, _FetchOutput(self, down, rid, rng.track), rng.track,
+                       *held).start(route)
+            return
         self.wait_upstream(FetchAnswer(self, down, rid, rng.track), rng, route)
+
+    def held_plan(self, rng: FetchRange) -> tuple[HeldPlan, Loc | None] | None:
+        """What the cache holds of ``rng`` (relay.known), and the End Location when the range
+        ends in what is held (None: it ends in a gap); None when no Normal object of it is
+        held. The range is capped at the Largest Object of the track's live subscription:
+        §"FETCH" "Objects with Locations larger than the `Largest Object` at the time the
+        request is processed will not be retrieved by a FETCH", and then "the actual end of
+        the FETCH response is indicated in the FETCH_OK End Location"."""
+        end = rng.end
+        live = self.largest_of(rng.track)
+        capped = live is not None and (end is None or end > live)
+        if capped:
+            end = live
+        if end is not None and rng.start > end:
+            return None  # past the Largest Object: the publisher says INVALID_RANGE
+        objects = self.cache.held(rng.track, rng.start, end)
+        if not any(o.status is ObjectStatus.NORMAL for o in objects):
+            return None
+        p = plan(rng.start, end, objects, self.cache.complete_spans(rng.track))
+        if len(p.gaps) > MAX_GAPS:
+            return None  # scattered: one upstream FETCH of the range, not one per gap
+        if isinstance(p.segments[-1], Gap):
+            return p, None
+        if capped:
+            return p, live
+        if end is not None and end[1] != WHOLE_GROUP:
+            return p, end
+        return p, p.objects[-1].location
+
+    def join_gap(self, sink: FetchSink, rng: FetchRange, route: PeerSession) -> None:
+        """A gap of a partly held range (relay.held): join an in-flight upstream FETCH of the
+        same range or of one covering it, else start one (single-flight)."""
+        for up in self.inflight.values():
+            r = up.range
+            if (r.track == rng.track and r != rng and not up.done and r.start <= rng.start
+                    and r.end is not None and rng.end is not None and rng.end <= r.end):
+                self.stats.cache_misses += 1
+                log_range("cache_miss", rng)
+                up.add(sink)
+                return
+        self.wait_upstream(sink, rng, route)
+
+    def track_properties(self, track: TrackName) -> tuple[tuple[int, int | bytes], ...]:
+        return self.cache.track_properties(track) or ()
+
+    def known_empty(self, track: TrackName, start: Loc, end: Loc) -> None:
+        """``start`` .. ``end`` of ``track`` holds no object (relay.held)."""
+        self.cache.record_range(track, start, end, (), False)
 
     def wait_upstream(self, sink: FetchSink, rng: FetchRange, route: PeerSession) -> None:
         """A miss for ``sink``: join the in-flight upstream FETCH of ``rng`` (cut through

@@ -18,7 +18,8 @@ of drafts 20+ (SUBSCRIBE with FILL_PARAMETERS).
   uni stream with FETCH_HEADER{Request ID = the SUBSCRIBE's} carrying the fill range: the
   LOCATION_FILTER inside FILL_PARAMETERS (else the subscription's) evaluated with the FETCH
   rules against the Largest Object of SUBSCRIBE_OK, so it never goes past it. Served from
-  the cache or an upstream FETCH like a FETCH; FIN when done; an empty range opens no
+  the cache, from what the relay holds with only the gaps FETCHed upstream (relay.held), or
+  an upstream FETCH like a FETCH; FIN when done; an empty range opens no
   stream; a failed upstream FETCH resets the stream (INTERNAL_ERROR) right after its
   header. The stream belongs to the subscription's request in the session's sender
   (:mod:`relay.sender`): ranked with its subscriber priority, before subscription-delivered
@@ -49,8 +50,10 @@ from kvsp_moq.wire.errors import StreamResetCode
 from .cache import CachedObject
 from .fanout import Subscriber
 from .fetch import FetchService
+from .held import HeldAnswer
 from .inflight import WHOLE_GROUP, FetchRange, FetchSink, UpstreamFetch, fetch_pieces
 from .peer import PeerSession
+from .sender import RequestOut
 from .upstream import UpstreamManager, UpstreamSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -148,6 +151,30 @@ class _FillStream(FetchSink):
             self.sub.out.reset(sid, StreamResetCode.INTERNAL_ERROR)
 
 
+class _HeldFill:
+    """A fill fetch stream answered from what the relay holds, gaps upstream (relay.held):
+    it opens at once (a fill stream has no FETCH_OK to wait for); a failure resets it."""
+
+    needs_end = False
+
+    def __init__(self, fill: _FillStream) -> None:
+        self.fill = fill
+
+    def open(self, end_location: Loc, end_of_track: bool, publisher_priority: int,
+             group_id: int) -> tuple[RequestOut, int] | None:
+        sid = self.fill._open(publisher_priority, group_id)
+        return None if sid is None else (self.fill.sub.out, sid)
+
+    def encoder(self) -> FetchStreamEncoder:
+        return self.fill._encoder()
+
+    def refuse(self, code: int, reason: str, retry_interval: int) -> None:
+        self.fill.fail(code, reason, retry_interval)
+
+    def done(self) -> None:
+        """Nothing more: the stream belongs to the subscription (its PUBLISH_DONE counts it)."""
+
+
 class FillService:
     """Joining FETCHes and fill fetch streams: served from the cache or an upstream FETCH
     (``fetches``), for subscriptions of ``upstreams``; requests are routed and refused by
@@ -184,12 +211,18 @@ class FillService:
         for fn in self.waiting.pop((down, rid), ()):
             fn(None)
 
-    def _serve(self, sink: FetchSink, rng: FetchRange, route: PeerSession | None) -> None:
+    def _serve(self, sink: _FillStream, rng: FetchRange, route: PeerSession | None) -> None:
         fetches = self.fetches
         hit = fetches.cache.lookup_range(rng.track, rng.start, rng.end)
+        held = fetches.held_plan(rng) if hit is None else None
         if hit is not None:
             fetches.stats.cache_hits += 1
             sink.deliver(hit.objects, hit.end_of_track)
+        elif held is not None and (route is not None or not held[0].gaps):
+            # §"Publisher Interactions": the relay "serves the fill range from its cache and
+            # retrieves any missing objects upstream" (relay.held).
+            fetches.stats.cache_hits += 1
+            HeldAnswer(fetches, _HeldFill(sink), rng.track, *held).start(route)
         elif route is not None:
             fetches.wait_upstream(sink, rng, route)
         else:

@@ -62,7 +62,7 @@ from .schedule import PENDING, Piece
 from .stats import RelayStats
 
 __all__ = ["FetchRange", "FetchSink", "UpstreamFetch", "WHOLE_GROUP", "fetch_pieces",
-           "log_range", "reset_code"]
+           "log_range", "object_pieces", "reset_code"]
 
 Loc = tuple[int, int]
 #: "Whole group" as an inclusive end object (no real object has this ID).
@@ -128,12 +128,18 @@ def fetch_pieces(enc: FetchStreamEncoder, objects: list[CachedObject],
     """A fetch stream's bytes after its FETCH_HEADER, one piece at a time: each object's
     header (with its publisher priority and group, which rank the stream) and its cached
     chunks as they are; then the FIN."""
+    yield from object_pieces(enc, objects, stats)
+    yield Piece(b"", fin=True)
+
+
+def object_pieces(enc: FetchStreamEncoder, objects: list[CachedObject],
+                  stats: RelayStats) -> Iterator[Piece]:
+    """:func:`fetch_pieces` without the FIN (part of a longer fetch stream, relay.held)."""
     for o in objects:
         yield _header(enc, o)
         yield from map(Piece, o.chunks)
         stats.bytes_out += o.payload_length
         stats.objects_out += 1
-    yield Piece(b"", fin=True)
 
 
 def _header(enc: FetchStreamEncoder, o: _Arriving | CachedObject) -> Piece:
@@ -414,7 +420,7 @@ class UpstreamFetch(RequestHandler):
                 cache.put(track, o, props, replace=digests is not None and digests.covers(
                     o.group_id, o.object_id, o.status))
         ok = self.ok
-        if ok is not None and self.objects and not rejected:
+        if ok is not None and not rejected:  # none at all: known empty (relay.known)
             end = self.range.end if self.range.end is not None else self.end_location
             cache.record_range(track, self.range.start, end,
                                [o.location for o in self.objects], bool(ok.end_of_track))

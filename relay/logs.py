@@ -20,6 +20,7 @@ upstream_subscribe  namespace, track, request_id — ONE upstream SUBSCRIBE per 
 upstream_cancel     namespace, track, request_id — the last subscriber left
 upstream_fetch      namespace, track, start, end
 cache_hit / cache_miss   namespace, track, start, end (FETCH)
+cache_partial_hit        namespace, track, start, end (FETCH partly held: relay/held.py)
 digest_mismatch     namespace, track, group, object — WARNING: an object that does not match
                     its track's LAYER_DIGESTS, not cached (relay/digests.py)
 upstream_announce   namespace, request_id, upstream — our PUBLISH_NAMESPACE to the upstream

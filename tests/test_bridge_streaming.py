@@ -86,6 +86,44 @@ async def test_late_subscriber_through_relay_fetches_past_layers(holder: HolderN
         await within(relay.close())
 
 
+async def test_a_late_decoder_is_served_by_the_relay_from_what_it_holds(holder: HolderNode) -> None:
+    """Prefill→decode with a late decoder (docs/vllm.md): the first consumer FETCHes the
+    layers computed before it subscribed and gets the rest live; a second one subscribing
+    once every layer passed through the relay FETCHes them all from the relay (what the
+    first FETCH and the subscription brought): every layer entered the relay once, and the
+    producer saw one FETCH."""
+    relay = await start_relay()
+    try:
+        await within(holder.holder.attach_relay(relay.url, client_config()))
+        key, layers = make_key(14), make_layers(LAYERS)
+        writer = holder.holder.begin(key, layers.geometry, LAYERS, layers.tokens)
+        await within(holder.holder.wait_announced())
+        name = key.block_name(writer.replica_id)
+        for layer in range(2):
+            writer.write_layer(layer, *layers.arrays[layer])
+        sinks = [streaming_sink(layers), streaming_sink(layers)]
+        first = asyncio.ensure_future(subscribe_block(relay.url, name, sinks[0],
+                                                      config=client_config()))
+        await within(sinks[0].wait_for_layer(1))  # by FETCH through the relay
+        for layer in range(2, LAYERS):
+            writer.write_layer(layer, *layers.arrays[layer])
+            await within(sinks[0].wait_for_layer(layer))  # live, through the relay
+        late = asyncio.ensure_future(subscribe_block(relay.url, name, sinks[1],
+                                                     config=client_config()))
+        await within(sinks[1].wait_for_layer(LAYERS - 1))
+        writer.finish()
+        for consumer, sink in zip((first, late), sinks):
+            result = await within(consumer)
+            assert result.complete
+            for layer in range(LAYERS):
+                assert sink.expected_digest(layer) == holder.store.info(key).layer_digests[layer]
+        s = relay.stats
+        assert (s.objects_in, s.upstream_fetches, s.objects_out) == (LAYERS, 1, 2 * LAYERS)
+    finally:
+        await within(holder.holder.close())
+        await within(relay.close())
+
+
 async def test_subscribe_to_a_complete_block_fetches_it(holder: HolderNode) -> None:
     key, layers = make_key(13), make_layers(LAYERS)
     holder.put(key, layers)

@@ -296,13 +296,23 @@ async def test_relay_chain(net: Net) -> None:
         assert [(x.object_id, bytes(x.payload), [tuple(p) for p in x.properties])
                 for x in objs] == [(o, payload(0, o), [(0x3804, o)]) for o in range(4)]
         assert sub.publish_done.status_code == PublishDoneCode.TRACK_ENDED
-    # FETCH through both relays, then from the second relay's cache
+    # The subscribed track is held by the second relay: a FETCH of it goes nowhere.
     calls = count_fetches(track)
     c = await net.client(second)
-    a = await within((await within(c.fetch(NS, "chain", start=(0, 0), end=(0, 3)))).collect())
-    b = await within((await within(c.fetch(NS, "chain", start=(0, 0), end=(0, 3)))).collect())
-    assert as_map(a) == as_map(b) and len(a) == 4 and calls[0] == 1
-    assert second.stats.cache_hits == 1
+    held = await within((await within(c.fetch(NS, "chain", start=(0, 0), end=(0, 3)))).collect())
+    assert {k: v[:2] for k, v in as_map(held).items()} == \
+        {(0, o): (payload(0, o), [(0x3804, o)]) for o in range(4)} and calls[0] == 0
+    assert (second.stats.cache_hits, second.stats.upstream_fetches) == (1, 0)
+    # A track nobody subscribed: FETCH through both relays, then from the second one's cache.
+    cold = catalog.create(NS, "cold")
+    for o in range(4):
+        await within(cold.write_object(0, o, payload(1, o)))
+    calls = count_fetches(cold)
+    a = await within((await within(c.fetch(NS, "cold", start=(0, 0), end=(0, 3)))).collect())
+    b = await within((await within(c.fetch(NS, "cold", start=(0, 0), end=(0, 3)))).collect())
+    assert as_map(a) == as_map(b) and calls[0] == 1
+    assert {k: v[0] for k, v in as_map(a).items()} == {(0, o): payload(1, o) for o in range(4)}
+    assert (second.stats.cache_hits, second.stats.upstream_fetches) == (2, 1)
 
 
 async def test_payload_chunks_shared_not_copied(net: Net, monkeypatch) -> None:

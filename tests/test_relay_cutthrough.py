@@ -421,14 +421,17 @@ async def test_a_subscription_object_not_matching_its_layer_digest_is_forwarded_
 async def test_a_verified_fetch_replaces_an_unverified_copy_cached_from_a_subscription(
         net: Net) -> None:
     """Prefill streaming (binding §6): the subscription declares no LAYER_DIGESTS yet, so its
-    objects are cached unverified, one of them corrupted on the way. The FETCH of the range
-    after the replica completed declares them: its verified copies replace the cached ones
-    (first copy wins no more), and the range is then served warm with the right bytes."""
+    objects are cached unverified, one of them corrupted on the way. A FETCH of the range that
+    went upstream before they came (nothing was held then) declares them: its verified copies
+    replace the cached ones (first copy wins no more), and the range is then served warm with
+    the right bytes."""
     objs = [payload(o, 30 << 10) for o in range(3)]
     track = net.catalog.create(NS, "t")
     client = await net.client()
     sub = await within(client.subscribe(NS, "t"))
     await within(track.subscribed.wait())
+    fetch = asyncio.ensure_future(client.fetch(NS, "t", start=(0, 0), end=(0, 2)))
+    rid, _msg = await within(net.origin.fetches.get())  # upstream, held by the origin
     for o, data in enumerate(objs):
         await within(track.write_object(0, o, flipped(data) if o == 1 else data))
     for _ in objs:
@@ -439,8 +442,7 @@ async def test_a_verified_fetch_replaces_an_unverified_copy_cached_from_a_subscr
     poisoned = relay.cache.get(TRACK, 0, 1)
     assert poisoned is not None and poisoned.payload() == flipped(objs[1])
     assert relay.stats.digest_checks == 0  # nothing to verify against yet
-    fetch = asyncio.ensure_future(client.fetch(NS, "t", start=(0, 0), end=(0, 2)))
-    ans = await net.answer((0, 2), digest_properties(objs))
+    ans = Answer(net.origin, rid, (0, 2), digest_properties(objs))
     for o, data in enumerate(objs):
         ans.obj(0, o, data)
     ans.send(b"", fin=True)

@@ -340,10 +340,13 @@ async def test_in_flight_bytes_never_exceed_the_cache_budget(net: Net) -> None:
     big = await within(sub.__anext__())
     assert len(big.payload) == 3 << 19
     assert relay.cache.get((NSB, b"big"), 1, 0) is None
-    # A FETCH of all six (1.5 MiB) cannot be held: it is cut through (FETCH_OK, the first
-    # objects) until the next object would not fit, then its fetch stream is reset
-    # EXCESSIVE_LOAD; nothing left reserved.
-    fetched = await within(sub_s.fetch(NS, "big", start=(0, 0), end=(0, 5)))
+    # A FETCH of six such objects (1.5 MiB) the relay does not hold cannot be held: it is cut
+    # through (FETCH_OK, the first objects) until the next object would not fit, then its
+    # fetch stream is reset EXCESSIVE_LOAD; nothing left reserved.
+    cold = catalog.create(NS, "cold")
+    for o in range(6):
+        await within(cold.write_object(0, o, bytes([o]) * chunk))  # kept at the publisher
+    fetched = await within(sub_s.fetch(NS, "cold", start=(0, 0), end=(0, 5)))
     with pytest.raises(MoqtError) as exc:
         await within(fetched.collect())
     assert exc.value.code == StreamResetCode.EXCESSIVE_LOAD

@@ -102,14 +102,22 @@ async def test_metrics_endpoint_moves_with_traffic() -> None:
         assert mid["relay_tracks"] == 1 and mid["relay_upstream_subscribes_total"] == 1
         assert mid["relay_bytes_in_total"] == 4000 and mid["relay_bytes_out_total"] == 4000
         assert mid["relay_cache_bytes"] > 4000  # live objects are cached too
-        # FETCH twice: a miss (upstream) then a hit from the cache.
+        # FETCH of what the subscription brought, twice: hits (no upstream request); a track
+        # nobody subscribed: a miss (upstream).
         for _ in range(2):
             f = await within(sub_s.fetch(NS, "t", start=(0, 0), end=(0, 3)))
             assert len(await within(f.collect())) == 4
+        cold = catalog.create(NS, "cold")
+        for o in range(4):
+            await within(cold.write_object(0, o, bytes(1000)))
+        f = await within(sub_s.fetch(NS, "cold", start=(0, 0), end=(0, 3)))
+        assert len(await within(f.collect())) == 4
         after = await scrape(port)
-        assert after["relay_cache_misses_total"] == 1 and after["relay_cache_hits_total"] == 1
-        assert after["relay_cache_hit_ratio"] == 0.5
-        assert after["relay_bytes_out_total"] == 4000 + 2 * 4000
+        assert after["relay_cache_misses_total"] == 1 and after["relay_cache_hits_total"] == 2
+        assert after["relay_upstream_fetches_total"] == 1
+        assert after["relay_cache_hit_ratio"] == pytest.approx(2 / 3, abs=1e-6)
+        assert after["relay_bytes_in_total"] == 4000 + 4000
+        assert after["relay_bytes_out_total"] == 4000 + 3 * 4000
         assert after["relay_requests_total"] >= 4
     finally:
         for s in sessions:
@@ -153,19 +161,20 @@ async def test_json_logs_and_metrics_of_python_m_relay(tmp_path: Path) -> None:
         with pytest.raises(MoqtError) as e:
             await within(sub_s.subscribe(("ops", "secret"), "t"))  # anonymous: ops/ns only
         assert e.value.code == RequestErrorCode.UNAUTHORIZED
+        await within(track.write_object(0, 0, b"x" * 100))  # before the subscription
         sub = await within(sub_s.subscribe(NS, "t"))
         await within(track.subscribed.wait())
-        await within(track.write_object(0, 0, b"x" * 100))
+        await within(track.write_object(0, 1, b"y" * 100))
         await within(sub.__anext__())
-        for _ in range(2):
-            f = await within(sub_s.fetch(NS, "t", start=(0, 0), end=(0, 0)))
-            await within(f.collect())
+        for _ in range(2):  # object 1 held, object 0 FETCHed upstream; then both held
+            f = await within(sub_s.fetch(NS, "t", start=(0, 0), end=(0, 1)))
+            assert len(await within(f.collect())) == 2
         await within(sub.cancel())
         await within(track.unsubscribed.wait())
         m = await scrape(mport)
-        # 100 bytes live + 100 by the upstream FETCH of the miss
+        # 100 bytes live + 100 by the upstream FETCH of the gap
         assert m["relay_auth_refusals_total"] == 1 and m["relay_bytes_in_total"] == 200
-        assert m["relay_cache_hits_total"] == 1
+        assert m["relay_cache_hits_total"] == 2 and m["relay_cache_misses_total"] == 1
         proc.send_signal(signal.SIGTERM)
         await within(sub_s.goaway_received)
         await within(pub.goaway_received)
@@ -180,7 +189,8 @@ async def test_json_logs_and_metrics_of_python_m_relay(tmp_path: Path) -> None:
     docs = [json.loads(line) for line in lines]  # every line is one JSON object
     events = [d["event"] for d in docs]
     for name in ("session_open", "request", "upstream_subscribe", "upstream_cancel",
-                 "cache_miss", "upstream_fetch", "cache_hit", "session_close"):
+                 "cache_partial_hit", "cache_miss", "upstream_fetch", "cache_hit",
+                 "session_close"):
         assert name in events, (name, events)
     opened = next(d for d in docs if d["event"] == "session_open")
     assert opened["peer"].startswith("127.0.0.1:") and opened["version"].startswith("moqt-")
