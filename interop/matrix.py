@@ -2,7 +2,8 @@
 client and a relay, compared with a committed baseline (``interop/matrix-baseline.json``).
 
     python -m interop.matrix [--drafts 22,20,18] [--transport quic|webtransport|both]
-                             [--write-docs] [--json OUT] [--update-baseline]
+                             [--backend aioquic|qh3|native] [--write-docs] [--json OUT]
+                             [--update-baseline]
 
 Columns: ``aiomoqt>ours`` (aiomoqt's ``moq-interop-client`` against our relay,
 ``python -m relay``), ``ours>aiomoqt`` (our ``interop.test_client`` against aiomoqt's
@@ -23,6 +24,12 @@ with ``https://`` URLs, aiomoqt's relay in its WebTransport mode (``https://127.
 the moq-rs cells of the relay group with ``https://`` URLs (caprid-relay has no WebTransport);
 their columns carry the suffix `` wt`` (``aiomoqt>ours wt``, ``peer via our relay wt``).
 
+``--backend B`` runs every process of ours (relay, test client, the relay cells' relay) on the
+QUIC backend B (``$KVSP_QUIC_BACKEND``, which they all read; default: that variable, else
+aioquic): both directions of every cell then cross B and the peer's own QUIC stack. The cells
+are held to the same baseline whatever the backend: a backend passes the cells the default one
+passes.
+
 Exit status: 0, or 1 when a cell that passed in the baseline fails now (a regression);
 improvements (baseline fail, now pass) are reported and do not fail.
 """
@@ -40,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvsp_moq.transport.config import BACKEND_ENV, BACKENDS
 from kvsp_moq.transport.tls import make_self_signed
 
 from . import peers
@@ -358,6 +366,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--transport", choices=(*TRANSPORTS, "both"), default="quic",
                    help="run the cells over raw QUIC (moqt://), WebTransport (https://; "
                         "columns suffixed 'wt') or both")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="QUIC backend of every process of ours (sets $KVSP_QUIC_BACKEND; "
+                        "default: that variable, else aioquic)")
     p.add_argument("--update-baseline", action="store_true",
                    help="record this run as interop/matrix-baseline.json")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
@@ -388,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = _args(raw)
     groups = {g.strip() for g in args.groups.split(",") if g.strip()}
+    if args.backend is not None:  # read by every process of ours (TransportConfig's default)
+        os.environ[BACKEND_ENV] = args.backend
     if not args.inside and not only_loopback() and peers.can_isolate():
         # Install the peers first: inside the loopback-only namespace no package index is
         # reachable, so a peer missing there would silently lose its cells.
@@ -440,7 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"REGRESSION {line}")
     if args.json:
         args.json.write_text(json.dumps({"cells": now, "regressions": regressions,
-                                         "improvements": improvements}, indent=1))
+                                         "improvements": improvements,
+                                         "backend": os.environ.get(BACKEND_ENV) or "aioquic"},
+                                        indent=1))
     if args.update_baseline:
         # Re-read (others may have changed cells meanwhile) and replace only the columns
         # this run observed; every other draft / column is kept as it is in the file.

@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                    help="largest UDP payload sent (same value on both ends)")
     p.add_argument("--congestion-control", metavar="NAME",
                    help="QUIC congestion control of every connection, downstream and upstream "
-                        "(aioquic: reno, cubic, bbr; default: the backend's, reno on aioquic; "
+                        "(aioquic: reno, cubic, bbr; default: the backend's, bbr on aioquic; "
                         "docs/transport.md)")
     p.add_argument("--config", metavar="FILE",
                    help="authorization config (TOML: [[principals]] tokens -> publish / "

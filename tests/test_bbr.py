@@ -200,8 +200,9 @@ def test_expired_packets_leave_bytes_in_flight_only() -> None:
 
 
 def test_registered_in_aioquic_and_paced_at_the_model_rate() -> None:
-    """``congestion_control_algorithm="bbr"``: aioquic's recovery creates it, the library
-    swaps in the pacer that reads BBR's rate; an unknown name is still refused."""
+    """``congestion_control_algorithm="bbr"``, and None (the default): aioquic's recovery
+    creates it, the library swaps in the pacer that reads BBR's rate; ``"reno"`` keeps
+    aioquic's own controller and pacer; an unknown name is still refused."""
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
 
@@ -220,8 +221,11 @@ def test_registered_in_aioquic_and_paced_at_the_model_rate() -> None:
     assert quic._loss._pacer.packet_time == pytest.approx(
         qc.max_datagram_size / (10e6 * (1 - bbr.PACING_MARGIN)))
     assert (LIBRARY.congestion_state(quic) or {}).get("algorithm") == "bbr"
+    default = QuicConfiguration(is_client=True)
+    LIBRARY.configure(default, TransportConfig())  # None: BBR, the default (issue 28)
+    assert default.congestion_control_algorithm == "bbr"
     reno = QuicConfiguration(is_client=True)
-    LIBRARY.configure(reno, TransportConfig())  # None: aioquic's Reno, its own pacer
+    LIBRARY.configure(reno, TransportConfig(congestion_control_algorithm="reno"))
     plain = QuicConnection(configuration=reno)
     LIBRARY.prepare_connection(plain)
     assert not isinstance(plain._loss._pacer, BbrPacer)

@@ -28,6 +28,13 @@ def test_bench_kv_prints_a_figure_set_per_datagram_size() -> None:
         assert rate["ratio"] == pytest.approx(block["baseline_value"] / block["value"], rel=1e-3)
     assert figures["kv_aioquic_dgram8952_block"]["params"]["max_datagram_size"] == 8952
     assert figures["kv_aioquic_dgram16384_block"]["params"]["sink"] == "torch-cpu"
+    # The Mooncake peer row (tests/test_bench_kv_mooncake.py): measured, or skipped saying why.
+    if "kv_mooncake_tcp_rate" in figures:
+        row = figures["kv_mooncake_tcp_rate"]
+        assert row["baseline_name"] == "tcp_copy" and row["params"]["transport"] == "tcp"
+        assert row["baseline_value"] == figures["kv_http_rate"]["baseline_value"]
+    else:
+        assert "kv_mooncake_tcp skipped:" in proc.stderr
 
 
 def test_bench_kv_refuses_a_backend_the_transport_lacks() -> None:

@@ -12,6 +12,8 @@ import hashlib
 import os
 import socket
 import struct
+import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -564,6 +566,121 @@ async def test_a_receiver_that_does_not_drain_holds_at_most_its_windows(certs: C
         srv.resume()
         for sid in streams:
             assert len(await srv.stream_bytes(sc, sid)) == total
+    finally:
+        cli.close()
+        srv.close()
+
+
+# ------------------------------------------------------------------------------------------
+# zero-copy send (issue 28 step 3): send(..., hold=True) sends from the caller's buffer
+
+
+async def test_held_sends_arrive_bit_exact_past_the_windows_and_are_released(
+        certs: Certs) -> None:
+    """Held views of one buffer (and pieces under 4 KiB, which are copied) on a stream 16 times
+    the peer's windows: bit-exact at the peer, the buffer held while bytes are unacknowledged
+    (its exporter cannot resize), and released by the drain that reports the last ack."""
+    srv, cli, sc, cc = await pair(certs, server_kw=dict(initial_max_stream_data=256 * 1024,
+                                                         initial_max_data=512 * 1024))
+    try:
+        block = bytearray(os.urandom(8 * MiB))
+        base = sys.getrefcount(block)
+        sid = cli.ep.open_stream(cc, True)
+        cuts = [0, 100, 100 + 3000, 1 * MiB, 1 * MiB + 4096, 5 * MiB, 8 * MiB]
+        for lo, hi in zip(cuts, cuts[1:]):
+            cli.ep.send(cc, sid, memoryview(block)[lo:hi], hi == cuts[-1], hold=True)
+        assert sys.getrefcount(block) > base  # held, not copied
+        with pytest.raises(BufferError):
+            block.append(0)  # an exporter held by the extension cannot resize
+        got = await srv.stream_bytes(sc, sid)
+        assert hashlib.sha256(got).digest() == hashlib.sha256(block).digest()
+        await cli.until(lambda e: e[0] == "acked" and e[2] == sid and e[3] == 0)
+        assert sys.getrefcount(block) == base
+        block.append(0)
+    finally:
+        cli.close()
+        srv.close()
+
+
+async def test_a_reset_stream_releases_its_held_buffer(certs: Certs) -> None:
+    """A stream reset while most of a held buffer is unacknowledged (the peer does not drain:
+    flow control holds it back) lets go of the buffer once ngtcp2 closes the stream, and an
+    endpoint closed while holding one releases it too."""
+    import numpy as np
+
+    srv, cli, sc, cc = await pair(certs, server_kw=dict(initial_max_stream_data=256 * 1024,
+                                                         initial_max_data=512 * 1024))
+    try:
+        srv.pause()
+        released = asyncio.Event()
+        array = np.frombuffer(os.urandom(4 * MiB), dtype=np.uint8).copy()
+        gone = weakref.ref(array, lambda _: released.set())
+        sid = cli.ep.open_stream(cc, True)
+        cli.ep.send(cc, sid, memoryview(array), False, hold=True)
+        del array
+        await cli.until(lambda e: e[0] == "acked" and e[2] == sid)  # some bytes are in flight
+        assert gone() is not None and cli.ep.buffered(cc, sid) > 3 * MiB  # the rest is held
+        cli.ep.reset_stream(cc, sid, 7)
+        srv.resume()
+        await within(released.wait())
+        assert (await srv.event("reset", sc))[2:] == (sid, 7)
+
+        closed = asyncio.Event()
+        other = np.zeros(2 * MiB, dtype=np.uint8)
+        ref = weakref.ref(other, lambda _: closed.set())
+        sid = cli.ep.open_stream(cc, True)
+        srv.pause()
+        cli.ep.send(cc, sid, memoryview(other), False, hold=True)
+        del other
+        assert ref() is not None
+        cli.close()
+        await within(closed.wait())
+    finally:
+        cli.close()
+        srv.close()
+
+
+# ------------------------------------------------------------------------------------------
+# SUBGROUP streams held while a SUBSCRIBE is unanswered (issue 28 step 3)
+
+
+async def test_subgroup_streams_wait_for_the_registration_of_their_alias(certs: Certs) -> None:
+    """While a SUBSCRIBE is pending (``subscriptions_pending``), a SUBGROUP stream of an alias
+    nothing registered is held: a stream the peer sent after it reaches Python first. A
+    registration of its alias then parses it into the destination; once nothing is pending, a
+    held stream of another alias goes to Python whole, and a later one is not held."""
+    from kvsp_moq.moqt.data import SubgroupStreamEncoder
+    from kvsp_moq.moqt.objects import SubgroupHeader
+
+    srv, cli, sc, cc = await pair(certs)
+    try:
+        payload = os.urandom(64 * 1024)
+
+        def subgroup(alias: int) -> bytes:
+            enc = SubgroupStreamEncoder(SubgroupHeader(alias, 0, 0, 128))
+            return enc.header() + enc.object(0, payload)
+
+        cli.ep.subscriptions_pending(cc, 1)
+        held = {alias: srv.ep.open_stream(sc, True) for alias in (5, 6)}
+        for alias, sid in held.items():
+            srv.ep.send(sc, sid, subgroup(alias), True)
+        marker = srv.ep.open_stream(sc, True)  # not a data stream: goes to Python at once
+        srv.ep.send(sc, marker, b"\x01marker", True)
+        assert await cli.stream_bytes(cc, marker) == b"\x01marker"
+        assert not any(e[0] == "stream" and e[2] in held.values() for e in cli.log)
+
+        dest = bytearray(len(payload))
+        handle = cli.ep.receive_objects(cc, 1, 5, 0, 0, [dest])
+        _, obj = await cli.until(lambda e: e[0] == "object" and e[2] == handle)
+        assert obj[3] == held[5] and obj[10] == hashlib.sha256(payload).digest()
+        assert bytes(dest) == payload
+
+        cli.ep.subscriptions_pending(cc, -1)
+        assert await cli.stream_bytes(cc, held[6]) == subgroup(6)
+        late = srv.ep.open_stream(sc, True)
+        srv.ep.send(sc, late, subgroup(7), True)
+        assert await cli.stream_bytes(cc, late) == subgroup(7)
+        cli.ep.forget_objects(cc, handle)
     finally:
         cli.close()
         srv.close()

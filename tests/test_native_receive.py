@@ -33,7 +33,7 @@ if native.available():
 
 from bridge_support import HolderNode, make_key, make_layers, server_config  # noqa: E402
 from hostile_support import hostile_peer  # noqa: E402
-from kvsp_moq.bridge import Source, load_block, sink_for_record  # noqa: E402
+from kvsp_moq.bridge import Source, load_block, sink_for_record, subscribe_block  # noqa: E402
 from kvsp_moq.bridge import native_receive  # noqa: E402
 from kvsp_moq.moqt.data import (  # noqa: E402
     DataStreamParser,
@@ -50,6 +50,7 @@ from kvsp_moq.moqt.data import (  # noqa: E402
     SubgroupStreamEncoder,
 )
 from kvsp_moq.moqt.version import Version  # noqa: E402
+from kvsp_moq.sinks import make_sink  # noqa: E402
 from kvsp_moq.transport import TransportConfig, TransportError  # noqa: E402
 from kvsp_moq.transport import serve as transport_serve  # noqa: E402
 from kvsp_moq.wire.errors import LimitExceeded, StreamResetCode, WireError  # noqa: E402
@@ -455,3 +456,83 @@ async def test_a_block_lands_in_a_store_through_the_native_path(
         assert len(seen) == 1 and seen[0].verified == [0, 1, 2, 3]
     finally:
         await retriever.close()
+
+
+# ---- SUBSCRIBE: the live layers of a block being computed (prefill streaming) -------------------
+
+def watch_native_subscribe(monkeypatch: pytest.MonkeyPatch) -> list[native_receive.NativeSubscribe]:
+    """The NativeSubscribe of every SUBSCRIBE the bridge makes."""
+    seen: list[native_receive.NativeSubscribe] = []
+    made = native_receive.native_subscribe
+
+    def spy(*args: Any) -> Any:
+        ns = made(*args)
+        if ns is not None:
+            seen.append(ns)
+        return ns
+
+    monkeypatch.setattr("kvsp_moq.bridge.instance.native_subscribe", spy)
+    return seen
+
+
+async def test_live_layers_land_through_the_native_subscribe(
+        holder: HolderNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block being computed: two layers exist before the SUBSCRIBE (FETCHed), the others
+    are written one at a time, each only once the previous one is verified: they land in C
+    from the SUBGROUP stream, verified against their LAYER_DIGEST (the sink has no digests),
+    and the subscription ends with PUBLISH_DONE although its data stream never reached the
+    session."""
+    count = 6
+    key, layers = make_key(65), make_layers(count)
+    writer = holder.holder.begin(key, layers.geometry, count, layers.tokens)
+    for layer in range(2):
+        writer.write_layer(layer, *layers.arrays[layer])
+    seen = watch_native_subscribe(monkeypatch)
+    sink = make_sink(layers.geometry, layers.tokens, (0, count - 1), [None] * count,
+                     backend="numpy")
+    consumer = asyncio.ensure_future(subscribe_block(
+        holder.url, key.block_name(writer.replica_id), sink, config=native_config()))
+    await within(holder.holder.track(key).subscribed.wait())
+    await within(sink.wait_for_layer(1))
+    for layer in range(2, count):
+        writer.write_layer(layer, *layers.arrays[layer])
+        await within(sink.wait_for_layer(layer))
+    writer.finish()
+    result = await within(consumer)
+    assert result.complete and result.verified == tuple(range(count)), result.attempts
+    digests = holder.store.info(key).layer_digests
+    for layer in range(count):
+        k, v = sink.layer(layer)
+        assert octets(k) + octets(v) == holder.payload(key, layer)
+        assert sink.expected_digest(layer) == digests[layer]
+    assert len(seen) == 1 and seen[0].verified == [2, 3, 4, 5] and seen[0].handle is None
+
+
+@pytest.mark.parametrize("track", ["len:4611686018427387904", "size+1", "endless"])
+async def test_hostile_subgroup_streams_are_refused_before_a_byte_lands(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, track: str) -> None:
+    """A hostile publisher's SUBGROUP streams for a natively registered subscription: a Payload
+    Length past 2^62 or one octet more than the layer, and objects without end (of another size
+    and past the range): the stream is stopped with CANCELLED before a byte lands, no layer is
+    taken, the publisher's last stream (a group we did not ask for) is refused too, and the
+    subscription still ends with its PUBLISH_DONE (the natively ended streams are counted). The
+    publisher opens its stream right behind SUBSCRIBE_OK: its first bytes may arrive before the
+    registration, and are held by the extension until it is made."""
+    layers = make_layers(4)
+    seen = watch_native_subscribe(monkeypatch)
+    sink = make_sink(layers.geometry, layers.tokens, (0, 3), [None] * 4, backend="numpy")
+    if track == "size+1":
+        track = f"lens:{sink.payload_bytes + 1}"
+    name = make_key(66).block_name(bytes(16))
+    async with hostile_peer(tmp_path, "publisher") as peer:
+        result = await within(subscribe_block(peer.url, name, sink, codec=track,
+                                              config=native_config(), timeout=GUARD))
+        first = result.attempts[0]
+        assert first.verified == () and not result.verified, result.attempts
+        assert "payload length" in (first.error or ""), first.error
+        # The stream came right behind SUBSCRIBE_OK: held by the extension until the
+        # registration, then refused there (not by the Python path).
+        assert len(seen) == 1 and seen[0].handle is None and not seen[0].verified
+        assert seen[0].problems and "payload length" in seen[0].problems[0], seen[0].problems
+        _sid, code = await within(peer.stops.get())  # our STOP_SENDING reached it
+        assert code == StreamResetCode.CANCELLED

@@ -48,7 +48,7 @@ from kvsp_moq.transport import (
 )
 from kvsp_moq.transport.config import BACKEND_ENV
 from kvsp_moq.transport.tls import SelfSignedCert, make_self_signed
-from tests._transport_backends import _aiopquic_skip
+from tests._transport_backends import _aiopquic_skip, _native_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_AIOPQUIC = "aiopquic" in available_backends()
@@ -61,6 +61,8 @@ needs_aiopquic = pytest.mark.skipif(
 
 AIOPQUIC_PAIRS = {("aiopquic", "aiopquic"), ("aioquic", "aiopquic"), ("qh3", "aiopquic"),
                   ("aiopquic", "aioquic"), ("aiopquic", "qh3")}
+#: With the native extension built for the venv's Python too (``venv_pairs``), issue 28.
+NATIVE_PAIRS = {("native", "aiopquic"), ("aiopquic", "native")}
 TRANSPORT_MODULES = ["tests/test_transport.py", "tests/test_transport_io.py",
                      "tests/test_transport_drain.py"]
 #: Python >= 3.12 for aiopquic's wheels; the venv holds aiopquic and our dependencies (the
@@ -154,6 +156,29 @@ def venv_python() -> Path:
     return bin_dir / "python"
 
 
+@pytest.fixture(scope="module")
+def venv_pairs(venv_python: Path) -> set[tuple[str, str]]:
+    """The backend pairs with aiopquic on one end that the venv runs: native's too where the
+    native extension is built here, after building it for the venv's Python (setup.py in
+    place: one more ``_ngtcp2.cpython-3XY-*.so`` beside this Python's)."""
+    if "native" not in available_backends():
+        return AIOPQUIC_PAIRS
+    python = str(venv_python)
+    if subprocess.run([python, "-c", "import setuptools"], capture_output=True).returncode:
+        proc = subprocess.run([python, "-m", "pip", "install", "-q", "setuptools"],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run([python, "setup.py", "-q", "build_ext", "--inplace"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    check = subprocess.run([python, "-c", "from kvsp_moq.transport import available_backends;"
+                            " print('native' in available_backends())"], cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                           text=True, timeout=120)
+    assert check.stdout.strip() == "True", check.stdout + check.stderr[-3000:]
+    return AIOPQUIC_PAIRS | NATIVE_PAIRS
+
+
 def _run_recorded(python: Path | str, args: list[str], tmp_path: Path, name: str,
                   timeout: float = 1500) -> dict[str, Any]:
     out = tmp_path / f"{name}.json"
@@ -179,9 +204,11 @@ def _per_pair(items: dict[str, Any]) -> dict[tuple[str, str], int]:
     return counts
 
 
-def test_transport_suite_under_aiopquic(venv_python: Path, tmp_path: Path) -> None:
-    """The transport suite for every pair with aiopquic on one end, and this module's
-    in-process tests: each outcome as predicted."""
+def test_transport_suite_under_aiopquic(venv_python: Path, venv_pairs: set[tuple[str, str]],
+                                        tmp_path: Path) -> None:
+    """The transport suite for every pair with aiopquic on one end (native's both ways where
+    the native extension is built), and this module's in-process tests: each outcome as
+    predicted."""
     got = _run_recorded(venv_python, [*TRANSPORT_MODULES, "tests/test_transport_aiopquic.py",
                                       "-k", "aiopquic"], tmp_path, "transport")
     # The same modules here, collected only: tests per backend pair.
@@ -190,12 +217,13 @@ def test_transport_suite_under_aiopquic(venv_python: Path, tmp_path: Path) -> No
     per_pair = set(_per_pair(here["items"]).values())
     assert len(per_pair) == 1, per_pair
     counts = _per_pair(got["items"])
-    assert set(counts) == AIOPQUIC_PAIRS and set(counts.values()) == per_pair, counts
+    assert set(counts) == venv_pairs and set(counts.values()) == per_pair, counts
     unexpected = []
     for nodeid, item in got["items"].items():
         outcome = got["outcomes"].get(nodeid, {"outcome": "not run", "reason": None})
         if item["pair"] is not None:
-            why = _aiopquic_skip(item["name"], *item["pair"])
+            why = _aiopquic_skip(item["name"], *item["pair"]) or \
+                _native_skip(item["name"], *item["pair"])
             want = ("passed", None) if why is None else ("skipped", why)
         elif item["name"] in ("test_transport_suite_under_aiopquic",
                               "test_pubsub_and_relay_under_aiopquic",

@@ -36,6 +36,7 @@ from .load import (
     layer_runs,
     sources_of,
 )
+from .native_receive import NativeSubscribe, native_subscribe
 from .parallel import load_block_parallel
 from .pool import MoqtPool
 from .receive import LayerReceiver
@@ -123,16 +124,25 @@ async def subscribe_block(url: str, name: BlockName, sink: Sink, *, codec: str =
     recv = LayerReceiver(sink, first, last, accept_announced_digests=True)
     attempts: list[Attempt] = []
     error: str | None = None
+    native: NativeSubscribe | None = None
     try:
         session = await pool.get(url)
+        # The native backend lands the live layers itself (native_receive.py).
+        native = native_subscribe(session, sink, first, last)
+        if native is not None:
+            native.announce()
         async with asyncio.timeout(timeout):
             sub = await session.subscribe(
                 name.namespace_fields(), codec,
                 parameters=MessageParameters(
                     location_filter=LocationFilter(LocationFilterType.NEXT_OBJECT),
                     rendezvous_timeout=rendezvous_ms),
-                on_object_begin=recv.on_object_begin,
-                on_object_progress=recv.on_object_progress)
+                on_object_begin=(recv.on_object_begin if native is None
+                                 else native.guard(recv.on_object_begin)),
+                on_object_progress=recv.on_object_progress,
+                on_response=None if native is None else native.on_answer)
+            if native is not None:
+                native.attach(sub)
             error = check_track(sub.response, sink, first, last, True)
             past: asyncio.Task[tuple[tuple[int, ...], str | None]] | None = None
             largest = (sub.response.parameters.largest_object
@@ -153,6 +163,12 @@ async def subscribe_block(url: str, name: BlockName, sink: Sink, *, codec: str =
                         break
             if not sub.done:
                 await sub.cancel()
+            # A refused object (the Python path's or the extension's) fails this attempt.
+            error = error or (recv.problems[0] if recv.problems else None)
+            if native is not None:
+                verified.extend(native.verified)
+                error = error or (native.problems[0] if native.problems else None)
+                native.close(error or "subscription ended mid-object")
             recv.abort_pending(error or "subscription ended mid-object")
             attempts.append(Attempt(url, (first, last), tuple(verified), error))
             if past is not None and largest is not None:
@@ -171,9 +187,13 @@ async def subscribe_block(url: str, name: BlockName, sink: Sink, *, codec: str =
                                                  timeout=timeout, accept_announced_digests=True)
                     attempts.append(Attempt(url, (a, b), done, err))
     except (MoqtError, TimeoutError, OSError) as exc:
+        if native is not None:
+            native.close(repr(exc))
         recv.abort_pending(repr(exc))
         attempts.append(Attempt(url, (first, last), (), repr(exc)))
     finally:
+        if native is not None:
+            native.settle()
         if own:
             await pool.close()
     missing_t = tuple(layer for layer in range(first, last + 1)

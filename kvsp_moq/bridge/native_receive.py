@@ -15,6 +15,18 @@ the FETCH fails), a layer already verified or being received is not registered (
 discarded). A malformed data stream is a PROTOCOL_VIOLATION of the session, which is closed with
 it, as the Python parser closes it. Other backends, and sinks that cannot hand out every
 destination at once (a CUDA staging ring), keep the Python path.
+
+A SUBSCRIBE (prefill streaming, binding v1 §6) lands the same way (:class:`NativeSubscribe`):
+once SUBSCRIBE_OK names the Track Alias the publisher chose, and before the objects read behind
+it are dispatched, the destinations of the layers after its Largest Object (the live ones; the
+earlier ones are FETCHed) are handed to the extension for the subscription's SUBGROUP streams. A
+layer the sink has no digest for yet is verified against the object's LAYER_DIGEST property, as
+:class:`~.receive.LayerReceiver` does with ``accept_announced_digests``. The data streams that
+landed natively are counted into the subscription, so that it ends after PUBLISH_DONE's Stream
+Count as before. A SUBGROUP stream that reached us before SUBSCRIBE_OK (its first bytes
+routed to Python before the registration) is left to the Python path, whose objects for layers
+registered here are discarded as duplicates: those layers fail when the subscription ends and
+are FETCHed (``subscribe_block``).
 """
 
 from __future__ import annotations
@@ -23,13 +35,20 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..pubsub import ErrorKind, FetchStream, MoqtError, MoqtSession
+from ..moqt.data.common import decode_properties
+from ..moqt.messages import Message, SubscribeOk
+from ..moqt.objects import ObjectBegin
+from ..pubsub import ErrorKind, FetchStream, MoqtError, MoqtSession, Subscription
 from ..sinks import LayerSink, LayerState, SinkError
-from .binding import BLOCK_GROUP
+from ..wire.errors import WireError
+from .binding import BLOCK_GROUP, layer_digest_of
 
-__all__ = ["FETCH_STREAM", "NativeFetch", "native_fetch"]
+__all__ = ["FETCH_STREAM", "SUBGROUP_STREAM", "NativeFetch", "NativeSubscribe", "native_fetch",
+           "native_subscribe"]
 
-#: The extension's kind of a FETCH data stream (``receive_objects``).
+#: The extension's kinds of data streams (``receive_objects``): SUBGROUP (by Track Alias) and
+#: FETCH (by Request ID).
+SUBGROUP_STREAM = 1
 FETCH_STREAM = 2
 
 
@@ -43,17 +62,30 @@ class _ObjectReceiving(Protocol):
 
     def forget_objects(self, handle: int) -> None: ...
 
+    def subscriptions_pending(self, delta: int) -> None: ...
 
-def native_fetch(session: MoqtSession, sink: LayerSink[Any], first: int,
-                 last: int) -> NativeFetch | None:
-    """A :class:`NativeFetch` when the session runs on the native backend and the sink can
-    hand out its destinations at once; None: the Python path."""
+
+def _native_connection(session: MoqtSession, sink: LayerSink[Any]) -> _ObjectReceiving | None:
+    """The session's connection when it runs on the native backend and the sink can hand out
+    its destinations at once; None: the Python path."""
     conn: Any = getattr(session, "connection", None)
     if getattr(conn, "backend", None) != "native" or not hasattr(conn, "receive_objects"):
         return None
-    if not sink.destinations_at_once():
-        return None
-    return NativeFetch(session, conn, sink, first, last)
+    return conn if sink.destinations_at_once() else None
+
+
+def native_fetch(session: MoqtSession, sink: LayerSink[Any], first: int,
+                 last: int) -> NativeFetch | None:
+    """A :class:`NativeFetch` where the native path applies; None: the Python path."""
+    conn = _native_connection(session, sink)
+    return None if conn is None else NativeFetch(session, conn, sink, first, last)
+
+
+def native_subscribe(session: MoqtSession, sink: LayerSink[Any], first: int,
+                     last: int) -> NativeSubscribe | None:
+    """A :class:`NativeSubscribe` where the native path applies; None: the Python path."""
+    conn = _native_connection(session, sink)
+    return None if conn is None else NativeSubscribe(session, conn, sink, first, last)
 
 
 class NativeFetch:
@@ -194,3 +226,140 @@ class NativeFetch:
         for layer in sorted(self.landing):
             self.sink.abort(layer, reason)
         self.landing.clear()
+
+
+class NativeSubscribe(NativeFetch):
+    """The native landing of the live layers of one SUBSCRIBE of layers ``first..last``."""
+
+    def __init__(self, session: MoqtSession, conn: _ObjectReceiving, sink: LayerSink[Any],
+                 first: int, last: int) -> None:
+        super().__init__(session, conn, sink, first, last)
+        #: Data streams of the subscription that ended here (never seen by the session), not
+        #: yet counted into it; the streams seen landing here and not ended.
+        self.streams_ended = 0
+        self._open: set[int] = set()
+        self._sub: Subscription | None = None
+        self._pending = False
+
+    def announce(self) -> None:
+        """Before the SUBSCRIBE leaves: the extension holds SUBGROUP streams of aliases nothing
+        registered until the answer is settled (:meth:`settle`), so that a stream the publisher
+        opens right behind SUBSCRIBE_OK cannot reach the session before the registration."""
+        if not self._pending:
+            self._pending = True
+            self.conn.subscriptions_pending(1)
+
+    def settle(self) -> None:
+        """The answer was dispatched (or never will be): held streams go to their registration
+        or to the session. Idempotent; ``subscribe_block`` calls it in ``finally``."""
+        if self._pending:
+            self._pending = False
+            self.conn.subscriptions_pending(-1)
+
+    def on_answer(self, answer: Message) -> None:
+        """``MoqtSession.subscribe``'s ``on_response``: SUBSCRIBE_OK names the Track Alias;
+        the layers after its Largest Object are registered before anything behind it is
+        read."""
+        try:
+            if isinstance(answer, SubscribeOk):
+                self._register(answer)
+        finally:
+            self.settle()
+
+    def _register(self, answer: SubscribeOk) -> None:
+        largest = answer.parameters.largest_object
+        live_from = self.first if largest is None else max(self.first, largest.object + 1)
+        dests = [self._begin(layer) if layer >= live_from else None
+                 for layer in range(self.first, self.last + 1)]
+        if not self.landing:
+            return
+        try:
+            self.handle = self.conn.receive_objects(
+                SUBGROUP_STREAM, answer.track_alias, BLOCK_GROUP, self.first, dests,
+                self._on_event, timed_out_range=self.session.version.end_of_timed_out_range)
+        except (ConnectionError, ValueError) as exc:
+            self._abort_landing(f"native receive: {exc}")
+
+    def guard(self, on_object_begin: Callable[[ObjectBegin], Any]) -> Callable[[ObjectBegin], Any]:
+        """The Python path's ``on_object_begin`` for the same subscription: an object of a
+        layer registered here that reaches the session (its stream's first bytes arrived before
+        SUBSCRIBE_OK, so the extension routed it to Python) ends the native landing, and the
+        Python path receives the layer (no layer waits on a registration nothing will fill)."""
+        def begin(info: ObjectBegin) -> Any:
+            if info.object_id in self.landing:
+                handed = sorted(self.landing)
+                self.close("a data stream of the subscription reached the session first")
+                for layer in handed:  # expected again, for the Python path
+                    self.sink.retry(layer)
+            return on_object_begin(info)
+        return begin
+
+    def attach(self, sub: Subscription) -> None:
+        """The subscription (once ``subscribe`` returned): the data streams that ended here
+        count toward PUBLISH_DONE's Stream Count."""
+        self._sub = sub
+        self._count_streams()
+
+    def _begin(self, layer: int) -> memoryview | None:
+        sink = self.sink
+        if sink.state(layer) in (LayerState.READY, LayerState.RECEIVING):
+            return None
+        try:
+            # Without a digest yet: the object's LAYER_DIGEST is taken when it has landed.
+            view = sink.begin_layer(layer, sink.payload_bytes, digest_later=True)
+        except SinkError:
+            return None
+        self.landing.add(layer)
+        return view
+
+    def _on_object(self, event: tuple[Any, ...]) -> None:
+        self._open.add(int(event[3]))
+        layer, digest = int(event[6]), event[10]
+        if digest is None or layer not in self.landing:
+            return
+        if self.sink.expected_digest(layer) is None:
+            try:
+                props = decode_properties(bytes(event[11]), self.session.version.vi64_seven_byte)
+            except WireError:  # the extension validated them: cannot happen
+                props = ()
+            announced = layer_digest_of(props)
+            if announced is None:
+                self.landing.discard(layer)
+                self.sink.abort(layer, "no digest to verify it against (LAYER_DIGEST missing)")
+                self.problems.append(f"layer {layer}: no LAYER_DIGEST")
+                return
+            self.sink.set_expected_digest(layer, announced)
+        super()._on_object(event)
+
+    def _on_event(self, event: tuple[Any, ...]) -> None:
+        if event[0] == "objects_end":
+            self._open.discard(int(event[3]))
+        super()._on_event(event)
+
+    def close(self, reason: str) -> None:
+        # Streams still landing are stopped and their end is not reported: count them here,
+        # or the subscription would wait for them (PUBLISH_DONE's Stream Count).
+        if self.handle is not None:
+            self.streams_ended += len(self._open)
+            self._open.clear()
+        super().close(reason)
+        self._count_streams()
+
+    def _on_end(self, result: str, code: int, reason: str) -> None:
+        # One data stream of the subscription ended (a subscription has several: one per
+        # group or subgroup); the subscription itself ends with PUBLISH_DONE.
+        self.streams_ended += 1
+        if result == "violation":
+            self._violation(code, reason)
+        elif result in ("limit", "refused"):
+            self.problems.append(reason)
+        self._count_streams()
+
+    def _count_streams(self) -> None:
+        sub = self._sub
+        if sub is None or self.streams_ended == 0:
+            return
+        sub.stats.data_streams += self.streams_ended
+        self.streams_ended = 0
+        if sub.publish_done is not None:
+            sub.feed_publish_done(sub.publish_done)  # re-checks the Stream Count

@@ -85,9 +85,12 @@ class BlockTrack(TrackPublisher):
                 eg, eo = end
                 if BLOCK_GROUP > eg or (BLOCK_GROUP == eg and eo is not None and layer > eo):
                     break
-            # The payload is read when the fetch stream reaches it: a view of the tier.
+            # The payload is read when the fetch stream reaches it: a view of the tier, whose
+            # bytes never change (a layer is written once; a released extent is never reused
+            # and views keep it alive): sent from without a copy (stable).
             out.append((loc, StoredObject(partial(self._payload, layer),
-                                          ((LAYER_DIGEST, digest),), self.priority)))
+                                          ((LAYER_DIGEST, digest),), self.priority,
+                                          stable=True)))
         return out
 
     def _payload(self, layer: int) -> Buffer:

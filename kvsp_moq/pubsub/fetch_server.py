@@ -87,7 +87,7 @@ async def serve_fetch(session: ServingSession, catalog: Catalog, rid: int,
                 g, o, len(payload), subgroup_id=None if getattr(obj, "datagram", False) else 0,
                 publisher_priority=obj.priority,
                 properties=obj.properties))
-            await conn.write(sid, payload)
+            await conn.write(sid, payload, stable=obj.stable or isinstance(payload, bytes))
             del payload
         conn.send(sid, b"", end_stream=True)
     except TransportError:

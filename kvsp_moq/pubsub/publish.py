@@ -92,6 +92,9 @@ class _Stored:
     #: Published as an OBJECT_DATAGRAM (Forwarding Preference Datagram): a FETCH carries
     #: it with the datagram flag instead of a Subgroup ID (§"Fetch Header").
     datagram: bool = False
+    #: The payload's bytes never change (a view of a store that never rewrites what it
+    #: handed out): the transport may send from them without a copy (``send_stable``).
+    stable: bool = False
 
 
 #: Public name of a FETCH-servable object (for :meth:`TrackPublisher.objects_in` overrides).

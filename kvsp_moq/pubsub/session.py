@@ -595,9 +595,11 @@ class MoqtSession(SessionDriver):
     async def subscribe(self, namespace: NamespaceLike, name: str | bytes, *,
                         parameters: MessageParameters = MessageParameters(),
                         on_object_begin: ObjectBeginCallback | None = None,
-                        on_object_progress: ObjectProgressCallback | None = None
+                        on_object_progress: ObjectProgressCallback | None = None,
+                        on_response: Callable[[Message], None] | None = None
                         ) -> Subscription:
-        """SUBSCRIBE; returns the :class:`Subscription` once SUBSCRIBE_OK arrived."""
+        """SUBSCRIBE; returns the :class:`Subscription` once SUBSCRIBE_OK arrived. ``on_response``
+        as :meth:`fetch`'s (the native transport registers destinations by Track Alias then)."""
         ns = normalize_namespace(namespace)
 
         def make(rid: int) -> ObjectStream:
@@ -606,7 +608,9 @@ class MoqtSession(SessionDriver):
             s.on_object_progress = on_object_progress
             return s
 
-        _, _, sub = await self._request(lambda m: m.subscribe(ns, track_name(name), parameters), make)
+        hook = None if on_response is None else lambda _rid, msg: on_response(msg)
+        _, _, sub = await self._request(lambda m: m.subscribe(ns, track_name(name), parameters),
+                                        make, on_answer=hook)
         assert isinstance(sub, Subscription)
         return sub
 

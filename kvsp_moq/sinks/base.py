@@ -182,13 +182,16 @@ class LayerSink(ABC, Generic[KV]):
 
     # -- transport side ---------------------------------------------------------------------
 
-    def begin_layer(self, layer: int, length: int) -> memoryview:
+    def begin_layer(self, layer: int, length: int, *, digest_later: bool = False) -> memoryview:
         """Start a delivery of ``layer`` whose payload is ``length`` octets; return where the
         payload goes (a writable flat memoryview of exactly ``length`` octets).
 
         SinkError: the sink was aborted, ``layer`` is outside the range, the layer is already
-        verified or being received, or ``length`` is not 2 x the section size (the layer is
-        then marked failed: this source cannot deliver it).
+        verified or being received, no expected digest is known (unless ``digest_later``: the
+        native data plane hands out destinations before the objects, and their LAYER_DIGEST,
+        arrive; :meth:`set_expected_digest` must come before :meth:`land_verified`, or the
+        layer fails), or ``length`` is not 2 x the section size (the layer is then marked
+        failed: this source cannot deliver it).
         """
         if self._aborted is not None:
             raise SinkError(f"layer {layer}: the sink was aborted ({self._aborted})")
@@ -197,7 +200,7 @@ class LayerSink(ABC, Generic[KV]):
             raise SinkError(f"layer {layer} was already received and verified")
         if slot.state is LayerState.RECEIVING:
             raise SinkError(f"layer {layer} is already being received")
-        if slot.digest is None:
+        if slot.digest is None and not digest_later:
             raise SinkError(f"layer {layer}: no expected digest announced (set_expected_digest)")
         if length != self.payload_bytes:
             reason = (
@@ -284,7 +287,9 @@ class LayerSink(ABC, Generic[KV]):
     def _settle(self, slot: _Layer, layer: int, digest: bytes) -> bool:
         """A delivery whose digest is known: compare it with the expected one (§4.3) and
         publish the layer (True), or fail it, its octets never exposed (False)."""
-        assert slot.digest is not None  # begin_layer refuses a layer without a digest
+        if slot.digest is None:  # begun with digest_later, and none was announced
+            self._fail(slot, "no expected digest announced: the layer cannot be verified")
+            return False
         if digest != slot.digest:
             self._fail(
                 slot, f"digest mismatch: received {digest.hex()}, expected {slot.digest.hex()}"

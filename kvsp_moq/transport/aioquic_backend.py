@@ -54,8 +54,8 @@ from .endpoints import EngineBackend
 from .library import QuicLibrary
 from .stream_buffer import SendBuffer
 
-__all__ = ["BACKEND", "LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicBbr", "AioquicLibrary", "BbrPacer",
-           "connect", "serve"]
+__all__ = ["BACKEND", "DEFAULT_CONGESTION_CONTROL", "LIBRARY", "MAX_DATAGRAM_SIZE", "AioquicBbr",
+           "AioquicLibrary", "BbrPacer", "connect", "serve"]
 
 #: The largest ``max_datagram_size`` aioquic sends correctly: a short-header packet of 16384
 #: octets leaves under 16384 - 1 - 8 - 16 octets for a frame's data, within two-octet Length.
@@ -67,6 +67,12 @@ class AioquicBbr(BbrCongestionControl, QuicCongestionControl):
 
 
 _congestion.register_congestion_control("bbr", AioquicBbr)
+
+#: What ``TransportConfig.congestion_control_algorithm`` None means on aioquic: our BBR, which
+#: holds its rate through random loss (aioquic's own default, Reno, falls to the Reno bound
+#: MSS / RTT x 1.22 / sqrt(p): 0.6 MB/s at 40 ms and 0.5 % loss; docs/transport.md
+#: "Congestion control", docs/benchmarks.md "kvsp bench wan").
+DEFAULT_CONGESTION_CONTROL = "bbr"
 
 
 #: The BBR pacer's bucket holds up to this many seconds of sending at the pacing rate (at least
@@ -117,7 +123,7 @@ class AioquicLibrary(QuicLibrary):
                 f"max_datagram_size {config.max_datagram_size} is over what aioquic sends "
                 f"correctly ({MAX_DATAGRAM_SIZE}: it writes STREAM frame lengths in two "
                 f"octets); use {MAX_DATAGRAM_SIZE} or less, or the qh3 backend")
-        algorithm = config.congestion_control_algorithm or "reno"
+        algorithm = config.congestion_control_algorithm or DEFAULT_CONGESTION_CONTROL
         if algorithm not in _congestion._factories:
             raise ValueError(f"unknown congestion control algorithm {algorithm!r}; aioquic has"
                              f" {sorted(_congestion._factories)}")

@@ -297,6 +297,15 @@ class Connection(abc.ABC):
         caller may reuse it on return. Raises :class:`StreamClosedError` when the send side
         was reset or stopped, :class:`ConnectionClosedError` when the connection is closed."""
 
+    def send_stable(self, stream_id: int, data: bytes | bytearray | memoryview,
+                    end_stream: bool = False) -> None:
+        """:meth:`send` for bytes that never change while the library may still need them (a
+        stored object's payload: a store never rewrites a layer it handed out). A backend may
+        keep a reference to ``data`` instead of copying it: the native backend sends from it
+        and releases it once the peer acknowledged its bytes or the stream closed. The
+        others copy it, as :meth:`send` does."""
+        self.send(stream_id, data, end_stream)
+
     @abc.abstractmethod
     def reset_stream(self, stream_id: int, error_code: int) -> None:
         """Abandon our send side of ``stream_id`` (RESET_STREAM). Buffered bytes are
@@ -321,11 +330,13 @@ class Connection(abc.ABC):
         :class:`ConnectionClosedError` if the connection closes."""
 
     async def write(self, stream_id: int, data: bytes | bytearray | memoryview,
-                    end_stream: bool = False) -> None:
+                    end_stream: bool = False, *, stable: bool = False) -> None:
         """Send ``data`` (any size) on ``stream_id`` keeping at most
         ``TransportConfig.send_buffer_high_water`` bytes buffered in the QUIC library: it
         sends what fits, waits for the buffer to drain to the low-water mark, and repeats.
-        The FIN goes with the last bytes when ``end_stream``."""
+        The FIN goes with the last bytes when ``end_stream``. ``stable``: the bytes never
+        change (:meth:`send_stable`)."""
+        send = self.send_stable if stable else self.send
         view = data if isinstance(data, memoryview) else memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
@@ -340,7 +351,7 @@ class Connection(abc.ABC):
             end = min(total, pos + room) if pos < total else total
             last = end == total
             if end > pos or (last and end_stream):
-                self.send(stream_id, view[pos:end], end_stream=end_stream and last)
+                send(stream_id, view[pos:end], end_stream=end_stream and last)
             pos = end
             if last:
                 return

@@ -144,12 +144,13 @@ class TransportConfig:
     #: Initial per-stream receive window (MAX_STREAM_DATA) we grant the peer. aioquic doubles
     #: both windows as they fill (receive-side auto-tuning), so they are starting points.
     max_stream_data: int = 4 * _MiB
-    #: aioquic: ``"reno"`` (None means reno), ``"cubic"`` or ``"bbr"`` (``transport.bbr``:
-    #: a model of the path's bandwidth and RTT, paced, random loss below 2 % per round trip
-    #: not read as congestion; docs/transport.md "Congestion control"). qh3's Rust core has
-    #: one built-in controller that cannot be chosen: leave None (a name is rejected).
-    #: aiopquic: picoquic's names (None: ``"bbr1"``). native: ngtcp2's ``"reno"``,
-    #: ``"cubic"``, ``"bbr"`` or ``"bbr2"`` (None: ``"bbr"``).
+    #: None: the backend's default, a controller that holds its rate under random loss
+    #: wherever the backend takes one (docs/transport.md "Congestion control"). aioquic:
+    #: ``"bbr"`` (the default: ``transport.bbr``, a model of the path's bandwidth and RTT,
+    #: paced, random loss below 2 % per round trip not read as congestion), ``"cubic"`` or
+    #: ``"reno"``. qh3's Rust core has one built-in controller that cannot be chosen: leave
+    #: None (a name is rejected). aiopquic: picoquic's names (None: ``"bbr1"``). native:
+    #: ngtcp2's ``"reno"``, ``"cubic"``, ``"bbr"`` or ``"bbr2"`` (None: ``"bbr"``).
     congestion_control_algorithm: str | None = None
     #: Bidirectional streams the peer may have open at once on a connection: the
     #: initial_max_streams_bidi transport parameter (RFC 9000 §4.6, §18.2), kept at that many

@@ -91,7 +91,8 @@ def _kv(args: argparse.Namespace) -> int:
                            repeat=args.repeat, http=not args.no_http, relay=not args.no_relay,
                            parallel=args.parallel, workers=args.workers,
                            device=args.device, holders=args.holders,
-                           prefetch_window=None if args.no_prefetch else args.prefetch_window))
+                           prefetch_window=None if args.no_prefetch else args.prefetch_window,
+                           mooncake=not args.no_mooncake))
     return 0
 
 
@@ -227,6 +228,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                    help="skip the prefetch rows (12 blocks of 4 x 32 KiB through a relay, "
                         "landed in a store vs through a container; kv/prefetch.py)")
     q.add_argument("--prefetch-only", action="store_true", help="only the prefetch rows")
+    q.add_argument("--no-mooncake", action="store_true",
+                   help="skip the Mooncake Transfer Engine row (measured where its package imports)")
     q.add_argument("--prefetch-window", type=int, default=4, metavar="W",
                    help="blocks in flight in the prefetch rows (default 4, the instance's "
                         "prefetch_blocks_in_flight)")

@@ -119,8 +119,13 @@ class Endpoint:
         """Start a connection (client endpoints); returns its handle."""
     def open_stream(self, conn: int, uni: bool) -> int:
         """A new stream's ID; BlockingIOError at the peer's stream limit."""
-    def send(self, conn: int, stream_id: int, data: Buffer, fin: bool = False) -> None:
-        """Queue a copy of ``data`` (and FIN); freed as the peer acknowledges it."""
+    def send(self, conn: int, stream_id: int, data: Buffer, fin: bool = False, *,
+             hold: bool = False) -> None:
+        """Queue a copy of ``data`` (and FIN); freed as the peer acknowledges it. ``hold``
+        (4 KiB and more): no copy; the extension holds a buffer of ``data`` (its exporter
+        cannot resize) and sends from it; the buffer is released at the first :meth:`events`
+        after its bytes are all acknowledged or its stream closed (reset included), or by
+        :meth:`close`. The bytes must not change meanwhile."""
     def buffered(self, conn: int, stream_id: int) -> int:
         """Bytes queued on the stream and not yet acknowledged."""
     def reset_stream(self, conn: int, stream_id: int, code: int) -> None: ...
@@ -149,6 +154,12 @@ class Endpoint:
         Streams nobody registered for reach Python as ``stream`` events, unchanged.
         ``timed_out_range``: End of Timed-Out Range exists (drafts 20+); ``descending``: the
         FETCH's Group Order. ValueError if ``id`` has destinations already."""
+    def subscriptions_pending(self, conn: int, delta: int) -> None:
+        """``delta`` 1: a SUBSCRIBE of ``conn`` is about to leave; -1: its answer was dispatched
+        (and its destinations registered, if any). While some are pending, a SUBGROUP stream
+        of a Track Alias nothing registered is held in the extension (its bytes uncredited,
+        bounded by the stream's window) instead of going to Python: to the registration of its
+        alias when one comes, to Python once none is pending."""
     def forget_objects(self, conn: int, handle: int) -> None:
         """End a registration: once this returns nothing is written into its buffers (a stream
         still landing is stopped with CANCELLED), and they are released."""

@@ -139,6 +139,19 @@ static void ep_leave_wake(EndpointObject *self) {
   nq_endpoint_unlock(self->ep);
 }
 
+/* Release the buffers of held chunks ngtcp2 is done with (nq_release_held); needs the GIL. */
+static void release_held(nq_chunk *c) {
+  while (c != NULL) {
+    nq_chunk *next = c->next;
+    if (c->hold != NULL) {
+      PyBuffer_Release((Py_buffer *)c->hold);
+      PyMem_RawFree(c->hold);
+    }
+    free(c);
+    c = next;
+  }
+}
+
 /* ---- conversions to Python ---------------------------------------------------------------- */
 
 static PyObject *bytes_from(const nq_bytes *b) {
@@ -376,6 +389,8 @@ static PyObject *Endpoint_close(EndpointObject *self, PyObject *Py_UNUSED(ignore
                ? NULL
                : Py_NewRef(Py_None);
   }
+  /* The thread closed every connection: every held send buffer is released now. */
+  release_held(nq_released_detach(ep));
   self->free_pending = 1;
   free_if_last(self);
   /* The network thread is gone: nothing writes into the registered buffers any more. */
@@ -417,16 +432,20 @@ static PyObject *Endpoint_local_address(EndpointObject *self, PyObject *Py_UNUSE
   return address_tuple((const struct sockaddr *)&self->ep->udp.local, self->ep->udp.locallen);
 }
 
-/* Drain the events; the stream bytes handed over become the peer's flow-control credit. */
+/* Drain the events; the stream bytes handed over become the peer's flow-control credit, and
+ * the held send buffers ngtcp2 is done with are released. */
 static PyObject *Endpoint_events(EndpointObject *self, PyObject *Py_UNUSED(ignored)) {
   module_state *st = PyType_GetModuleState(Py_TYPE(self));
   nq_event *head;
+  nq_chunk *held;
   PyObject *out, *exc_type, *exc_value, *exc_tb;
   if (ep_enter(self) < 0) {
     return NULL;
   }
   head = nq_events_detach(self->ep);
+  held = nq_released_detach(self->ep);
   nq_endpoint_unlock(self->ep);
+  release_held(held);
   out = event_list(st, head);
   PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
   if (ep_enter(self) == 0) {
@@ -492,35 +511,70 @@ static PyObject *Endpoint_open_stream(EndpointObject *self, PyObject *args) {
   return rv == NQ_OK ? PyLong_FromLongLong(sid) : raise_nq(rv, conn, -1);
 }
 
-static PyObject *Endpoint_send(EndpointObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"conn", "stream_id", "data", "fin", NULL};
-  uint64_t conn, sid;
-  Py_buffer buf;
-  int fin = 0, rv;
-  nq_chunk *chunk = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&y*|p", kwlist, conv_varint, &conn,
-                                   conv_varint, &sid, &buf, &fin)) {
-    return NULL;
-  }
-  if (buf.len >= NQ_TX_CHUNK) {
-    /* A large write is copied without the lock and without the GIL. */
-    chunk = nq_chunk_new((size_t)buf.len);
+/* A chunk for a large send: a copy of buf made without the lock and without the GIL, or with
+ * hold a held chunk, pointing into the exporter's memory, which a Py_buffer of its own keeps
+ * alive (and unresizable) until ngtcp2 is done with the bytes (zero-copy send). */
+static nq_chunk *send_chunk(PyObject *data, const Py_buffer *buf, int hold) {
+  nq_chunk *chunk;
+  Py_buffer *held;
+  if (!hold) {
+    chunk = nq_chunk_new((size_t)buf->len);
     if (chunk == NULL) {
-      PyBuffer_Release(&buf);
-      return PyErr_NoMemory();
+      return (nq_chunk *)PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
-    memcpy(chunk->data, buf.buf, (size_t)buf.len);
+    memcpy(chunk->data, buf->buf, (size_t)buf->len);
     Py_END_ALLOW_THREADS
-    chunk->len = (size_t)buf.len;
+    chunk->len = (size_t)buf->len;
+    return chunk;
+  }
+  held = PyMem_RawMalloc(sizeof(*held));
+  chunk = nq_chunk_new(0);
+  if (held == NULL || chunk == NULL) {
+    PyMem_RawFree(held);
+    free(chunk);
+    return (nq_chunk *)PyErr_NoMemory();
+  }
+  if (PyObject_GetBuffer(data, held, PyBUF_SIMPLE) != 0) {
+    PyMem_RawFree(held);
+    free(chunk);
+    return NULL;
+  }
+  chunk->ext = held->buf;
+  chunk->len = (size_t)held->len;
+  chunk->hold = held;
+  return chunk;
+}
+
+/* send(conn, stream_id, data, fin=False, *, hold=False). Sends of NQ_HOLD_MIN bytes or more
+ * with hold are not copied: see send_chunk. */
+#define NQ_HOLD_MIN 4096
+static PyObject *Endpoint_send(EndpointObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"conn", "stream_id", "data", "fin", "hold", NULL};
+  uint64_t conn, sid;
+  Py_buffer buf;
+  int fin = 0, hold = 0, rv;
+  nq_chunk *chunk = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&y*|p$p", kwlist, conv_varint, &conn,
+                                   conv_varint, &sid, &buf, &fin, &hold)) {
+    return NULL;
+  }
+  hold = hold && buf.len >= NQ_HOLD_MIN && buf.obj != NULL;
+  if (buf.len >= NQ_TX_CHUNK || hold) {
+    chunk = send_chunk(buf.obj, &buf, hold);
+    if (chunk == NULL) {
+      PyBuffer_Release(&buf);
+      return NULL;
+    }
   }
   if (ep_enter(self) < 0) {
-    free(chunk);
+    release_held(chunk);
     PyBuffer_Release(&buf);
     return NULL;
   }
-  rv = nq_api_send(self->ep, conn, (int64_t)sid, buf.buf, (size_t)buf.len, chunk, fin);
+  rv = nq_api_send(self->ep, conn, (int64_t)sid, buf.buf, (size_t)buf.len, &chunk, fin);
   ep_leave_wake(self);
+  release_held(chunk); /* not queued (an error, or a stream the peer stopped) */
   PyBuffer_Release(&buf);
   if (rv != NQ_OK) {
     return raise_nq(rv, conn, (int64_t)sid);
@@ -757,7 +811,24 @@ static PyObject *Endpoint_forget_objects(EndpointObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* subscriptions_pending(conn, delta): a SUBSCRIBE is about to leave (1) or its answer is
+ * settled (-1); SUBGROUP streams of unregistered aliases are parked meanwhile (nq_objects.c). */
+static PyObject *Endpoint_subscriptions_pending(EndpointObject *self, PyObject *args) {
+  uint64_t conn;
+  int delta, rv;
+  if (!PyArg_ParseTuple(args, "O&i", conv_varint, &conn, &delta) || ep_enter(self) < 0) {
+    return NULL;
+  }
+  rv = nq_api_subscriptions_pending(self->ep, conn, delta);
+  ep_leave_wake(self);
+  if (rv != NQ_OK) {
+    return raise_nq(rv, conn, -1);
+  }
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef Endpoint_methods[] = {
+    {"subscriptions_pending", (PyCFunction)Endpoint_subscriptions_pending, METH_VARARGS, NULL},
     {"receive_objects", (PyCFunction)(void (*)(void))Endpoint_receive_objects,
      METH_VARARGS | METH_KEYWORDS, NULL},
     {"forget_objects", (PyCFunction)Endpoint_forget_objects, METH_VARARGS, NULL},

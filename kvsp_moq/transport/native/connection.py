@@ -9,7 +9,9 @@ the upper layer's handler from there, through :class:`~..connection_core.Connect
 How the interface maps onto the extension (``_ngtcp2.pyi``):
 
 * **Sending.** ``send`` copies the bytes into the extension's send buffer (the network thread
-  sends them as congestion and flow control allow). ``stream_send_buffered`` is the
+  sends them as congestion and flow control allow); ``send_stable`` (a stored object's
+  payload) does not copy: the extension holds the caller's buffer (a ``Py_buffer``) and
+  ngtcp2 writes STREAM frames from it, until the bytes are acknowledged or the stream closes. ``stream_send_buffered`` is the
   extension's ``buffered`` (bytes queued and not yet acknowledged); ``wait_writable`` wakes
   on its ``acked`` events; ``drain`` waits for ``buffered`` 0 on every stream sent on (the
   acknowledgement of a FIN alone is not waited for, as with aioquic).
@@ -171,13 +173,24 @@ class NativeConnection(ConnectionCore):
         if code is not None:
             raise StreamClosedError(stream_id, code)
 
+    def send_stable(self, stream_id: int, data: bytes | bytearray | memoryview,
+                    end_stream: bool = False) -> None:
+        """:meth:`send` without a copy: the extension holds a buffer of ``data`` (4 KiB and
+        more) and sends from it until the peer acknowledged its bytes or the stream closed;
+        then it is released at the next drain of the endpoint's events."""
+        self._check_open()
+        self._check_sendable(stream_id)
+        if isinstance(data, memoryview) and (data.ndim != 1 or data.itemsize != 1):
+            data = data.cast("B")
+        self._send_stream(stream_id, data, end_stream, hold=True)
+
     def _send_stream(self, stream_id: int, data: bytes | bytearray | memoryview,
-                     end_stream: bool) -> None:
+                     end_stream: bool, *, hold: bool = False) -> None:
         if self._opener.waiting(stream_id):
             self._opener.send(stream_id, data, end_stream)
         else:
             try:
-                self._ep.send(self._handle, stream_id, data, end_stream)
+                self._ep.send(self._handle, stream_id, data, end_stream, hold=hold)
             except ValueError as exc:  # finished, or closed and forgotten
                 raise StreamClosedError(stream_id, None, f"stream {stream_id}: {exc}") from None
             except ConnectionError:
@@ -280,6 +293,15 @@ class NativeConnection(ConnectionCore):
             descending=descending, max_properties_length=max_properties_length))
         self._receivers[handle] = on_event
         return handle
+
+    def subscriptions_pending(self, delta: int) -> None:
+        """A SUBSCRIBE whose objects may land here is about to leave (1), or its answer is
+        settled (-1): see ``Endpoint.subscriptions_pending``. A no-op once closed."""
+        if not self._gone:
+            try:
+                self._ep.subscriptions_pending(self._handle, delta)
+            except (ConnectionError, ValueError):
+                pass  # closing
 
     def forget_objects(self, handle: int) -> None:
         """End a registration: nothing more lands in its buffers once this returns (a stream

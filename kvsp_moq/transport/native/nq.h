@@ -85,8 +85,17 @@ typedef struct nq_chunk {
   struct nq_chunk *next;
   size_t len; /* bytes used */
   size_t cap; /* bytes allocated in data */
+  /* A held chunk (send buffers only): its len bytes are the caller's memory at ext, not data;
+   * hold is what keeps that memory alive (the binding's Py_buffer). Such a chunk is never
+   * freed by nq_buf.c: it goes to its endpoint's released list, for Python to release. */
+  const uint8_t *ext;
+  void *hold;
   uint8_t data[];
 } nq_chunk;
+
+static inline const uint8_t *nq_chunk_bytes(const nq_chunk *c) {
+  return c->ext != NULL ? c->ext : c->data;
+}
 
 /* A FIFO of bytes in chunks. */
 typedef struct nq_bytes {
@@ -112,6 +121,7 @@ typedef struct nq_sendbuf {
   uint64_t acked;
   nq_chunk *cursor;      /* the chunk holding offset sent (NULL: sent == end) */
   uint64_t cursor_base;  /* stream offset of cursor->data[0] */
+  struct nq_endpoint *ep; /* where held chunks go once ngtcp2 is done with them */
 } nq_sendbuf;
 
 int nq_sendbuf_append(nq_sendbuf *sb, const uint8_t *data, size_t len);
@@ -222,6 +232,8 @@ int nq_emit_object(struct nq_conn *c, int64_t stream_id, const nq_objinfo *info,
 int nq_emit_objects_end(struct nq_conn *c, int64_t stream_id, uint64_t reg, uint8_t result,
                         uint64_t code, const char *reason);
 void nq_events_forget_stream(struct nq_stream *s);
+void nq_release_held(struct nq_endpoint *ep, nq_chunk *chunk);
+nq_chunk *nq_released_detach(struct nq_endpoint *ep);
 nq_event *nq_events_detach(struct nq_endpoint *ep);
 void nq_events_free_list(nq_event *ev);
 
@@ -242,6 +254,11 @@ typedef struct nq_stream {
   unsigned ended : 1;         /* a peer's uni stream finished (nq_stream.c, ngtcp2 < 0.14) */
   unsigned routed : 1;        /* its bytes go to Python (not a registered data stream) */
   unsigned native_done : 1;   /* a registered data stream that ended: later bytes dropped */
+  unsigned parked : 1;        /* a SUBGROUP stream of an alias not registered yet, while a
+                               * SUBSCRIBE is unanswered: its bytes wait here (nq_objects.c) */
+  unsigned parked_fin : 1;
+  uint64_t parked_alias;
+  nq_bytes parked_data;       /* uncredited: bounded by the stream's flow-control window */
   uint8_t peeklen;
   uint8_t peek[18];           /* a peer's uni stream's first bytes: type and ID (2 vi64) */
   struct nq_rx *rx;           /* a registered data stream being parsed (nq_objects.c) */
@@ -308,6 +325,7 @@ typedef struct nq_conn {
   /* Statistics. */
   uint64_t bytes_sent, bytes_recv, stream_pkts_lost;
   struct nq_objreg *objregs;   /* object destinations Python registered (nq_objects.c) */
+  uint64_t subs_pending;       /* SUBSCRIBEs Python announced whose answer is not settled */
 } nq_conn;
 
 nq_conn *nq_conn_new_client(struct nq_endpoint *ep, const struct sockaddr *remote,
@@ -390,6 +408,8 @@ void nq_objects_stream_free(nq_stream *s);
 void nq_objects_free_conn(nq_conn *c);
 int nq_api_objects_register(struct nq_endpoint *ep, uint64_t conn, nq_objreg *r);
 int nq_api_objects_unregister(struct nq_endpoint *ep, uint64_t conn, uint64_t handle);
+int nq_api_subscriptions_pending(struct nq_endpoint *ep, uint64_t conn, int delta);
+int nq_objects_parked_reset(nq_conn *c, nq_stream *s);
 
 /* ---- packets out (nq_write.c) -------------------------------------------------------- */
 
@@ -489,6 +509,9 @@ typedef struct nq_endpoint {
   int event_signalled;
   nq_event *ev_head, *ev_tail;
   size_t ev_bytes;     /* bytes of queued events (stream data included) */
+  /* Held send chunks (zero-copy send) ngtcp2 no longer points into: acknowledged, or their
+   * stream closed (reset included). Python releases their buffers when it drains events. */
+  nq_chunk *released;
   nq_u64map conns_by_handle;
   nq_cidmap cids;
   nq_conn *conns;      /* every connection, any state */
@@ -521,7 +544,7 @@ int nq_api_connect(nq_endpoint *ep, const struct sockaddr *remote, socklen_t rem
                    const char *server_name, uint64_t *handle, char *err, size_t errlen);
 int nq_api_open_stream(nq_endpoint *ep, uint64_t conn, int uni, int64_t *stream_id);
 int nq_api_send(nq_endpoint *ep, uint64_t conn, int64_t stream_id, const uint8_t *data,
-                size_t len, nq_chunk *prefilled, int fin);
+                size_t len, nq_chunk **prefilled, int fin);
 int nq_api_buffered(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t *out);
 int nq_api_reset_stream(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t code);
 int nq_api_stop_sending(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t code);

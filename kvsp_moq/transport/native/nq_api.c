@@ -96,14 +96,28 @@ static int queue_bytes(nq_conn *c, int64_t stream_id, const uint8_t *data, size_
   return NQ_OK;
 }
 
-/* Queue bytes (copied here, or a chunk the binding filled without the lock, which this takes
- * over) and maybe FIN. After the send side was reset by ngtcp2 for the peer's STOP_SENDING
- * the bytes are dropped: the peer wants no more (RFC 9000 §3.5). */
+/* Queue bytes (copied here, or a chunk the binding made without the lock: a copy, or a held
+ * chunk pointing into Python's buffer; once queued it is taken over and *prefilled set to
+ * NULL, else it stays the caller's to free or release) and maybe FIN. After the send side
+ * was reset by ngtcp2 for the peer's STOP_SENDING the bytes are dropped: the peer wants no
+ * more (RFC 9000 §3.5). */
 int nq_api_send(nq_endpoint *ep, uint64_t conn, int64_t stream_id, const uint8_t *data,
-                size_t len, nq_chunk *prefilled, int fin) {
+                size_t len, nq_chunk **prefilled, int fin) {
   nq_conn *c = usable_conn(ep, conn);
-  int rv = c != NULL ? queue_bytes(c, stream_id, data, len, &prefilled, fin) : NQ_ENOCONN;
-  free(prefilled);
+  int idle, rv;
+  if (c == NULL) {
+    return NQ_ENOCONN;
+  }
+  idle = c->state == NQ_OPEN && c->txq_head == NULL && c->dgram_head == NULL;
+  rv = queue_bytes(c, stream_id, data, len, prefilled, fin);
+  /* An idle connection sends the new bytes from this thread, now: a request, a response or
+   * an object's first packets leave without waiting for the network thread to be scheduled
+   * (two thread wake-ups per round trip otherwise: docs/benchmarks.md, first layer). What is
+   * left past ngtcp2's send quantum, and every send on a connection already sending, stays
+   * with the network thread, which the binding wakes. */
+  if (rv == NQ_OK && idle && c->txq_head != NULL) {
+    (void)nq_conn_write(c, nq_now());
+  }
   return rv;
 }
 

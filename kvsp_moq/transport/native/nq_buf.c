@@ -20,6 +20,8 @@ nq_chunk *nq_chunk_new(size_t cap) {
   c->next = NULL;
   c->len = 0;
   c->cap = cap;
+  c->ext = NULL;
+  c->hold = NULL;
   return c;
 }
 
@@ -75,6 +77,16 @@ void nq_bytes_clear(nq_bytes *b) {
 
 /* ---- send buffers ------------------------------------------------------------------------ */
 
+/* A chunk ngtcp2 no longer points into: a held one goes back to Python (its buffer is
+ * released under the GIL, nq_release_held), the others are freed here. */
+static void sendbuf_drop(nq_sendbuf *sb, nq_chunk *c) {
+  if (c->hold != NULL && sb->ep != NULL) {
+    nq_release_held(sb->ep, c);
+  } else {
+    free(c);
+  }
+}
+
 static void sendbuf_link(nq_sendbuf *sb, nq_chunk *c) {
   if (sb->tail != NULL) {
     sb->tail->next = c;
@@ -120,12 +132,13 @@ int nq_sendbuf_append(nq_sendbuf *sb, const uint8_t *data, size_t len) {
   return 0;
 }
 
-/* Queue a chunk that is already filled (a large send() copied without the lock). */
+/* Queue a chunk that is already filled: a large send() copied without the lock, or a held
+ * chunk (zero-copy send: its bytes stay in the caller's buffer until acknowledged). */
 void nq_sendbuf_append_chunk(nq_sendbuf *sb, nq_chunk *chunk) {
   chunk->cap = chunk->len; /* nothing may be appended after it: the next send() starts anew */
   chunk->next = NULL;
   if (chunk->len == 0) {
-    free(chunk);
+    sendbuf_drop(sb, chunk);
     return;
   }
   sendbuf_link(sb, chunk);
@@ -144,7 +157,7 @@ size_t nq_sendbuf_unsent(const nq_sendbuf *sb, ngtcp2_vec *vec, size_t nvec, int
         *all = 0;
         break;
       }
-      vec[n].base = (uint8_t *)c->data + skip;
+      vec[n].base = (uint8_t *)nq_chunk_bytes(c) + skip; /* ngtcp2 only reads it */
       vec[n].len = c->len - (size_t)skip;
       ++n;
     }
@@ -187,7 +200,7 @@ void nq_sendbuf_ack(nq_sendbuf *sb, uint64_t offset, uint64_t len) {
       sb->cursor = c->next;
       sb->cursor_base = sb->base;
     }
-    free(c);
+    sendbuf_drop(sb, c);
   }
 }
 
@@ -195,7 +208,7 @@ void nq_sendbuf_free(nq_sendbuf *sb) {
   nq_chunk *c = sb->head;
   while (c != NULL) {
     nq_chunk *next = c->next;
-    free(c);
+    sendbuf_drop(sb, c);
     c = next;
   }
   memset(sb, 0, sizeof(*sb));

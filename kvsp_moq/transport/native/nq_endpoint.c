@@ -308,6 +308,13 @@ void nq_endpoint_free(nq_endpoint *ep) {
     nq_conn_free(ep->conns);
   }
   nq_events_free_list(ep->ev_head);
+  /* Held chunks not released by the binding (it releases them after nq_endpoint_stop): their
+   * Python buffers cannot be released without the GIL, so they stay held (a bounded leak). */
+  while (ep->released != NULL) {
+    nq_chunk *c = ep->released;
+    ep->released = c->next;
+    free(c);
+  }
   nq_u64map_free(&ep->conns_by_handle);
   nq_cidmap_free(&ep->cids);
   nq_udp_close(&ep->udp);

@@ -37,6 +37,21 @@ static void signal_python(nq_endpoint *ep) {
   (void)rv; /* the counter cannot overflow: it is read back at every drain */
 }
 
+/* A held send chunk ngtcp2 is done with (nq_buf.c): Python releases its buffer at the next
+ * drain (the network thread never touches a Python object). */
+void nq_release_held(nq_endpoint *ep, nq_chunk *chunk) {
+  chunk->next = ep->released;
+  ep->released = chunk;
+  signal_python(ep);
+}
+
+/* The released held chunks, for the binding to release and free (under the lock). */
+nq_chunk *nq_released_detach(nq_endpoint *ep) {
+  nq_chunk *head = ep->released;
+  ep->released = NULL;
+  return head;
+}
+
 static void push(nq_conn *c, nq_event *ev) {
   nq_endpoint *ep = c->ep;
   ev->next = NULL;

@@ -296,6 +296,93 @@ static int to_python(nq_stream *s, const uint8_t *data, size_t len, int fin) {
   return nq_emit_stream_data(s, data, len, fin);
 }
 
+/* A registered data stream begins: its parser. */
+static int rx_start(nq_conn *c, nq_stream *s, nq_objreg *reg, nq_dsp_kind kind) {
+  s->rx = calloc(1, sizeof(*s->rx));
+  if (s->rx == NULL) {
+    return -1;
+  }
+  s->rx->conn = c;
+  s->rx->stream = s;
+  s->rx->reg = reg;
+  s->rx->reg_handle = reg->handle;
+  nq_dsp_init(&s->rx->dsp, kind, reg->timed_out_range, reg->descending, reg->max_props, &RX_CBS,
+              s->rx);
+  return 0;
+}
+
+/* ---- parked SUBGROUP streams ---------------------------------------------------------------- */
+
+/* The publisher chooses a subscription's Track Alias (SUBSCRIBE_OK), so Python can register its
+ * destinations only once the answer is in; the publisher may open the subscription's SUBGROUP
+ * stream right behind it, and its first bytes may arrive first. While Python has announced
+ * SUBSCRIBEs whose answers are not settled (nq_api_subscriptions_pending), a SUBGROUP stream
+ * of an unregistered alias is parked here instead of going to Python: its bytes are kept,
+ * uncredited (the stream's flow-control window bounds them, RFC 9000 §4.1), until a
+ * registration names its alias (then it is parsed into the destinations) or no SUBSCRIBE is
+ * pending any more (then it goes to Python, unchanged, as any unregistered stream). */
+#define NQ_PARK_CHUNK 16384
+
+static int park(nq_stream *s, uint64_t alias, const uint8_t *data, size_t len, int fin) {
+  s->parked = 1;
+  s->parked_alias = alias;
+  if (nq_bytes_append(&s->parked_data, s->peek, s->peeklen, NQ_PARK_CHUNK) != 0) {
+    return -1;
+  }
+  s->peeklen = 0;
+  s->parked_fin = fin != 0;
+  return len == 0 ? 0 : nq_bytes_append(&s->parked_data, data, len, NQ_PARK_CHUNK);
+}
+
+/* The parked stream's bytes go to their registration (reg) or to Python (NULL). */
+static int unpark(nq_conn *c, nq_stream *s, nq_objreg *reg) {
+  nq_bytes held = s->parked_data;
+  int fin = s->parked_fin, rv = 0;
+  memset(&s->parked_data, 0, sizeof(s->parked_data));
+  s->parked = 0;
+  s->parked_fin = 0;
+  if (reg == NULL) {
+    s->routed = 1;
+    s->seen = 1;
+    for (const nq_chunk *ch = held.head; ch != NULL && rv == 0; ch = ch->next) {
+      rv = nq_emit_stream_data(s, ch->data, ch->len, fin && ch->next == NULL);
+    }
+  } else if (rx_start(c, s, reg, NQ_DSP_SUBGROUP) != 0) {
+    rv = -1;
+  } else {
+    credit(c, s->id, (size_t)held.len);
+    for (const nq_chunk *ch = held.head; ch != NULL && s->rx != NULL && rv == 0; ch = ch->next) {
+      rv = rx_feed(c, s, ch->data, ch->len, fin && ch->next == NULL);
+    }
+  }
+  nq_bytes_clear(&held);
+  return rv;
+}
+
+/* Settle the parked streams after a registration or an answered SUBSCRIBE. */
+static void unpark_all(nq_conn *c) {
+  for (size_t i = 0; i < c->streams.cap; ++i) {
+    nq_stream *s = c->streams.vals[i];
+    nq_objreg *reg;
+    if (s == NULL || !s->parked) {
+      continue;
+    }
+    reg = find_reg(c, NQ_DSP_SUBGROUP, s->parked_alias);
+    if (reg == NULL && c->subs_pending > 0) {
+      continue;
+    }
+    if (unpark(c, s, reg) != 0) {
+      nq_conn_request_close(c, NGTCP2_INTERNAL_ERROR, 0, (const uint8_t *)"out of memory", 13);
+      return;
+    }
+  }
+}
+
+/* RESET_STREAM on a parked stream: what was parked goes to Python first, then the reset. */
+int nq_objects_parked_reset(nq_conn *c, nq_stream *s) {
+  return s->parked ? unpark(c, s, NULL) : 0;
+}
+
 /* Received stream bytes (nq_cb_recv_stream_data): 1 taken here, 0 for Python as they are
  * (nothing held), -1 failure. */
 int nq_objects_recv(nq_conn *c, nq_stream *s, const uint8_t *data, size_t len, int fin) {
@@ -312,11 +399,15 @@ int nq_objects_recv(nq_conn *c, nq_stream *s, const uint8_t *data, size_t len, i
     credit(c, s->id, len);
     return rx_feed(c, s, data, len, fin) == 0 ? 1 : -1;
   }
+  if (s->parked) {
+    s->parked_fin = fin != 0;
+    return nq_bytes_append(&s->parked_data, data, len, NQ_PARK_CHUNK) == 0 ? 1 : -1;
+  }
   if (s->routed) {
     return 0;
   }
   if (ngtcp2_is_bidi_stream(s->id) || ngtcp2_conn_is_local_stream(c->qc, s->id) ||
-      (c->objregs == NULL && s->peeklen == 0)) {
+      (c->objregs == NULL && c->subs_pending == 0 && s->peeklen == 0)) {
     s->routed = 1;
     return 0;
   }
@@ -333,20 +424,16 @@ int nq_objects_recv(nq_conn *c, nq_stream *s, const uint8_t *data, size_t len, i
   if (known && kind != NQ_DSP_ANY) {
     reg = find_reg(c, kind, id);
   }
+  if (reg == NULL && known && kind == NQ_DSP_SUBGROUP && c->subs_pending > 0) {
+    return park(s, id, data + take, len - take, fin) == 0 ? 1 : -1;
+  }
   if (reg == NULL) {
     s->seen = 1;
     return to_python(s, data + take, len - take, fin) == 0 ? 1 : -1;
   }
-  s->rx = calloc(1, sizeof(*s->rx));
-  if (s->rx == NULL) {
+  if (rx_start(c, s, reg, kind) != 0) {
     return -1;
   }
-  s->rx->conn = c;
-  s->rx->stream = s;
-  s->rx->reg = reg;
-  s->rx->reg_handle = reg->handle;
-  nq_dsp_init(&s->rx->dsp, kind, reg->timed_out_range, reg->descending, reg->max_props, &RX_CBS,
-              s->rx);
   credit(c, s->id, s->peeklen + (len - take));
   {
     uint8_t held = s->peeklen;
@@ -381,6 +468,7 @@ void nq_objects_reset(nq_conn *c, nq_stream *s, uint64_t code) {
 
 void nq_objects_stream_free(nq_stream *s) {
   rx_free(s);
+  nq_bytes_clear(&s->parked_data);
 }
 
 void nq_objects_free_conn(nq_conn *c) {
@@ -407,6 +495,27 @@ int nq_api_objects_register(nq_endpoint *ep, uint64_t conn, nq_objreg *r) {
   r->handle = ++ep->next_objreg;
   r->next = c->objregs;
   c->objregs = r;
+  if (r->kind == NQ_DSP_SUBGROUP) {
+    unpark_all(c); /* a stream of its alias may be parked */
+  }
+  return NQ_OK;
+}
+
+/* Python announces a SUBSCRIBE (delta 1) before it leaves, and settles it (-1) once its answer
+ * is dispatched and any registration made (or it failed): SUBGROUP streams of unknown aliases
+ * are parked meanwhile (above). */
+int nq_api_subscriptions_pending(nq_endpoint *ep, uint64_t conn, int delta) {
+  nq_conn *c = nq_endpoint_conn(ep, conn);
+  if (c == NULL) {
+    return NQ_ENOCONN;
+  }
+  if (delta > 0) {
+    ++c->subs_pending;
+  } else if (c->subs_pending > 0) {
+    --c->subs_pending;
+    unpark_all(c);
+    c->want_write = 1; /* credit for what was parked and is now parsed */
+  }
   return NQ_OK;
 }
 

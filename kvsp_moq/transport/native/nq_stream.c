@@ -30,6 +30,7 @@ nq_stream *nq_stream_attach(nq_conn *c, int64_t stream_id) {
   }
   s->id = stream_id;
   s->conn = c;
+  s->tx.ep = c->ep;
   if (nq_u64map_put(&c->streams, (uint64_t)stream_id, s) != 0) {
     free(s);
     return NULL;
@@ -38,6 +39,8 @@ nq_stream *nq_stream_attach(nq_conn *c, int64_t stream_id) {
   return s;
 }
 
+/* ngtcp2 closed the stream (or the connection is going): it reads none of the send buffer any
+ * more, so held chunks are handed back here, acknowledged or not (a reset stream's too). */
 static void stream_free(nq_stream *s) {
   nq_objects_stream_free(s);
   nq_stream_txq_remove(s);
@@ -233,6 +236,9 @@ int nq_cb_stream_reset(ngtcp2_conn *qc, int64_t stream_id, uint64_t final_size,
   }
   if (s != NULL && s->rx != NULL) {
     nq_objects_reset(c, s, app_error_code);
+  }
+  if (s != NULL && nq_objects_parked_reset(c, s) != 0) {
+    return NGTCP2_ERR_CALLBACK_FAILURE;
   }
   if (s != NULL && s->seen) {
     rv = nq_emit_reset(c, stream_id, app_error_code);

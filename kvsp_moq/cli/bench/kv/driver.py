@@ -25,6 +25,10 @@ copy of the same bytes over loopback, ``bench.baseline.tcp_copy``):
   4 x 32 KiB) through a relay process from a holder process, ``prefetch_window`` in flight on
   one session, landed straight in a store (``kv_prefetch_land``) and through a container as
   before (``kv_prefetch_container``), against the TCP copy and against each other.
+* Mooncake Transfer Engine's TCP transport (issue 28, ``.mooncake``), where its package is
+  installed: the same block read with one ``transfer_sync_read`` from a target engine in its
+  own process (``kv_mooncake_tcp_block`` / ``_rate`` against the TCP copy); elsewhere a line on
+  stderr says why the row was skipped.
 
 This module lives in ``kvsp_moq.cli`` (not ``kvsp_moq.bench``) because it starts the relay
 and the HTTP holder: ``kvsp_moq.bench`` may not import ``kvsp_moq.control`` or ``relay``
@@ -46,6 +50,7 @@ from ....transport import TransportConfig, new_event_loop
 from ....transport.config import BACKENDS
 from .holder import HolderInfo, freeze_heap, geometry
 from .loader import Timing, measure
+from .mooncake import MooncakeTiming, measure_mooncake
 from .parallel import KINDS, ParallelTiming, measure_parallel
 from .relayed import measure_relay, stop_process
 from ...core import UsageError
@@ -130,13 +135,30 @@ def _relay_vs_direct(got: dict[str, tuple[Timing, dict[str, Any]]], block: int) 
     return out
 
 
+def _mooncake_figures(peer: MooncakeTiming, layers: int, layer_bytes: int,
+                      tcp_s: float) -> list[Figure]:
+    """The Mooncake row (block time and rate) against the TCP copy of the same run."""
+    block = layers * layer_bytes
+    params = {"layers": layers, "layer_bytes": layer_bytes,
+              "peer": f"mooncake-transfer-engine {peer.version}", "transport": "tcp",
+              "target": "own process", "reader": "own process",
+              "sink": "numpy (registered memory)", "handshake": "excluded (warm-up read)",
+              "verify": "SHA-256 of the block after the clock (not per layer)",
+              "loader_cpu_s_per_gib": round(peer.cpu_s / (block / (1 << 30)), 3)}
+    return [Figure("kv_mooncake_tcp_block", "ms", peer.block_s * 1e3, "tcp_copy", tcp_s * 1e3,
+                   params=params),
+            Figure("kv_mooncake_tcp_rate", "MB/s", block / peer.block_s / 1e6, "tcp_copy",
+                   block / tcp_s / 1e6, params=params)]
+
+
 def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int, ...] = (16384,),
         backends: tuple[str, ...] = ("aioquic",), repeat: int = 3, http: bool = True,
         relay: bool = True, parallel: tuple[int, ...] = (),
         workers: tuple[str, ...] = ("connections",), device: str = "cpu",
-        holders: int = 1, prefetch_window: int | None = 4) -> list[Figure]:
+        holders: int = 1, prefetch_window: int | None = 4, mooncake: bool = True) -> list[Figure]:
     """Every figure of the module docstring; ``prefetch_window`` None skips the prefetch rows
-    (``.prefetch``: a directive's worth of small blocks through a relay, that many in flight)."""
+    (``.prefetch``: a directive's worth of small blocks through a relay, that many in flight);
+    ``mooncake`` False skips the Mooncake row (``.mooncake``)."""
     check_backends(backends)
     sink = check_device(device)
     for kind in workers:
@@ -208,6 +230,7 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
                                       "holder": "own process", "direct": f"{backend}_dgram{size}"})
     finally:
         loop.close()
+    peer = measure_mooncake(block, repeat) if mooncake else None
     figures = []
     for path, ((first, whole), params) in got.items():
         figures.append(Figure(f"kv_{path}_first_layer", "ms", first * 1e3,
@@ -218,6 +241,10 @@ def run(layers: int = 32, layer_bytes: int = 1 << 20, datagram_sizes: tuple[int,
         figures.append(Figure(f"kv_{path}_rate", "MB/s", block / whole / 1e6,
                               "tcp_copy", block / tcp[0] / 1e6, params=params))
     figures.extend(_relay_vs_direct(got, block))
+    if isinstance(peer, str):
+        print(f"kvsp bench kv: kv_mooncake_tcp skipped: {peer}", file=sys.stderr, flush=True)
+    elif peer is not None:
+        figures.extend(_mooncake_figures(peer, layers, layer_bytes, tcp[0]))
     for path, timings in par.items():
         params = {**got[path][1], "holders": holders,
                   "holder": "own process" if holders == 1 else f"{holders} processes"}

@@ -58,7 +58,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 #: What a backend runs when ``congestion_control`` is not given (the params name it).
-_DEFAULT_CC = {"aioquic": "reno", "qh3": "built-in", "aiopquic": "bbr1"}
+_DEFAULT_CC = {"aioquic": "bbr", "qh3": "built-in", "aiopquic": "bbr1", "native": "bbr"}
 
 
 def _check_congestion_control(backend: str, name: str) -> None:
