@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kvsp_moq.control.common.config import ControlConfig, InstanceConfig, TierConfig
+from kvsp_moq.control.common.config import ControlConfig, InstanceConfig, PcConfig, TierConfig
 from kvsp_moq.control.common.shard_store import MemoryShardStore, RangeNotHeld, ShardSlice, TokenRange
 from kvsp_moq.control.http.server import RunningServer
 from kvsp_moq.control.instance.serve import serve_instance
@@ -48,6 +48,7 @@ class GatedStore(MemoryShardStore):
         super().__init__()
         self.gate = False
         self.fail = False
+        self.hidden = False  # held() answers nothing: every plan's retain ranges are "not held" here
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
         self.staged_event = asyncio.Event()
@@ -60,6 +61,9 @@ class GatedStore(MemoryShardStore):
         if self.fail:
             raise RangeNotHeld("this peer lost its shard")
         return await super().read(map_id, tokens)
+
+    def held(self, map_id: str) -> tuple[TokenRange, ...]:
+        return () if self.hidden else super().held(map_id)
 
     async def stage(self, map_id: str, version: int, data: ShardSlice) -> None:
         await super().stage(map_id, version, data)
@@ -100,8 +104,8 @@ class Group:
 
 
 @asynccontextmanager
-async def group() -> AsyncIterator[Group]:
-    async with world(holders=0) as w:
+async def group(pc: PcConfig | None = None) -> AsyncIterator[Group]:
+    async with world(holders=0, pc=pc) as w:
         servers, stores = [], []
         for _ in range(3):
             store = GatedStore()
@@ -196,6 +200,35 @@ async def test_a_refusing_member_aborts_and_fetched_ranges_are_discarded() -> No
         results = {m["instance"]: m["result"] for m in reply.json["members"]}
         assert results[g.url(1)] == "refused" and results[g.url(0)] == "acknowledged"
         g.assert_v4_intact()
+
+
+async def test_the_abort_after_a_refused_plan_or_sent_twice_does_not_refuse_the_next_plan() -> None:
+    """An abort that finds no plan to cancel overtook its plan only if no plan to that version
+    reached the member: the abort of a plan it refused, or the same abort again, must not make
+    it refuse the next plan to that version (each refusal aborts that try, and every retry of
+    the version would fail there)."""
+    async with group() as g:
+        await g.put_map(g.v4())
+        g.stores[0].hidden = True  # ii1 refuses its plan: its retain range [0, 30) is not held
+        refused = await g.put_map(g.v5())
+        assert refused.json["state"] == "aborted"
+        assert {m["instance"]: m["result"] for m in refused.json["members"]}[g.url(0)] == "refused"
+        g.stores[0].hidden = False  # ii1 holds it again: the same step now succeeds
+        retry = await g.put_map(g.v5())
+        assert retry.json["state"] == "committed", retry.body
+        assert g.stores[0].read_now(MAP, (0, 45)) == kv(0, 45)
+
+        # an abort reaching a member twice (a PC sends its decision again after a takeover)
+        url = f"{g.url(2)}reshard"  # ii3 is in no shard of v5
+        plan = {"map": MAP, "from": 5, "to": 6, "deadline_ms": 1000, "retain": [], "fetch": [], "release": []}
+        for body in (plan, {"map": MAP, "abort": 6}, {"map": MAP, "abort": 6}, plan, {"map": MAP, "commit": 6}):
+            reply = await call(g.w.session, "POST", url, who="pc", body=body)
+            assert reply.status == 200, (body, reply.body)
+        # an abort that did overtake its plan still refuses that plan, once
+        for body, status in (({"map": MAP, "abort": 7}, 200), (plan | {"from": 6, "to": 7}, 409),
+                             (plan | {"from": 6, "to": 7}, 200)):
+            reply = await call(g.w.session, "POST", url, who="pc", body=body)
+            assert reply.status == status, (body, reply.body)
 
 
 async def test_a_pc_stopping_mid_reshard_with_the_memory_store_tells_the_members_abort() -> None:

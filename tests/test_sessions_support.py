@@ -124,10 +124,11 @@ class SessionWorld:
 
 @asynccontextmanager
 async def session_world(engines: dict[str, CountingEngine], *, checkpoint_every: int = 4,
-                        pc: PcConfig | None = None) -> AsyncIterator[SessionWorld]:
-    """A PC (and IS), a front end pointed at it, and one instance per engine."""
+                        pc: PcConfig | None = None, fe: dict[str, Any] | None = None) -> AsyncIterator[SessionWorld]:
+    """A PC (and IS), a front end pointed at it (``fe``: more of its settings), and one
+    instance per engine."""
     async with world(holders=0, pc=pc) as w:
-        fc = FrontEndConfig(pc_url=w.pc.url, pc_token=TOKENS["pc"])
+        fc = FrontEndConfig(pc_url=w.pc.url, pc_token=TOKENS["pc"], **(fe or {}))
         fe = await w.stack.enter_async_context(await serve_frontend(ControlConfig(auth=AUTH, frontend=fc)))
         servers = {}
         for name, engine in engines.items():

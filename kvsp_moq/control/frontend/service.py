@@ -25,11 +25,19 @@ tokens already delivered stay delivered, every later delivery is refused with
 ``kvsp-stale-epoch`` (no instance may add to a failed session's output), and each client
 stream ends after the delivered tokens with :class:`StreamFailed` instead of
 :class:`StreamEnd` (docs/http-api.md "Front end").
+
+A write the store did not acknowledge (503 ``kvsp-unavailable``: fewer replicas than
+``store_wait_replicas`` confirmed it) may be applied all the same (docs/deploy.md "A 503 that
+was applied"). A delivery or a failure notice can be repeated (indexes already taken are
+duplicates; the same notice changes nothing). A registration cannot (the client's retry opens a
+new session): so :meth:`FrontEnd.open` withdraws a registration that was not acknowledged, as
+far as the store answers, rather than leave it counted against ``max_sessions`` for ``retain_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -38,7 +46,7 @@ from typing import Protocol
 from ...kvsp.errors import RecordError
 from ..common.auth import Principal, require_scope
 from ..common.config import FrontEndConfig
-from ..common.errors import NotActive, NotFound, SessionOpenFailed, StaleEpoch
+from ..common.errors import NotActive, NotFound, SessionOpenFailed, StaleEpoch, StoreUnavailable
 from ..common.session_records import (
     ClientSession,
     ClientSessionRequest,
@@ -68,6 +76,8 @@ from .delivery import (
 )
 
 __all__ = ["DeliveryObserver", "DeliveryTally", "FrontEnd", "SessionOpener"]
+
+log = logging.getLogger(__name__)
 
 
 class SessionOpener(Protocol):
@@ -169,7 +179,11 @@ class FrontEnd:
         if self.pc is None:
             raise NotActive("this front end has no PC to start sessions")
         session = uuid.uuid4()
-        await self.register(session, request.scope_id, request.max_tokens)
+        try:
+            await self.register(session, request.scope_id, request.max_tokens)
+        except StoreUnavailable:
+            await self._withdraw(session)  # it may be stored all the same (module notes)
+            raise
         body = SessionOpen(
             session=session, compat_id=request.compat_id, scope_id=request.scope_id, prompt_blocks=request.prompt_blocks,
             prompt_tail=request.prompt_tail, tokens=request.tokens, sampler=request.sampler, max_tokens=request.max_tokens,
@@ -184,6 +198,13 @@ class FrontEnd:
         self.metrics.sessions_opened.labels("started").inc()
         return ClientSession(session=session, instance=view.instance, epoch=view.epoch,
                              tokens_url=f"{self.url}sessions/{session}/tokens")
+
+    async def _withdraw(self, session: uuid.UUID) -> None:
+        """Forget a registration that was not acknowledged, if the store answers."""
+        try:
+            await self.forget(session)
+        except StoreUnavailable as exc:
+            log.warning("session %s: withdrawing its registration failed: %s", session, exc)
 
     def _remember(self, session: uuid.UUID, registration: Registration) -> None:
         if len(self._registrations) >= REGISTRATION_CACHE:

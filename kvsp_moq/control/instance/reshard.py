@@ -12,7 +12,14 @@
   the instance's version of the map;
 - **abort** v+1: the fetches in flight are cancelled and the staged ranges discarded; v stays.
   A plan arriving after an abort that found nothing to cancel (the abort overtook it) is
-  refused once (409), so that it cannot stage ranges nobody will commit.
+  refused once (409), so that it cannot stage ranges nobody will commit. An abort overtook
+  its plan only if no plan to v+1 reached this member yet: an abort after a plan it refused
+  (404, 409, 412), or after the same abort (the PC sends its decision again after a
+  takeover), finds nothing to cancel too, and is no reason to refuse the PC's next plan to
+  v+1 (each refused plan would cause another abort, and every retry of v+1 would fail here).
+  The price: if the abort of a *retry* overtakes its plan, that late plan stages its ranges;
+  the next plan to v+1 awaits them (the same plan) or gets 412 and the abort that follows
+  discards them.
 
 A plan whose ``from`` is not the version the instance holds is refused with
 ``kvsp-stale-epoch`` (409; versions order maps as epochs order sessions); a retain range not
@@ -37,7 +44,8 @@ __all__ = ["ReshardParticipant", "ShardFetcher"]
 
 log = logging.getLogger(__name__)
 
-#: Aborts remembered for plans not seen yet (§6.9: an abort can overtake its plan).
+#: Aborts remembered for plans not seen yet (§6.9: an abort can overtake its plan), and plans
+#: remembered as seen (so that their aborts are not taken for such ones): each at most this many.
 MAX_ABORTED = 1024
 
 
@@ -65,6 +73,8 @@ class ReshardParticipant:
         self._pending: dict[str, _Pending] = {}
         # aborts that found no plan, oldest first; bounded, since any abort message adds one
         self._aborted: dict[tuple[str, int], None] = {}
+        # (map, to) of the plans that reached this member, whatever the answer; bounded likewise
+        self._planned: dict[tuple[str, int], None] = {}
         self.fetched_octets = 0
         self.served_octets = 0
 
@@ -114,6 +124,7 @@ class ReshardParticipant:
 
     async def plan(self, plan: ReshardPlan) -> ReshardAck:
         key = (plan.map, plan.to_version)
+        _remember(self._planned, key)
         if key in self._aborted:  # its abort overtook it: refuse it once (a retry then works)
             del self._aborted[key]
             raise StaleEpoch(f"the reshard of {plan.map!r} to version {plan.to_version} was aborted")
@@ -177,10 +188,8 @@ class ReshardParticipant:
             del self._pending[message.map]
             pending.task.cancel()
             pending.task.add_done_callback(lambda _: self.store.discard(message.map, message.abort))
-        else:
-            self._aborted[(message.map, message.abort)] = None
-            if len(self._aborted) > MAX_ABORTED:  # forget the oldest: its plan is long overdue
-                del self._aborted[next(iter(self._aborted))]
+        elif (message.map, message.abort) not in self._planned:  # it overtook its plan (module notes)
+            _remember(self._aborted, (message.map, message.abort))
         self.store.discard(message.map, message.abort)
 
     def staged_maps(self) -> list[str]:
@@ -192,3 +201,12 @@ class ReshardParticipant:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _remember(keys: dict[tuple[str, int], None], key: tuple[str, int]) -> None:
+    """Add ``key`` (as the newest); past :data:`MAX_ABORTED`, forget the oldest (its plan, or
+    its abort, is long overdue)."""
+    keys.pop(key, None)
+    keys[key] = None
+    if len(keys) > MAX_ABORTED:
+        del keys[next(iter(keys))]

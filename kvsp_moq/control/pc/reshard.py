@@ -38,6 +38,13 @@ cannot decide or end (fenced writes) and sends no decision after it learnt it wa
 
 The maps are the active PC's cache of its store: a map is stored (the store refuses a version
 at or below the stored one, atomically) before it becomes authoritative here.
+
+**A write not acknowledged** (``store_wait_replicas`` replicas did not confirm it: 503
+``kvsp-unavailable``) may be stored all the same: an install, a *begin* (a retry would then
+meet "a reshard in progress", 412, for good) or a *decide* (v+1 authoritative in the store,
+the members never told). Such a map is **unsure**: before the next ``PUT`` of it, its stored
+version and reshard are re-read (:meth:`PcStore.get_shard_map`), and a stored reshard is
+resumed as a PC taking over resumes it, so the retried ``PUT`` gets its outcome.
 """
 
 from __future__ import annotations
@@ -95,10 +102,13 @@ class ReshardCoordinator:
         self.deadline_ms = deadline_ms
         self.maps: dict[str, ShardMap] = {}
         self._in_flight: dict[str, _InFlight] = {}
+        #: Maps a write of which was not acknowledged (module notes): re-read before the next put.
+        self._unsure: set[str] = set()
 
     def load(self, snapshot: PcSnapshot) -> None:
         """The stored maps become this PC's, and every stored reshard is resumed (module notes)."""
         self.maps = dict(snapshot.shard_maps)
+        self._unsure = set()
         for reshard in snapshot.reshards.values():
             if self.client is None:
                 log.warning("reshard of %r to version %d not resumed: this PC cannot reach instances",
@@ -110,6 +120,7 @@ class ReshardCoordinator:
         """Deposed: forget the maps; the reshards this PC drives stop (the store keeps them for
         the PC that takes over)."""
         self.maps = {}
+        self._unsure = set()
         self.stop()
 
     def stop(self) -> None:
@@ -144,8 +155,24 @@ class ReshardCoordinator:
             log.warning("members of %d reshard(s) were not all told its end before the PC stopped", len(flights))
 
     async def _keep(self, shard_map: ShardMap) -> None:
-        await self.leader.write(lambda token: self.leader.store.put_shard_map(token, shard_map))
+        try:
+            await self.leader.write(lambda token: self.leader.store.put_shard_map(token, shard_map))
+        except (StoreUnavailable, StaleEpoch):
+            self._unsure.add(shard_map.map)
+            raise
         self.maps[shard_map.map] = shard_map
+
+    async def _reread(self, map_id: str) -> None:
+        """The stored map and reshard in flight become this PC's again, after a write not
+        acknowledged (module notes): a stored reshard is resumed as after a takeover."""
+        stored_map, reshard = await self.leader.store.get_shard_map(map_id)
+        self._unsure.discard(map_id)
+        if stored_map is None:
+            self.maps.pop(map_id, None)
+        else:
+            self.maps[map_id] = stored_map
+        if reshard is not None and self.client is not None and map_id not in self._in_flight:
+            self._start(reshard, resumed=True)
 
     def get(self, principal: Principal, map_id: str) -> ShardMap:
         shard_map = self.maps.get(map_id)
@@ -157,6 +184,8 @@ class ReshardCoordinator:
 
     async def put(self, principal: Principal, new: ShardMap, deadline_ms: int | None = None) -> ReshardOutcome:
         """Install ``new`` or reshard to it (see the module notes)."""
+        if new.map in self._unsure and new.map not in self._in_flight:
+            await self._reread(new.map)
         old = self.maps.get(new.map)
         for shard in new.shards + (old.shards if old else ()):
             require_instance(principal, shard.instance)
@@ -190,6 +219,8 @@ class ReshardCoordinator:
     def _finished(self, flight: _InFlight) -> None:
         if self._in_flight.get(flight.reshard.map) is flight:
             del self._in_flight[flight.reshard.map]
+        if not flight.task.cancelled() and isinstance(flight.task.exception(), (StoreUnavailable, StaleEpoch)):
+            self._unsure.add(flight.reshard.map)  # its begin or decide may be stored all the same
         if not flight.task.cancelled() and flight.task.exception() is not None and flight.resumed:
             log.warning("reshard of %r to version %d stopped: %s", flight.reshard.map, flight.reshard.new.version,
                         flight.task.exception())

@@ -54,15 +54,29 @@ epoch for checkpoints), so two PCs cannot both move a session, and a checkpoint 
 acknowledged only once it is stored (§6.8: what an instance releases on the acknowledgement
 survives the PC). A PC that becomes active loads them (:meth:`SessionManager.load`); sessions
 it finds pending are placed by its next :meth:`SessionManager.check_failures`.
+
+**A write not acknowledged.** A Redis store acknowledges a write once ``store_wait_replicas``
+replicas have it (``WAIT``, docs/deploy.md "Durability"); fewer is ``StoreUnavailable`` (503),
+yet the primary *applied* the write. The cache then lags the store, and its next
+compare-and-set on the epoch would be refused (``StaleEpoch``) on every retry, leaving the
+session where it was for good. So a session write that is not acknowledged, or is refused as
+stale, marks the entry **unsure**, and it is re-read from the store (:meth:`PcStore.get_session`)
+at once if the store answers, else before anything is decided with it (``_held``, ``_current``;
+:meth:`SessionManager.retry_pending` visits unsure sessions too). Nothing is sent on a write
+not acknowledged: the order that carries a new epoch waits for a raise that is acknowledged.
+An ``open`` retried after its create was applied but not acknowledged finds its own session
+stored (the same ``SessionOpen``) and carries on with it; a ``done`` retried after its delete
+was applied finds nothing to delete and forgets the session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -70,7 +84,7 @@ from ...kvsp.errors import RecordError
 from ...kvsp.records import SessionCheckpoint
 from ...kvsp.records.instance import FAILED
 from ..common.auth import Principal, require_instance, require_scope
-from ..common.errors import FrontEndUnreachable, InstanceUnreachable, NotActive, NotFound, StaleEpoch
+from ..common.errors import FrontEndUnreachable, InstanceUnreachable, NotActive, NotFound, StaleEpoch, StoreUnavailable
 from ..common.records import PlacementRequest
 from ..common.session_records import (
     MAX_REASON_CHARS,
@@ -150,6 +164,9 @@ class SessionEntry:
     failed: str | None = None  # why the PC gave it up (every instance refused it)
     directives: list[uuid.UUID] = field(default_factory=list)  # §6.5 directives sent with its orders
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: A write of it was not acknowledged (it may have been applied): re-read before the next
+    #: decision (module notes, "A write not acknowledged").
+    unsure: bool = False
 
     def view(self) -> SessionView:
         return SessionView(session=self.open.session, instance=self.instance, epoch=self.epoch,
@@ -166,6 +183,13 @@ class SessionEntry:
         return cls(open=stored.open, epoch=stored.epoch, checkpoint=checkpoint, instance=stored.instance,
                    instance_epoch=stored.instance_epoch, fresh=stored.fresh, resumed=stored.resumed,
                    refused=set(stored.refused), failed=stored.failed, directives=list(stored.directives))
+
+    def adopt(self, stored: StoredSession, checkpoint: SessionCheckpoint) -> None:
+        """Take what the store holds as this entry's state (the store is the truth)."""
+        self.epoch, self.checkpoint, self.instance = stored.epoch, checkpoint, stored.instance
+        self.instance_epoch, self.fresh, self.resumed = stored.instance_epoch, stored.fresh, stored.resumed
+        self.refused, self.failed, self.directives = set(stored.refused), stored.failed, list(stored.directives)
+        self.unsure = False
 
 
 class SessionManager:
@@ -195,10 +219,19 @@ class SessionManager:
         self._sessions = {}
 
     async def _commit(self, entry: SessionEntry, **changes: object) -> None:
-        """Store ``changes`` of ``entry`` (a compare-and-set on its epoch), then apply them."""
+        """Store ``changes`` of ``entry`` (a compare-and-set on its epoch), then apply them.
+        A write not acknowledged (``StoreUnavailable``: it may have been applied all the same)
+        or refused (``StaleEpoch``: this cache is behind the store) leaves ``entry`` unsure: it
+        is re-read from the store at once if the store answers, else before its next use
+        (:meth:`_sync`), so that the next attempt starts from what is stored (module notes)."""
         new = dataclasses.replace(entry.stored(), **changes)  # type: ignore[arg-type]
         expected = entry.epoch
-        await self.leader.write(lambda token: self.leader.store.save_session(token, new, expected_epoch=expected))
+        try:
+            await self.leader.write(lambda token: self.leader.store.save_session(token, new, expected_epoch=expected))
+        except (StoreUnavailable, StaleEpoch):
+            entry.unsure = True
+            await self._reread(entry)
+            raise
         for name, value in changes.items():
             if name == "refused":
                 value = set(value)  # type: ignore[call-overload]
@@ -208,9 +241,44 @@ class SessionManager:
 
     async def _forget(self, entry: SessionEntry) -> None:
         session, epoch = entry.open.session, entry.epoch
-        await self.leader.write(lambda token: self.leader.store.delete_session(token, session, epoch))
-        if self._sessions.get(session) is entry:
-            del self._sessions[session]
+        try:
+            await self.leader.write(lambda token: self.leader.store.delete_session(token, session, epoch))
+        except NotFound:
+            pass  # deleted already: an earlier delete was applied but not acknowledged
+        except StoreUnavailable:
+            entry.unsure = True
+            raise
+        self._drop(entry)
+
+    def _drop(self, entry: SessionEntry) -> None:
+        if self._sessions.get(entry.open.session) is entry:
+            del self._sessions[entry.open.session]
+
+    async def _reread(self, entry: SessionEntry) -> None:
+        """Best effort: re-read an unsure entry now (a store that does not answer: later)."""
+        try:
+            await self._sync(entry)
+        except StoreUnavailable as exc:
+            log.warning("session %s: re-reading it from the store failed: %s", entry.open.session, exc)
+
+    async def _sync(self, entry: SessionEntry) -> None:
+        """Re-read an unsure ``entry`` from the store (``StoreUnavailable`` if it does not
+        answer); a session the store no longer holds is forgotten here too."""
+        if not entry.unsure:
+            return
+        stored = await self.leader.store.get_session(entry.open.session)
+        if stored is None:
+            entry.unsure = False
+            self._drop(entry)
+            return
+        entry.adopt(*stored)
+
+    @contextlib.asynccontextmanager
+    async def _held(self, entry: SessionEntry) -> AsyncIterator[None]:
+        """``entry.lock``, with ``entry`` re-read first if it is unsure."""
+        async with entry.lock:
+            await self._sync(entry)
+            yield
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -218,6 +286,15 @@ class SessionManager:
         entry = self._sessions.get(session)
         if entry is None:
             raise NotFound(f"the PC has no session {session}")
+        return entry
+
+    async def _current(self, session: uuid.UUID) -> SessionEntry:
+        """:meth:`entry`, re-read from the store first if it is unsure (``_commit``)."""
+        entry = self.entry(session)
+        if entry.unsure:
+            async with self._held(entry):
+                pass
+            entry = self.entry(session)  # NotFound if the store no longer holds it
         return entry
 
     def view(self, principal: Principal, session: uuid.UUID) -> SessionView:
@@ -258,13 +335,17 @@ class SessionManager:
                 stored = entry.stored()
                 created = await self.leader.write(
                     lambda token: self.leader.store.create_session(token, stored, entry.checkpoint))
+                if not created:  # this open again, after a create applied but not acknowledged?
+                    held = await self.leader.store.get_session(body.session)
+                    if held is None or held[0].open != body:
+                        raise RecordError("session", "names a session the store holds already")
+                    entry.adopt(*held)
             except BaseException:
-                del self._sessions[body.session]
+                self._drop(entry)
                 raise
-            if not created:
-                del self._sessions[body.session]
-                raise RecordError("session", "names a session the store holds already")
-            placed = await self._place(entry, exclude=(), resume=False)
+            if entry.instance is not None or entry.failed is not None:
+                return entry.view()  # the earlier open got that far
+            placed = await self._place(entry, exclude=entry.refused, resume=False)
             if not placed:
                 await self._forget(entry)
                 raise NotActive("no instance took the session")
@@ -277,7 +358,7 @@ class SessionManager:
         Acknowledged once stored."""
         if cp.session != session:
             raise RecordError("session", f"must be the session of the path ({session})")
-        entry = self.entry(session)
+        entry = await self._current(session)
         require_scope(principal, entry.open.scope_id)
         if entry.instance is not None:
             require_instance(principal, entry.instance)
@@ -302,7 +383,7 @@ class SessionManager:
 
     async def done(self, principal: Principal, session: uuid.UUID, body: SessionDone) -> None:
         """The serving instance completed the session: the PC forgets it."""
-        entry = self.entry(session)
+        entry = await self._current(session)
         require_scope(principal, entry.open.scope_id)
         if entry.instance is not None:
             require_instance(principal, entry.instance)
@@ -315,7 +396,7 @@ class SessionManager:
         notes). ``StaleEpoch`` for an epoch other than the session's (the session moved on
         already; a higher one was never assigned: 400). Answers the session's view after
         re-placing it."""
-        entry = self.entry(session)
+        entry = await self._current(session)
         require_scope(principal, entry.open.scope_id)
         if entry.instance is not None:
             require_instance(principal, entry.instance)
@@ -323,7 +404,7 @@ class SessionManager:
             raise RecordError("epoch", f"the PC assigned epoch {entry.epoch} to this session, not {body.epoch}")
         if body.epoch < entry.epoch:
             raise StaleEpoch(f"epoch {body.epoch} is lower than the session's epoch {entry.epoch}")
-        async with entry.lock:
+        async with self._held(entry):
             if entry.epoch != body.epoch or entry.instance is None:
                 return entry.view()  # moved meanwhile
             refusing = entry.instance
@@ -378,7 +459,7 @@ class SessionManager:
 
     async def migrate(self, entry: SessionEntry, *, failed: str) -> SessionView:
         """Raise the epoch of a session whose instance failed, then resume it elsewhere."""
-        async with entry.lock:
+        async with self._held(entry):
             if entry.instance != failed or self._sessions.get(entry.open.session) is not entry:
                 return entry.view()  # moved or finished meanwhile
             # from now on the failed instance's messages are stale (§6.8); stored first
@@ -388,10 +469,11 @@ class SessionManager:
             return entry.view()
 
     async def retry_pending(self) -> list[SessionView]:
-        """Try again to place the sessions no instance took."""
+        """Try again to place the sessions no instance took (re-reading unsure ones first)."""
         out = []
-        for entry in self.pending():
-            async with entry.lock:
+        # and the unsure ones: the store may hold them pending (``_commit``)
+        for entry in [e for e in self._sessions.values() if e.unsure or (e.instance is None and e.failed is None)]:
+            async with self._held(entry):
                 if entry.instance is None and entry.failed is None and self._sessions.get(entry.open.session) is entry:
                     await self._place(entry, exclude=entry.refused, resume=True)
                     out.append(entry.view())

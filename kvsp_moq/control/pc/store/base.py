@@ -75,6 +75,12 @@ class PcStore(Protocol):
         """Store a new session with its initial checkpoint; False if the id is taken."""
         ...
 
+    def get_session(self, session: uuid.UUID) -> Awaitable[tuple[StoredSession, SessionCheckpoint] | None]:
+        """The stored session and its kept checkpoint, or None (a read: no token, no ``WAIT``).
+        What a PC re-reads after a write whose acknowledgement it did not get (the write may
+        have been applied: ``pc/sessions.py``)."""
+        ...
+
     def save_session(self, token: str, session: StoredSession, *, expected_epoch: int) -> Awaitable[None]:
         """Compare-and-set: StaleEpoch unless the stored epoch is ``expected_epoch`` and the
         new one is not lower; NotFound for an unknown session."""
@@ -87,6 +93,11 @@ class PcStore(Protocol):
 
     def delete_session(self, token: str, session: uuid.UUID, epoch: int) -> Awaitable[None]:
         """Forget the session; StaleEpoch unless ``epoch`` is its epoch, NotFound if unknown."""
+        ...
+
+    def get_shard_map(self, map_id: str) -> Awaitable[tuple[ShardMap | None, StoredReshard | None]]:
+        """The stored map and its stored reshard, read together (a read: no token, no ``WAIT``);
+        re-read after a write whose acknowledgement did not come (``pc/reshard.py``)."""
         ...
 
     def put_shard_map(self, token: str, shard_map: ShardMap) -> Awaitable[None]:

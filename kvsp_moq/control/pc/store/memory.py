@@ -89,6 +89,10 @@ class MemoryPcStore:
             raise NotFound(f"the PC has no session {session}")
         return stored
 
+    async def get_session(self, session: uuid.UUID) -> tuple[StoredSession, SessionCheckpoint] | None:
+        stored = self._state.sessions.get(session)
+        return None if stored is None else (stored, self._state.checkpoints[session])
+
     async def save_session(self, token: str, session: StoredSession, *, expected_epoch: int) -> None:
         self._fence(token)
         current = self._stored(session.session).epoch
@@ -115,6 +119,9 @@ class MemoryPcStore:
             raise StaleEpoch(f"epoch {epoch} is not the session's epoch {current}")
         del self._state.sessions[session]
         del self._state.checkpoints[session]
+
+    async def get_shard_map(self, map_id: str) -> tuple[ShardMap | None, StoredReshard | None]:
+        return self._state.shard_maps.get(map_id), self._state.reshards.get(map_id)
 
     async def put_shard_map(self, token: str, shard_map: ShardMap) -> None:
         self._fence(token)

@@ -10,7 +10,7 @@ strings; epochs and offsets are below 2^53, exact in Lua's numbers.
 from __future__ import annotations
 
 __all__ = [
-    "ACQUIRE", "BEGIN_RESHARD", "CREATE_SESSION", "DECIDE_RESHARD", "DELETE_SESSION", "END_RESHARD", "LOAD",
+    "ACQUIRE", "BEGIN_RESHARD", "CREATE_SESSION", "DECIDE_RESHARD", "DELETE_SESSION", "END_RESHARD", "LOAD", "LOAD_MAP",
     "PUT_CHECKPOINT", "PUT_DIRECTIVE", "PUT_INSTANCE", "PUT_SHARD_MAP", "RELEASE", "RENEW", "SAVE_SESSION",
 ]
 
@@ -24,6 +24,12 @@ LOAD = """
 return {redis.call('SMEMBERS', KEYS[1]), redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
         redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5]), redis.call('HGETALL', KEYS[6]),
         redis.call('HGETALL', KEYS[7])}
+"""
+
+#: One map and its reshard in flight, in one atomic read. KEYS: maps, reshards, reshard decisions.
+#: ARGV: map. Answers {map document or false, reshard document or false, decision or false}.
+LOAD_MAP = """
+return {redis.call('HGET', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]), redis.call('HGET', KEYS[3], ARGV[1])}
 """
 
 #: The lock: take it if free (or extend it if the token holds it), extend / delete only if the

@@ -160,6 +160,15 @@ class RedisPcStore:
         return status == "ok"
 
     @store_call(_spec)
+    async def get_session(self, session: uuid.UUID) -> tuple[StoredSession, SessionCheckpoint] | None:
+        row = await self.redis.hgetall(self._key(session))  # one hash: its fields are read together
+        if not row:
+            return None
+        fields = {_text(k): v for k, v in row.items()}
+        return (StoredSession.from_doc(fields["doc"], int(fields["epoch"])),
+                SessionCheckpoint.from_json(json.loads(fields["cp"])))
+
+    @store_call(_spec)
     async def save_session(self, token: str, session: StoredSession, *, expected_epoch: int) -> None:
         answer = await self._script(scripts.SAVE_SESSION, [self.k_leader, self._key(session.session)],
                                     [token, expected_epoch, session.epoch, session.to_doc()])
@@ -186,6 +195,13 @@ class RedisPcStore:
         status, value = self._outcome(answer, f"session {session}")
         if status == "stale":
             raise StaleEpoch(f"epoch {epoch} is not the session's epoch {value}")
+
+    @store_call(_spec)
+    async def get_shard_map(self, map_id: str) -> tuple[ShardMap | None, StoredReshard | None]:
+        doc, reshard, decided = await self.redis.eval(scripts.LOAD_MAP, 3, self.k_maps, self.k_reshards, self.k_decided,
+                                                      map_id)
+        return (ShardMap.from_json(json.loads(doc)) if doc else None,
+                StoredReshard.from_doc(reshard, _text(decided) if decided else None) if reshard else None)
 
     @store_call(_spec)
     async def put_shard_map(self, token: str, shard_map: ShardMap) -> None:
