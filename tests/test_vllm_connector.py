@@ -29,7 +29,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,7 +41,6 @@ if importlib.util.find_spec("vllm") is None:
 
 from kvsp_moq.bridge import MoqtHolder  # noqa: E402
 from kvsp_moq.control.common.tls import TlsConfig  # noqa: E402
-from kvsp_moq.integrations.vllm.descriptor import EngineModel, positional_of  # noqa: E402
 from kvsp_moq.integrations.vllm.engine_process import EngineProcess, EngineSpec  # noqa: E402
 from kvsp_moq.integrations.vllm.settings import connector_extra_config, kv_transfer_config, salt_digest  # noqa: E402
 from kvsp_moq.integrations.vllm.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
@@ -79,13 +77,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine_descriptor(model: Path) -> dict[str, Any]:
-    """The Compatibility Descriptor the engines derive for ``model`` (vLLM's served model
-    name is the model path; the RoPE parameters are config.json's)."""
-    config = SimpleNamespace(**json.loads((model / "config.json").read_text()))
-    positional, extra = positional_of(config, SHAPE.head_dim)
-    return EngineModel(model_dir=model, name=str(model), tokenizer=model, layers=SHAPE.layers,
-                       total_kv_heads=SHAPE.kv_heads, head_dim=SHAPE.head_dim, kv_dtype=ELEMENT.name,
-                       positional=positional, positional_extra=extra, block_tokens=B).descriptor()
+    """The Compatibility Descriptor the engines derive for ``model``, as ``kvsp descriptor``
+    prints it for an operator (vLLM's served model name is the model path): the test below
+    that publishes checks the engine's ``compat_id`` is this descriptor's."""
+    proc = subprocess.run([sys.executable, "-m", "kvsp_moq", "descriptor", str(model), "--dtype", DTYPE,
+                           "--block-tokens", str(B)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
 
 
 @pytest.fixture(scope="module")

@@ -91,6 +91,11 @@ def _frontend() -> Register:
     return cli.register_cli
 
 
+def _descriptor() -> Register:
+    from . import descriptor
+    return descriptor.register
+
+
 def _relay() -> Register:
     from . import relay_cmd
     return relay_cmd.register
@@ -102,6 +107,8 @@ GROUPS: tuple[Group, ...] = (
            ("keys", "print the Block Keys of a token sequence, one per line (§4.2)"),
            ("scope-id", "print the Scope ID of a scope key (§4.2)"),
            ("container", "inspect, verify or encode a KVB1 container file (§4.3)")), _core),
+    Group((("descriptor", "print the Compatibility Descriptor a vLLM engine derives for a local model (§4.1), "
+                          "for holders and relays that transcode"),), _descriptor),
     Group((("bench", "benchmarks: JSON figures on stdout, a table on stderr"),), _bench),
     Group((("demo", "run the main job end to end on loopback with embedded defaults"),), _demo),
     Group((("soak", "traffic on a loopback cluster of processes while faults are done to them; "
