@@ -40,6 +40,8 @@ REDIS_FIGURES = {
     "is_lookup_http_redis": ("lookups/s", "is_lookup_http"),
     "is_refresh_batched_redis": ("records/s", "is_refresh_single_put_redis"),
     "is_refresh_vs_ttl_redis": ("records/s", "refresh_needed"),
+    "is_refresh_vs_ttl_redis_1is": ("records/s", "refresh_needed"),  # through a `kvsp index` process
+    "is_refresh_batched_redis_2is": ("records/s", "is_refresh_batched_redis_1is"),
 }
 
 

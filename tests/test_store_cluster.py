@@ -9,11 +9,13 @@ docs/deploy.md "Redis Cluster" and "Durability"): 3 primaries + 3 replicas on lo
   that held them is SIGKILLed and its replica promoted; while the promoted primary has no
   replica, a write is refused (503), not acknowledged;
 - two ``kvsp index`` processes over the cluster see each other's records, through a failover;
-- instance statuses (with their links) reported to one IS are every IS's.
+- instance statuses (with their links) reported to one IS are every IS's;
+- ``kvsp bench index --store cluster`` on this cluster prints its rows for 1 and 2 IS processes.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -23,6 +25,7 @@ import aiohttp
 import pytest
 from redis_cluster import healthy_cluster, redis_cluster  # noqa: F401
 from test_index_redis_processes import call, index_processes, lookup, publish, write_config
+from test_cli import kvsp
 from test_index_support import AUTH, COMPAT, H1, H2, II7, SCOPE_A, SCOPE_B, key, lookup_body, replica, status
 
 from kvsp_moq.bench.redis_cluster import RedisClusterProcess
@@ -239,3 +242,37 @@ async def test_instance_statuses_and_links_are_shared_by_the_is_processes(
         assert table_b.get(II7) == reported
         with pytest.raises(StaleEpoch):
             table_b.update(status(II7, epoch=4, ttl_ms=30_000))
+
+
+BENCH_FIGURES = {  # name: (unit, baseline); the 1-IS rows in the bench's process, then 1 and 2 `kvsp index`
+    "is_lookup_http_cluster": ("lookups/s", "is_lookup_http"),
+    "is_refresh_vs_ttl_cluster": ("records/s", "refresh_needed"),
+    "is_lookup_p50_ms_cluster": ("ms", "is_lookup_p50_ms_memory"),
+    "is_lookup_p99_ms_cluster": ("ms", "is_lookup_p99_ms_memory"),
+    "is_lookup_http_cluster_1is": ("lookups/s", "is_lookup_http"),
+    "is_lookup_http_cluster_2is": ("lookups/s", "is_lookup_http"),
+    "is_lookup_p50_ms_cluster_2is": ("ms", "is_lookup_p50_ms_memory"),
+    "is_lookup_p99_ms_cluster_2is": ("ms", "is_lookup_p99_ms_memory"),
+    "is_refresh_vs_ttl_cluster_1is": ("records/s", "refresh_needed"),
+    "is_refresh_vs_ttl_cluster_2is": ("records/s", "refresh_needed"),
+    "is_refresh_batched_cluster_2is": ("records/s", "is_refresh_batched_cluster_1is"),
+}
+
+
+def test_bench_index_on_the_cluster_prints_1_and_2_is_processes(healthy_cluster: RedisClusterProcess) -> None:
+    """``--store cluster`` on the tests' cluster: lookups/s, p50/p99 and the refresh against
+    the TTL's need on one IS in the bench's process and on 1 and 2 ``kvsp index`` processes,
+    beside the memory store's figures of the same run."""
+    proc = kvsp("bench", "index", "--store", "cluster", "--redis-url", healthy_cluster.url, "--records", "2000",
+                "--block-mib", "2", "--lookups", "10", "--repeat", "1", "--refresh-records", "600",
+                "--single-puts", "20")
+    figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    memory = figures["is_lookup_http"]
+    for name, (unit, baseline) in BENCH_FIGURES.items():
+        fig = figures[name]
+        assert (fig["unit"], fig["baseline_name"]) == (unit, baseline)
+        assert fig["value"] > 0 and fig["baseline_value"] > 0
+        assert fig["ratio"] == pytest.approx(fig["value"] / fig["baseline_value"], rel=1e-3)
+    assert figures["is_lookup_http_cluster_2is"]["baseline_value"] == memory["value"]
+    assert figures["is_refresh_vs_ttl_cluster_2is"]["baseline_value"] == pytest.approx(600 / 20)
+    assert figures["is_refresh_batched_cluster_2is"]["baseline_value"] == figures["is_refresh_vs_ttl_cluster_1is"]["value"]

@@ -81,6 +81,7 @@ class ClusterNodeProcess:
     folder: Path
     appendonly: bool = False
     process: subprocess.Popen[bytes] | None = None
+    node_timeout_ms: int = NODE_TIMEOUT_MS
 
     @property
     def address(self) -> str:
@@ -97,7 +98,7 @@ class ClusterNodeProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--cluster-replica-validity-factor", "0",
+                "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-replica-validity-factor", "0",
                 "--save", "", "--protected-mode", "no", "--daemonize", "no",
                 "--appendonly", "yes" if self.appendonly else "no"]
         if self.appendonly:
@@ -135,7 +136,10 @@ class RedisClusterProcess:
     """``with RedisClusterProcess() as url:`` a formed cluster's ``redis+cluster://`` URL."""
 
     def __init__(self, folder: Path | None = None, *, primaries: int = 3, replicas: int = 1,
-                 appendonly: bool = False, executable: str | None = None) -> None:
+                 appendonly: bool = False, executable: str | None = None,
+                 node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
+        """``node_timeout_ms``: a bench gives a longer one, so that a node starved of CPU on a
+        busy machine is not failed over in the middle of a measurement."""
         found = executable or shutil.which("redis-server")
         cli = shutil.which("redis-cli")
         if found is None or cli is None:
@@ -143,7 +147,8 @@ class RedisClusterProcess:
         self.executable, self.cli = found, cli
         self._tmp = None if folder is not None else tempfile.TemporaryDirectory(prefix="kvsp-redis-cluster-")
         self.folder = folder if folder is not None else Path(self._tmp.name)  # type: ignore[union-attr]
-        self.nodes = [ClusterNodeProcess(found, port, self.folder / str(port), appendonly)
+        self.nodes = [ClusterNodeProcess(found, port, self.folder / str(port), appendonly,
+                                         node_timeout_ms=node_timeout_ms)
                       for port in _free_ports(primaries * (1 + replicas))]
         self.replicas = replicas
 

@@ -33,13 +33,23 @@ With ``--store redis`` (``[index] store = "redis://..."``, index/redis_store.py)
   ``refresh_records / (ttl / 3)`` with the holder's default 60 s TTL.
 
   The batches of ``holders`` (default 4) holders are in flight at once, as a fleet's holders
-  refresh side by side (one IS serves them all).
+  refresh side by side (one IS serves them all). The batched figure's params carry
+  ``cpu_us_per_record``: the CPU time of the bench's process (the holders' client and the IS,
+  not Redis) per refreshed record, which a busy machine moves less than it moves the rate.
 
 With ``--store cluster`` (``store = "redis+cluster://..."``, docs/deploy.md "Redis Cluster"),
 the same lookups (lookups/s, and the p50/p99 latency of one 64-block lookup beside the memory
 store's) and the same refresh, on one IS over a Redis Cluster of 3 primaries and 3 replicas
 (``bench.redis_cluster``), every write acknowledged by a replica (``store_wait_replicas = 1``),
 beside one IS on the memory store in the same run.
+
+With either store, then the same on ``kvsp index`` processes over it (``index_processes``: as
+deployed, the IS is not in the holders' process), the bench's clients in its own process:
+lookups/s with one client on one IS process (``_1is``) and with a client on each of two
+processes at once (``_2is``, with their p50/p99), beside the memory store's; the refresh
+through one process and then through two (the holders split between them), against the TTL's
+need, and the two processes' rate against the one's (``is_refresh_batched_{store}_2is``: how
+refreshes scale with IS processes). The records are written straight into the store first.
 
 The bench starts its own ``redis-server`` (``bench.redis_process``) or cluster unless given a
 URL; its keys are under their own prefix and deleted at the end.
@@ -78,6 +88,7 @@ from ...control.client.publisher import DEFAULT_BATCH
 from ...control.common.store import parse_store
 from ...bench.redis_cluster import RedisClusterProcess
 from ...bench.redis_process import RedisProcess
+from .index_processes import index_processes
 from ...control.client.retrieval import BlockFetcher, block_url, retrieve_block
 from ...kvsp.container import replica_digest
 from ...kvsp.records import LookupRequest, ReplicaRecord, Residency
@@ -185,6 +196,12 @@ async def _measure_lookups(records: int, prompt_blocks: int, layers: int, lookup
         await server.close()
 
 
+#: Bound on the bench's store calls (and on WAIT, half of it): the default 2 s answers 503 when
+#: a replica starved of CPU on a busy machine is a second late, which would end the run.
+STORE_TIMEOUT_MS = 10_000
+#: The bench's cluster declares a node failed after this long (the tests' 1 s would fail a
+#: primary over when a busy machine leaves it without CPU for a second, mid-measurement).
+_NODE_TIMEOUT_MS = 15_000
 _REFRESH_TTL_MS = 60_000  # the holder's default record TTL; it refreshes every third of it
 
 
@@ -192,46 +209,131 @@ _REFRESH_TTL_MS = 60_000  # the holder's default record TTL; it refreshes every 
 REFRESH_HOLDERS = 4
 
 
-async def _measure_refresh(store: IndexStore, records: int, single: int, layers: int) -> tuple[float, float]:
+async def _refresh(clients: list[HttpIndexClient], records: list[ReplicaRecord]) -> float:
+    """Records/s of one refresh of ``records`` in batches of ``ReplicaPublisher``'s size,
+    :data:`REFRESH_HOLDERS` holders' batches in flight at once, holder ``h`` sending to
+    ``clients[h % len(clients)]`` (a fleet's holders spread over the IS processes)."""
+    chunks = [records[i:i + DEFAULT_BATCH] for i in range(0, len(records), DEFAULT_BATCH)]
+
+    async def holder(h: int) -> None:
+        client = clients[h % len(clients)]
+        for chunk in chunks[h::REFRESH_HOLDERS]:
+            await client.publish_many(chunk)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(holder(h) for h in range(REFRESH_HOLDERS)))
+    return len(records) / (time.perf_counter() - start)
+
+
+def _refresh_records(records: int, layers: int) -> list[ReplicaRecord]:
+    return [dataclasses.replace(r, ttl_ms=_REFRESH_TTL_MS) for r in _records(records, layers)]
+
+
+async def _measure_refresh(store: IndexStore, records: int, single: int, layers: int) -> tuple[float, float, float]:
     """(records/s refreshed in batches, :data:`REFRESH_HOLDERS` batches in flight; records/s
-    refreshed by single PUTs) at an IS on ``store`` holding ``records`` records (published
-    first, untimed)."""
+    refreshed by single PUTs; this process's CPU microseconds per record of the batched
+    refresh: the holders' client and the IS, not the store) at an IS on ``store`` holding
+    ``records`` records (published first, untimed)."""
     server = await serve_index(_config(), store=store)
     client = HttpIndexClient(server.url, _TOKEN, timeout_s=60)
     try:
-        recs = [dataclasses.replace(r, ttl_ms=_REFRESH_TTL_MS) for r in _records(records, layers)]
-        chunks = [recs[i:i + DEFAULT_BATCH] for i in range(0, records, DEFAULT_BATCH)]
-        for chunk in chunks:  # the first publication
-            await client.publish_many(chunk)
-        async def holder(mine: list[list[ReplicaRecord]]) -> None:
-            for chunk in mine:
-                await client.publish_many(chunk)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(holder(chunks[h::REFRESH_HOLDERS]) for h in range(REFRESH_HOLDERS)))
-        batched = records / (time.perf_counter() - start)
-        start = time.perf_counter()
+        recs = _refresh_records(records, layers)
+        for first in range(0, records, DEFAULT_BATCH):  # the first publication
+            await client.publish_many(recs[first:first + DEFAULT_BATCH])
+        cpu = time.process_time()
+        batched = await _refresh([client], recs)
+        cpu_us = (time.process_time() - cpu) / records * 1e6
+        began = time.perf_counter()
         for record in recs[:single]:
             await client.publish(record)
-        return batched, single / (time.perf_counter() - start)
+        return batched, single / (time.perf_counter() - began), cpu_us
     finally:
         await client.close()
         await server.close()
 
 
+@dataclasses.dataclass
+class _Processes:
+    """What :func:`_measure_processes` measured on 1 and 2 ``kvsp index`` processes."""
+
+    lookups_1: float
+    lookups_2: float
+    latencies_2: list[float]
+    refresh_1: float
+    refresh_2: float
+
+
+async def _lookup_rate(clients: list[HttpIndexClient], prompts: list[LookupRequest], prompt_blocks: int,
+                       repeat: int, latencies: list[float]) -> float:
+    """Lookups/s of every client sending every prompt, one after the other, the clients at
+    once; best of ``repeat`` after a warm-up; the seconds of each lookup of the best run go
+    to ``latencies``."""
+
+    async def one(client: HttpIndexClient, times: list[float]) -> None:
+        for request in prompts:
+            began = time.perf_counter()
+            answer = await client.lookup(request)
+            times.append(time.perf_counter() - began)
+            if answer.matched != prompt_blocks:
+                raise AssertionError(f"matched {answer.matched} of {prompt_blocks}")
+
+    best = float("inf")
+    for run in range(repeat + 1):
+        times: list[list[float]] = [[] for _ in clients]
+        start = time.perf_counter()
+        await asyncio.gather(*(one(c, t) for c, t in zip(clients, times)))
+        took = time.perf_counter() - start
+        if run and took < best:  # run 0 warms up
+            best, latencies[:] = took, [x for t in times for x in t]
+    return len(clients) * len(prompts) / best
+
+
+async def _measure_processes(url: str, records: int, prompt_blocks: int, layers: int, lookups: int,
+                             repeat: int, refresh_records: int) -> _Processes:
+    """Lookups and refreshes through 1 and then 2 ``kvsp index`` processes over the store at
+    ``url`` (``index_processes``), the bench's clients in this process: the records are
+    written straight into the store first (untimed)."""
+    prefix = f"kvsp-bench-{uuid.uuid4().hex[:8]}:"
+    store = RedisIndexStore.open(parse_store("index", url, key_prefix=prefix, timeout_ms=STORE_TIMEOUT_MS))
+    try:
+        async with index_processes(2, url, prefix, _TOKEN, store_timeout_ms=STORE_TIMEOUT_MS) as urls:
+            clients = [HttpIndexClient(u, _TOKEN, timeout_s=60) for u in urls]
+            try:
+                filled = _records(records, layers)
+                for start in range(0, records, 1_000):
+                    await store.put_many([(r, _TTL_MS) for r in filled[start:start + 1_000]])
+                prompts = _prompts(records, prompt_blocks, lookups)
+                latencies: list[float] = []
+                lookups_1 = await _lookup_rate(clients[:1], prompts, prompt_blocks, repeat, [])
+                lookups_2 = await _lookup_rate(clients, prompts, prompt_blocks, repeat, latencies)
+                await _drop(store)
+                recs = _refresh_records(refresh_records, layers)
+                for start in range(0, refresh_records, 1_000):  # the first publication, straight in
+                    await store.put_many([(r, _REFRESH_TTL_MS) for r in recs[start:start + 1_000]])
+                refresh_1 = await _refresh(clients[:1], recs)
+                refresh_2 = await _refresh(clients, recs)
+                return _Processes(lookups_1, lookups_2, latencies, refresh_1, refresh_2)
+            finally:
+                for client in clients:
+                    await client.close()
+    finally:
+        await _drop(store)
+        await store.close()
+
+
 async def _measure_redis(url: str, records: int, prompt_blocks: int, layers: int, lookups: int, repeat: int,
                          refresh_records: int, single_puts: int,
-                         latencies: list[float] | None = None) -> tuple[float, float, float]:
+                         latencies: list[float] | None = None) -> tuple[float, float, float, float]:
     """(HTTP lookups/s on Redis or a cluster, batched refresh records/s, single-PUT refresh
-    records/s); the bench's keys (their own prefix) are deleted afterwards."""
-    spec = parse_store("index", url, key_prefix=f"kvsp-bench-{uuid.uuid4().hex[:8]}:")
+    records/s, CPU us per batched record in this process); the bench's keys (their own prefix) are deleted afterwards."""
+    spec = parse_store("index", url, key_prefix=f"kvsp-bench-{uuid.uuid4().hex[:8]}:", timeout_ms=STORE_TIMEOUT_MS)
     store = RedisIndexStore.open(spec)
     try:
         http, _ = await _measure_lookups(records, prompt_blocks, layers, lookups, repeat, store=store,
                                          latencies=latencies)
         await _drop(store)
-        batched, single = await _measure_refresh(store, refresh_records, single_puts, layers)
-        return http, batched, single
+        batched, single, cpu_us = await _measure_refresh(store, refresh_records, single_puts, layers)
+        return http, batched, single, cpu_us
     finally:
         await _drop(store)
         await store.close()
@@ -299,15 +401,18 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
         http, local = loop.run_until_complete(_measure_lookups(records, prompt_blocks, layers, lookups, repeat,
                                                                latencies=memory_latencies))
         plain, verified = loop.run_until_complete(_measure_block_get(block_layers, layer_bytes, repeat))
-        on_redis: tuple[float, float, float] | None = None
+        on_redis: tuple[float, float, float, float] | None = None
+        processes: _Processes | None = None
         store_latencies: list[float] = []
         if store in ("redis", "cluster"):
             with contextlib.ExitStack() as stack:
-                server = RedisProcess() if store == "redis" else RedisClusterProcess()
+                server = RedisProcess() if store == "redis" else RedisClusterProcess(node_timeout_ms=_NODE_TIMEOUT_MS)
                 url = redis_url if redis_url is not None else stack.enter_context(server)
                 on_redis = loop.run_until_complete(_measure_redis(
                     url, records, prompt_blocks, layers, lookups, repeat, refresh_records, single_puts,
                     latencies=store_latencies))
+                processes = loop.run_until_complete(_measure_processes(
+                    url, records, prompt_blocks, layers, lookups, repeat, refresh_records))
     finally:
         loop.close()
     block = block_layers * layer_bytes
@@ -323,7 +428,7 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
         Figure("holder_block_get_verified", "MB/s", verified, "tcp_copy", tcp, params=block_params),
     ]
     if on_redis is not None:
-        on_redis_http, batched, single = on_redis
+        on_redis_http, batched, single, cpu_us = on_redis
         needed = refresh_records / (_REFRESH_TTL_MS / 3 / 1000)
         refresh_params: dict[str, object] = {"records": refresh_records, "batch": DEFAULT_BATCH,
                                              "single_puts": single_puts, "ttl_ms": _REFRESH_TTL_MS,
@@ -331,7 +436,7 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
         figures += [
             Figure(f"is_lookup_http_{store}", "lookups/s", on_redis_http, "is_lookup_http", http, params=lookup_params),
             Figure(f"is_refresh_batched_{store}", "records/s", batched, f"is_refresh_single_put_{store}", single,
-                   params=refresh_params),
+                   params=refresh_params | {"cpu_us_per_record": round(cpu_us, 1)}),
             Figure(f"is_refresh_vs_ttl_{store}", "records/s", batched, "refresh_needed", needed,
                    params=refresh_params),
         ]
@@ -341,5 +446,22 @@ def run(records: int = 100_000, prompt_blocks: int = 64, layers: int = 32, looku
                        f"is_lookup_p{q}_ms_memory", _percentile(memory_latencies, q / 100) * 1000,
                        params=lookup_params)
                 for q in (50, 99)
+            ]
+        if processes is not None:  # 1 and 2 `kvsp index` processes over the store
+            figures += [
+                Figure(f"is_lookup_http_{store}_1is", "lookups/s", processes.lookups_1, "is_lookup_http", http,
+                       params=lookup_params),
+                Figure(f"is_lookup_http_{store}_2is", "lookups/s", processes.lookups_2, "is_lookup_http", http,
+                       params=lookup_params | {"clients": 2}),
+                *(Figure(f"is_lookup_p{q}_ms_{store}_2is", "ms", _percentile(processes.latencies_2, q / 100) * 1000,
+                         f"is_lookup_p{q}_ms_memory", _percentile(memory_latencies, q / 100) * 1000,
+                         params=lookup_params | {"clients": 2})
+                  for q in (50, 99)),
+                Figure(f"is_refresh_vs_ttl_{store}_1is", "records/s", processes.refresh_1, "refresh_needed", needed,
+                       params=refresh_params),
+                Figure(f"is_refresh_vs_ttl_{store}_2is", "records/s", processes.refresh_2, "refresh_needed", needed,
+                       params=refresh_params),
+                Figure(f"is_refresh_batched_{store}_2is", "records/s", processes.refresh_2,
+                       f"is_refresh_batched_{store}_1is", processes.refresh_1, params=refresh_params),
             ]
     return figures

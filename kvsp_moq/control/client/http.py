@@ -57,6 +57,7 @@ from ...kvsp.records import (
 )
 from ...kvsp.records.lookup_wire import (COMPACT_LOOKUP_MEDIA_TYPE, DEFAULT_MAX_ANSWER_OCTETS, decode_compact_answer,
                                           encode_compact_request, json_lookup_request)
+from ...kvsp.records.replica_json import dump_replica
 from ...storage import RecordKey
 from ..common.errors import (
     ConfigError,
@@ -239,8 +240,7 @@ class HttpIndexClient:
         """``POST {is}replicas:batch`` (ours): PUT of each record in one request (a holder's
         batched refresh, §6.1); the records as stored (``ttl_ms`` = the granted TTL), in order.
         An IS without the route answers 404 or 405: :class:`IndexRefused` with that status."""
-        body = json.dumps({"records": [r.to_json() for r in records]}, ensure_ascii=False,
-                          allow_nan=False, separators=(",", ":")).encode()
+        body = b'{"records":[' + b",".join([dump_replica(r) for r in records]) + b"]}"  # dump_json's octets
         headers = self._headers() | {"Content-Type": KVSP_JSON}
         url = f"{self.base_url}replicas:batch"
         try:

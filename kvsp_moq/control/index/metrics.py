@@ -41,6 +41,14 @@ class IndexMetrics(RoleMetrics):
     def put(self, created: bool) -> None:
         self.puts.labels("created" if created else "refreshed").inc()
 
+    def put_many(self, created: list[bool]) -> None:
+        """:meth:`put` of each of a batch's results, one increment per label."""
+        new = sum(created)
+        if new:
+            self.puts.labels("created").inc(new)
+        if len(created) > new:
+            self.puts.labels("refreshed").inc(len(created) - new)
+
     def count_records_with(self, count: Callable[[], Awaitable[int]]) -> None:
         """``kvsp_index_replica_records`` from the store's ``count()``, read at each scrape."""
 

@@ -6,9 +6,11 @@ Layout (every key starts with ``spec.key_prefix`` then ``index:``, so roles shar
 
 - ``{p}index:{S}:b:{key}`` (hex): one hash per block; field = the replica id
   (the holder URL, then ``"\\n"`` and the MOQT namespace when there is one); value =
-  ``"{expiry_ms} {record JSON}"``. The scope is part of every block's key, so a lookup of one
-  scope can never read another's records (§6.2 "MUST NOT return replicas of a scope for which
-  the client is not authorized").
+  ``"{expiry_ms} {record JSON}"`` (``replica_json.dump_replica``: ``dump_json``'s octets; a
+  lookup reads it back with ``load_replica``, a typed decode without the rules, which were
+  checked when the record was published). The scope is part of every block's key, so a
+  lookup of one scope can never read another's records (§6.2 "MUST NOT return replicas of a
+  scope for which the client is not authorized").
 - ``{p}index:{S}:due``: a sorted set of the scope's records (member ``{key hex}|{field}``) by
   expiry time, so :meth:`RedisIndexStore.purge` finds the expired ones without a scan.
 - ``{p}index:scopes``: a set of the scope tags that have records (what the purge walks).
@@ -38,7 +40,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...kvsp.records import ReplicaRecord, dump_json, parse_json
+from ...kvsp.records import ReplicaRecord
+from ...kvsp.records.replica_json import dump_replica, load_replica
 from ..common.clock import Clock
 from ..common.store import StoreClient, StoreSpec, open_redis, store_call
 from ..common.store_scripts import ScriptCall, run_scripts
@@ -219,7 +222,7 @@ class RedisIndexStore(IndexStore):
                     record, ttl = records[i]
                     key, field = record.block_key.hex().encode(), _field(ReplicaId.of(record))
                     keys.append(blocks + key)
-                    args += [field, ttl, dump_json(record), key + b"|" + field]
+                    args += [field, ttl, dump_replica(record), key + b"|" + field]
                 calls.append(ScriptCall(_PUT, keys, args))
                 order.append(chunk)
             calls.append(ScriptCall(_ADD_SCOPE, [self._scopes], [scope]))
@@ -250,7 +253,7 @@ class RedisIndexStore(IndexStore):
         found = await self._read(keys)
         out: list[list[StoredReplica]] = []
         for flat in found:
-            replicas = [StoredReplica(parse_json(flat[i + 1], ReplicaRecord), int(flat[i]))
+            replicas = [StoredReplica(load_replica(flat[i + 1]), int(flat[i]))
                         for i in range(0, len(flat), 2)]
             replicas.sort(key=lambda s: ReplicaId.of(s.record).sort_key())
             out.append(replicas)

@@ -118,8 +118,7 @@ class IndexService:
             ttl = min(record.ttl_ms, self.config.max_ttl_ms)
             granted.append(record if ttl == record.ttl_ms else dataclasses.replace(record, ttl_ms=ttl))
         created = await self.store.put_many([(record, record.ttl_ms) for record in granted])
-        for new in created:
-            self.metrics.put(new)
+        self.metrics.put_many(created)
         return [Published(record, new) for record, new in zip(granted, created)]
 
     async def withdraw(self, principal: Principal, block: BlockRef, replica: ReplicaId) -> None:
