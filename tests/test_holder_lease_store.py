@@ -6,6 +6,7 @@ sharing one Redis would be. Times are plain integers passed in (the store reads 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from kvsp_moq.control.common.errors import StoreUnavailable
 from kvsp_moq.control.common.store import parse_store
 from kvsp_moq.control.holder.lease_redis import PURGE_BATCH, RedisLeaseStore
-from kvsp_moq.control.holder.lease_store import Lease, LeaseLimits, LeaseStore, MemoryLeaseStore, Usage
+from kvsp_moq.control.holder.lease_store import Lease, LeaseLimits, LeaseStore, MemoryLeaseStore, ReleaseOutcome, Usage
 from kvsp_moq.storage import RecordKey
 from redis_support import RedisServer
 
@@ -83,15 +84,37 @@ async def test_renew_and_release_are_the_owners(stores: tuple[LeaseStore, LeaseS
     a, b = stores
     await a.grant(lease("L1"), LIMITS, NOW)
     assert await b.renew("bob", "L1", NOW + 50_000, NOW) is None
-    assert await b.release("bob", "L1", NOW) is None
+    assert await b.release("bob", "L1", NOW) == ReleaseOutcome(False)
     renewed = await b.renew("alice", "L1", NOW + 50_000, NOW + 9_000)
     assert renewed is not None and renewed.expires_ms == NOW + 50_000 and renewed.replicas == lease("L1").replicas
     assert (await a.get("alice", "L1", NOW + 40_000)) == renewed  # past the first TTL
     released = await a.release("alice", "L1", NOW + 40_000)
-    assert released == renewed
+    assert released == ReleaseOutcome(True, renewed)
     assert await b.get("alice", "L1", NOW + 40_000) is None
-    assert await b.release("alice", "L1", NOW + 40_000) is None
     assert await b.usage("alice", NOW + 40_000) == Usage(0, 0)
+    # a repeat (after a 503 that was applied) is released, once more, by its owner only, until the expiry
+    assert await b.release("alice", "L1", NOW + 41_000) == ReleaseOutcome(True, renewed)
+    assert await b.release("bob", "L1", NOW + 41_000) == ReleaseOutcome(False)
+    assert await a.release("alice", "L1", NOW + 50_000) == ReleaseOutcome(False)
+    assert await b.usage("alice", NOW + 41_000) == Usage(0, 0)
+
+
+async def test_a_repeated_grant_of_one_request_is_answered_once(stores: tuple[LeaseStore, LeaseStore]) -> None:
+    a, b = stores
+    first = dataclasses.replace(lease("K1", octets=600), request="fp-1")
+    assert (await a.grant(first, LIMITS, NOW)).granted
+    later = dataclasses.replace(first, expires_ms=NOW + 12_000)  # the repeat, 2 s later
+    again = await b.grant(later, LIMITS, NOW + 2_000)
+    assert again.granted and again.existing == first  # the lease of the first try, its expiry kept
+    assert await b.usage("alice", NOW + 2_000) == Usage(600, 1)  # counted once
+    other = await b.grant(dataclasses.replace(first, request="fp-2"), LIMITS, NOW + 2_000)
+    assert not other.granted and other.conflict
+    assert (await b.grant(dataclasses.replace(first, owner="bob"), LIMITS, NOW)).duplicate  # not bob's
+    assert (await a.grant(lease("K1"), LIMITS, NOW)).duplicate  # without a request: the id is taken
+    await a.release("alice", "K1", NOW + 3_000)
+    anew = await b.grant(dataclasses.replace(later, expires_ms=NOW + 13_000), LIMITS, NOW + 3_000)
+    assert anew.granted and anew.existing is None  # released: the repeat is a new lease
+    assert await a.usage("alice", NOW + 3_000) == Usage(600, 1)
 
 
 async def test_an_expired_lease_is_gone_before_the_purge(stores: tuple[LeaseStore, LeaseStore]) -> None:
@@ -101,7 +124,7 @@ async def test_an_expired_lease_is_gone_before_the_purge(stores: tuple[LeaseStor
     at = NOW + 10_000  # expiry is inclusive: expires_ms <= now is expired
     assert await b.get("alice", "L1", at) is None
     assert await b.renew("alice", "L1", at + 10_000, at) is None
-    assert await b.release("alice", "L1", at) is None
+    assert await b.release("alice", "L1", at) == ReleaseOutcome(False)
     assert await b.usage("alice", at) == Usage(0, 0)
     assert [x.id for x in await b.live(at)] == ["L2"]
     assert (await b.grant(lease("L3", octets=1_000, ttl_ms=20_000), LIMITS, at)).granted  # the quota is free

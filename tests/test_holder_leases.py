@@ -59,7 +59,10 @@ async def test_grant_renew_release(h: H) -> None:
 
     assert (await h.request("DELETE", f"leases/{grant.lease}")).status == 204
     assert not h.service.store.is_pinned(rkey(0))
-    reply = await h.request("DELETE", f"leases/{grant.lease}")
+    reply = await h.request("DELETE", f"leases/{grant.lease}", who="client-a2")
+    assert (reply.status, reply.problem) == (404, "kvsp-not-found")  # not its lease: nothing revealed
+    assert (await h.request("DELETE", f"leases/{grant.lease}")).status == 204  # a repeat: released
+    reply = await h.request("PUT", f"leases/{grant.lease}", body={"ttl_ms": 20_000})
     assert (reply.status, reply.problem) == (404, "kvsp-not-found")
 
 
@@ -204,3 +207,28 @@ async def test_purge_frees_the_quota_and_unpins(h: H) -> None:
     assert await h.service.leases.purge() == 0
     assert not h.service.store.is_pinned(rkey(0))
     assert (await h.lease([3, 4, 5])).status == 201
+
+
+async def test_a_grant_repeated_under_its_idempotency_key_is_one_lease(h: H) -> None:
+    key = {"Idempotency-Key": '"prefetch-1"'}
+    body = {"block_keys": [bkey(0).hex(), bkey(1).hex()], "compat_id": COMPAT.hex(), "scope_id": SCOPE_A.hex(),
+            "ttl_ms": 10_000}
+    first = await h.request("POST", "leases", body=body, headers=key)
+    assert first.status == 201
+    grant = LeaseGrant.from_json(first.json)
+    h.clock.advance(3_000)
+    again = await h.request("POST", "leases", body={**body, "block_keys": body["block_keys"][::-1]}, headers=key)
+    assert again.status == 201 and again.headers["Location"] == f"/leases/{grant.lease}"
+    assert LeaseGrant.from_json(again.json) == LeaseGrant(lease=grant.lease, ttl_ms=7_000)  # its expiry kept
+    assert await h.service.leases.usage(PRINCIPALS["client-a"]) == (2 * CONTAINER_SIZE, 1)  # counted once
+    assert h.service.store.pin_owners(rkey(0)) == (grant.lease,)
+    other = await h.request("POST", "leases", body={**body, "ttl_ms": 9_000}, headers=key)
+    assert other.status == 422  # the key of another request (draft-ietf-httpapi-idempotency-key-header)
+    assert h.service.store.pin_owners(rkey(0)) == (grant.lease,)  # the lease keeps its pins
+    theirs = await h.request("POST", "leases", body=body, headers=key, who="client-a2")
+    assert theirs.status == 201 and LeaseGrant.from_json(theirs.json).lease != grant.lease  # keys are per client
+    bad = await h.request("POST", "leases", body=body, headers={"Idempotency-Key": '"a\\"b"'})
+    assert bad.status == 400
+    assert (await h.request("DELETE", f"leases/{grant.lease}")).status == 204
+    anew = await h.request("POST", "leases", body=body, headers=key)  # released: the key grants afresh
+    assert anew.status == 201 and LeaseGrant.from_json(anew.json).ttl_ms == 10_000

@@ -5,7 +5,7 @@ importing any route code:
 - :class:`HttpIndexClient` — the Index Service (``client.publisher.IndexClient``, ``pc.service.PcIndex``,
   ``instance.prefetch.ReplicaSource``): publish, withdraw, lookup, instance status, replicas;
 - :class:`HttpBlockFetcher` — blocks from holders (``client.retrieval.BlockFetcher``, §6.7);
-- :class:`HttpLeaseClient`, :class:`HttpBlockStorer` — a holder's leases (§6.6) and block PUT (§6.7);
+- :class:`HttpBlockStorer` — a holder's block PUT (§6.7); its leases (§6.6): ``client/http_leases.py``;
 - :class:`HttpInstanceClient` — the PC's calls to instances (§6.3, §6.5, §6.8, §6.9);
 - :class:`HttpPcClient` — an instance's and a front end's calls to the PC (§6.3, §6.8);
 - :class:`HttpFrontEndClient` — output delivery and a client's session stream (§6.8);
@@ -38,8 +38,6 @@ from ...kvsp.container import decode_container
 from ...kvsp.errors import KvspError, RecordError
 from ...kvsp.records import (
     InstanceStatusRecord,
-    LeaseGrant,
-    LeaseRequest,
     LookupRequest,
     LookupResponse,
     MatchedBlock,
@@ -63,7 +61,6 @@ from ..common.errors import (
     ConfigError,
     FrontEndUnreachable,
     InstanceUnreachable,
-    LeaseRefused,
     PeerUnreachable,
     SessionOpenFailed,
     ShardFetchFailed,
@@ -101,10 +98,10 @@ __all__ = [
     "HttpFrontEndClient",
     "HttpIndexClient",
     "HttpInstanceClient",
-    "HttpLeaseClient",
     "HttpPcClient",
     "HttpShardFetcher",
     "PcRefused",
+    "TRANSPORT_ERRORS",
     "PlainHttpRefused",
 ]
 
@@ -425,10 +422,12 @@ async def _call(
     token: str | None,
     body: Record | None,
     timeout: aiohttp.ClientTimeout,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> tuple[int, bytes, str | None, str]:
     """One JSON request: (status, body, problem name, problem detail). Transport errors raise
     ``aiohttp.ClientError`` / ``asyncio.TimeoutError``."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers.update(extra_headers or {})
     data = None
     if body is not None:
         data = dump_json(body)
@@ -438,6 +437,10 @@ async def _call(
             name, detail = await _problem_of(resp)
             return resp.status, b"", name, detail
         return resp.status, await resp.read(), None, ""
+
+
+#: What a call raises when no answer came (the peer unreachable, the connection lost, a timeout).
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class HttpClient:
@@ -456,8 +459,9 @@ class HttpClient:
             self._session = _new_session(self._tls)
         return self._session
 
-    async def _call(self, method: str, url: str, body: Record | None = None) -> tuple[int, bytes, str | None, str]:
-        return await _call(self._client(), method, url, self._token, body, self._timeout)
+    async def _call(self, method: str, url: str, body: Record | None = None,
+                    headers: Mapping[str, str] | None = None) -> tuple[int, bytes, str | None, str]:
+        return await _call(self._client(), method, url, self._token, body, self._timeout, headers)
 
     async def close(self) -> None:
         if self._owned and self._session is not None:
@@ -467,24 +471,6 @@ class HttpClient:
 
 def _base(url: str) -> str:
     return url if url.endswith("/") else url + "/"
-
-
-class HttpLeaseClient(HttpClient):
-    """:class:`~.instance.prefetch.LeaseClient` over HTTP (§6.6 ``POST``/``DELETE {holder}leases``)."""
-
-    async def lease(self, holder: str, request: LeaseRequest) -> LeaseGrant:
-        try:
-            status, body, name, detail = await self._call("POST", f"{_base(holder)}leases", request)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise LeaseRefused(f"{type(exc).__name__}: {exc}") from exc
-        if status != 201:
-            raise LeaseRefused(f"status {status} {name or ''}: {detail}")
-        return parse_json(body, LeaseGrant)
-
-    async def release(self, holder: str, lease: str) -> None:
-        status, _, name, detail = await self._call("DELETE", f"{_base(holder)}leases/{lease}")
-        if status not in (204, 404):  # 404: expired already
-            raise LeaseRefused(f"release: status {status} {name or ''}: {detail}")
 
 
 class HttpBlockStorer(HttpClient):

@@ -7,7 +7,12 @@ docs/deploy.md):
   (hex), ``replicas`` (JSON ``[[compat, scope, block_key, replica_id], ...]`` in hex);
 - ``P expiry``: a sorted set, lease id -> expiry (purge, and the reload after a restart);
 - ``P owner:{name}``: a sorted set per owner, lease id -> expiry (its live leases);
-- ``P usage``: a hash, owner -> leased octets of its leases not yet purged.
+- ``P usage``: a hash, owner -> leased octets of its leases not yet purged;
+- ``P released:{id}``: a released lease's hash (as ``lease:{id}`` was) until its expiry
+  (``PEXPIRE``): the owner's repeated release is answered as released (a 503 retried).
+
+A lease granted for a request with an ``Idempotency-Key`` also has ``request`` (the request's
+fingerprint): the same grant repeated finds it and answers it (code 3), counted once.
 
 Every write is one Lua script, so each is atomic in Redis: :meth:`RedisLeaseStore.grant` drops
 the owner's expired leases, checks the quota (§6.6 "MUST enforce a per-client quota") and
@@ -29,12 +34,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...storage import RecordKey
 from ..common.store import StoreClient, StoreSpec, open_redis, store_call
 from ..common.store_scripts import ScriptCall, run_scripts
-from .lease_store import GrantOutcome, Lease, LeaseLimits, Usage
+from .lease_store import GrantOutcome, Lease, LeaseLimits, ReleaseOutcome, Usage
 
 __all__ = ["RedisLeaseStore"]
 
@@ -72,16 +78,24 @@ local function live(id, owner, now)
 end
 """
 
-# ARGV: P, now, id, owner, octets, expires, max_leases, max_octets, scope, replicas.
-# Answers {1 granted | 0 over the quota | 2 id taken, octets used, live leases}.
+# ARGV: P, now, id, owner, octets, expires, max_leases, max_octets, scope, replicas, request.
+# Answers {1 granted | 0 over the quota | 2 id taken | 4 id is the owner's lease of another
+# request, octets used, live leases}, or {3, used, leases, the lease's fields}: the same request
+# (ARGV[11], not empty) granted it before.
 _GRANT = _COMMON + """
-local now, id, owner, octets = tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
+local now, id, owner, octets, request = tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[11]
 purge_owner(owner, now)
 local used, count = usage(owner)
 local lk = P .. 'lease:' .. id
-if redis.call('EXISTS', lk) == 1 then return {2, used, count} end
+if redis.call('EXISTS', lk) == 1 then
+  local f = redis.call('HMGET', lk, 'owner', 'octets', 'expires', 'scope', 'replicas', 'request')
+  if request == '' or f[1] ~= owner then return {2, used, count} end
+  if f[6] ~= request then return {4, used, count} end
+  return {3, used, count, id, f[1], f[2], f[3], f[4], f[5]}
+end
 if count + 1 > tonumber(ARGV[7]) or used + octets > tonumber(ARGV[8]) then return {0, used, count} end
 redis.call('HSET', lk, 'owner', owner, 'octets', ARGV[5], 'expires', ARGV[6], 'scope', ARGV[9], 'replicas', ARGV[10])
+if request ~= '' then redis.call('HSET', lk, 'request', request) end
 redis.call('ZADD', P .. 'expiry', ARGV[6], id)
 redis.call('ZADD', P .. 'owner:' .. owner, ARGV[6], id)
 redis.call('HINCRBY', P .. 'usage', owner, ARGV[5])
@@ -100,11 +114,20 @@ local f = redis.call('HMGET', lk, 'owner', 'octets', 'expires', 'scope', 'replic
 return {id, f[1], f[2], f[3], f[4], f[5]}
 """
 
-# ARGV: P, now, id, owner. The released lease's fields, or nil.
+# ARGV: P, now, id, owner. The released lease's fields, also when the owner released it before
+# (its tombstone, kept until the lease's expiry); nil.
 _RELEASE = _COMMON + """
 local now, id, owner = tonumber(ARGV[2]), ARGV[3], ARGV[4]
-if not live(id, owner, now) then return false end
-return drop(id)
+local tk = P .. 'released:' .. id
+if not live(id, owner, now) then
+  local t = redis.call('HMGET', tk, 'owner', 'octets', 'expires', 'scope', 'replicas')
+  if t[1] == owner and tonumber(t[3]) > now then return {id, t[1], t[2], t[3], t[4], t[5]} end
+  return false
+end
+local f = drop(id)
+redis.call('HSET', tk, 'owner', f[2], 'octets', f[3], 'expires', f[4], 'scope', f[5], 'replicas', f[6])
+redis.call('PEXPIRE', tk, math.max(1, tonumber(f[4]) - now))
+return f
 """
 
 # ARGV: P, now, owner. {octets, leases} of the owner's live leases.
@@ -165,10 +188,13 @@ class RedisLeaseStore:
 
     @store_call(_spec_of)
     async def grant(self, lease: Lease, limits: LeaseLimits, now_ms: int) -> GrantOutcome:
-        code, used, count = await self._run(
+        code, used, count, *fields = await self._run(
             self._grant, now_ms, lease.id, lease.owner, lease.octets, lease.expires_ms,
-            limits.max_leases, limits.max_octets, lease.scope_id.hex(), _encode_replicas(lease))
-        return GrantOutcome(int(code) == 1, Usage(int(used), int(count)), duplicate=int(code) == 2)
+            limits.max_leases, limits.max_octets, lease.scope_id.hex(), _encode_replicas(lease), lease.request)
+        usage, code = Usage(int(used), int(count)), int(code)
+        if code == 3:
+            return GrantOutcome(True, usage, existing=replace(_decode(fields), request=lease.request))
+        return GrantOutcome(code == 1, usage, duplicate=code == 2, conflict=code == 4)
 
     @store_call(_spec_of)
     async def renew(self, owner: str, lease_id: str, expires_ms: int, now_ms: int) -> Lease | None:
@@ -176,9 +202,9 @@ class RedisLeaseStore:
         return _decode(fields) if fields else None
 
     @store_call(_spec_of)
-    async def release(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
+    async def release(self, owner: str, lease_id: str, now_ms: int) -> ReleaseOutcome:
         fields = await self._run(self._release, now_ms, lease_id, owner)
-        return _decode(fields) if fields else None
+        return ReleaseOutcome(True, _decode(fields)) if fields else ReleaseOutcome(False)
 
     @store_call(_spec_of)
     async def get(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:

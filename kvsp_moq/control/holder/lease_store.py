@@ -20,6 +20,13 @@ run them over both):
   :meth:`LeaseStore.purge` returns the expired leases still there (their pins in the block
   store lapse on their own at the same expiry, so a lease dropped without being returned
   leaves nothing pinned).
+- Safe to repeat after a 503 (a write applied but not acknowledged, docs/deploy.md "A 503 that
+  was applied"): a grant whose lease carries a ``request`` fingerprint (the request came with
+  an ``Idempotency-Key``; its id is derived from owner and key) and whose id the owner already
+  holds live is answered with that lease (``GrantOutcome.existing``), not a second one, and
+  counts once; a different request under the same id is ``GrantOutcome.conflict``. A release
+  leaves a tombstone until the lease's expiry, so the owner's repeated release is answered
+  released, with the lease (its replicas are unpinned then, if the first try's were not).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Protocol
 from ...kvsp.records import LeaseGrant
 from ...storage import RecordKey
 
-__all__ = ["GrantOutcome", "Lease", "LeaseLimits", "LeaseStore", "MemoryLeaseStore", "Usage"]
+__all__ = ["GrantOutcome", "Lease", "LeaseLimits", "LeaseStore", "MemoryLeaseStore", "ReleaseOutcome", "Usage"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,9 @@ class Lease:
     octets: int
     expires_ms: int
     scope_id: bytes = b""
+    #: The fingerprint of the request that created it when it came with an ``Idempotency-Key``
+    #: (``leases.request_fingerprint``); "" otherwise.
+    request: str = ""
 
     def grant(self, now_ms: int) -> LeaseGrant:
         return LeaseGrant(lease=self.id, ttl_ms=max(1, self.expires_ms - now_ms))
@@ -75,11 +85,24 @@ class Lease:
 @dataclass(frozen=True)
 class GrantOutcome:
     """The answer of :meth:`LeaseStore.grant`: granted, or refused (``usage`` is the owner's
-    usage the quota was checked against; ``duplicate``: the id is taken, try another)."""
+    usage the quota was checked against; ``duplicate``: the id is taken, try another).
+    ``existing``: granted before, by the same request (a repeat; nothing recorded now);
+    ``conflict``: the id is the owner's lease of another request (an ``Idempotency-Key`` reused)."""
 
     granted: bool
     usage: Usage
     duplicate: bool = False
+    existing: Lease | None = None
+    conflict: bool = False
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    """The answer of :meth:`LeaseStore.release`: ``released``, now or before by the same owner
+    (``lease``: the lease as it was), or not (unknown, expired or another's; ``lease`` None)."""
+
+    released: bool
+    lease: Lease | None = None
 
 
 class LeaseStore(Protocol):
@@ -97,8 +120,9 @@ class LeaseStore(Protocol):
         """The lease, now ending at ``expires_ms``; None when unknown, expired or another's."""
         ...
 
-    def release(self, owner: str, lease_id: str, now_ms: int) -> Awaitable[Lease | None]:
-        """Remove the lease and free its quota; the removed lease, or None (as for renew)."""
+    def release(self, owner: str, lease_id: str, now_ms: int) -> Awaitable[ReleaseOutcome]:
+        """Remove the lease and free its quota, leaving a tombstone until its expiry (a
+        repeated release by its owner is answered as released)."""
         ...
 
     def get(self, owner: str, lease_id: str, now_ms: int) -> Awaitable[Lease | None]:
@@ -129,6 +153,9 @@ class MemoryLeaseStore:
     def __init__(self) -> None:
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[str, dict[str, Lease]] = {}  # a grant looks at its owner's only
+        #: Released leases until their expiry, by id. Bounded by the releases of one maximum
+        #: lease TTL; :meth:`purge` drops the expired.
+        self._released: dict[str, Lease] = {}
 
     def _add(self, lease: Lease) -> None:
         self._leases[lease.id] = lease
@@ -158,8 +185,13 @@ class MemoryLeaseStore:
 
     async def grant(self, lease: Lease, limits: LeaseLimits, now_ms: int) -> GrantOutcome:
         usage = self._usage(lease.owner, now_ms)
-        if lease.id in self._leases:
-            return GrantOutcome(False, usage, duplicate=True)
+        held = self._leases.get(lease.id)
+        if held is not None:
+            if not lease.request or held.owner != lease.owner:
+                return GrantOutcome(False, usage, duplicate=True)
+            if held.request == lease.request:
+                return GrantOutcome(True, usage, existing=held)
+            return GrantOutcome(False, usage, conflict=True)
         if usage.leases + 1 > limits.max_leases or usage.octets + lease.octets > limits.max_octets:
             return GrantOutcome(False, usage)
         self._add(replace(lease, replicas=dict(lease.replicas)))
@@ -172,11 +204,16 @@ class MemoryLeaseStore:
         self._add(lease := replace(lease, expires_ms=expires_ms))
         return lease
 
-    async def release(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
+    async def release(self, owner: str, lease_id: str, now_ms: int) -> ReleaseOutcome:
         lease = self._live(owner, lease_id, now_ms)
         if lease is not None:
             self._remove(lease)
-        return lease
+            self._released[lease_id] = lease
+            return ReleaseOutcome(True, lease)
+        gone = self._released.get(lease_id)
+        if gone is None or gone.owner != owner or gone.expires_ms <= now_ms:
+            return ReleaseOutcome(False)
+        return ReleaseOutcome(True, gone)
 
     async def get(self, owner: str, lease_id: str, now_ms: int) -> Lease | None:
         return self._live(owner, lease_id, now_ms)
@@ -188,6 +225,8 @@ class MemoryLeaseStore:
         expired = [lease for lease in self._leases.values() if lease.expires_ms <= now_ms]
         for lease in expired:
             self._remove(lease)
+        for lease_id in [i for i, gone in self._released.items() if gone.expires_ms <= now_ms]:
+            del self._released[lease_id]
         return expired
 
     async def live(self, now_ms: int) -> list[Lease]:

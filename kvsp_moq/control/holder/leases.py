@@ -33,11 +33,31 @@ Decisions (docs/http-api.md "Holder"):
   replica of the same key is not covered (a lease is on replicas, not keys).
 - A lease belongs to its creator: another principal gets 404 for it (its existence is not
   revealed).
+- A 503 that was applied (docs/deploy.md "A 503 that was applied"): a store write may be
+  applied although too few replicas acknowledged it (``store_wait_replicas``). So every lease
+  call is safe to repeat:
+
+  - a grant answered 503 is withdrawn at once, as far as the store answers (so a client that
+    gives up leaves no lease holding its quota or pinning replicas until the TTL);
+  - a grant with an ``Idempotency-Key`` (draft-ietf-httpapi-idempotency-key-header; §6.6 leaves
+    the request's form to us) gets a lease id derived from the principal and the key, so a
+    repeat finds the lease the first try stored, if it is still there, and answers it (same id,
+    remaining TTL) instead of a second lease; the key reused for another request is
+    :class:`IdempotencyKeyReused` (422);
+  - a renewal sets an expiry, so its repeat is harmless; a renewal answered 503 still extends
+    the pins to the expiry the store holds (read back, if it answers), so no replica the store
+    counts as leased is evicted meanwhile (§6.6 MUST NOT);
+  - a release of the principal's lease already released (its tombstone lasts until the
+    lease's expiry) succeeds again (204): §6.6 DELETE releases, and the lease is released.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import logging
 import secrets
+from collections.abc import Hashable
 
 from ...kvsp.records import LeaseGrant, LeaseRequest
 from ...storage import BlockStore, RecordKey, ReplicaNotFound
@@ -46,7 +66,29 @@ from ..common.clock import Clock
 from ..common.errors import LeaseQuotaExceeded, NotFound, StoreUnavailable
 from .lease_store import Lease, LeaseLimits, LeaseStore, MemoryLeaseStore, Usage
 
-__all__ = ["Lease", "LeaseLimits", "LeaseManager"]
+__all__ = ["IdempotencyKeyReused", "Lease", "LeaseLimits", "LeaseManager", "lease_id_for", "request_fingerprint"]
+
+log = logging.getLogger(__name__)
+
+
+class IdempotencyKeyReused(Exception):
+    """An ``Idempotency-Key`` the principal used for another lease request (422 in
+    draft-ietf-httpapi-idempotency-key-header §2.7)."""
+
+
+def lease_id_for(owner: str, idempotency_key: str) -> str:
+    """The lease id of ``owner``'s grant under ``idempotency_key``: 144 bits of SHA-256,
+    URL-safe base64 (the form of a random id, so an id tells nothing)."""
+    digest = hashlib.sha256(f"kvsp lease\0{owner}\0{idempotency_key}".encode()).digest()
+    return base64.urlsafe_b64encode(digest[:18]).decode()
+
+
+def request_fingerprint(request: LeaseRequest) -> str:
+    """What makes two lease requests the same request (the block keys as a set, compat,
+    scope, TTL): a repeat under one ``Idempotency-Key`` must match it."""
+    keys = ",".join(sorted(k.hex() for k in set(request.block_keys)))
+    text = f"{request.compat_id.hex()}/{request.scope_id.hex()}/{request.ttl_ms}/{keys}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class LeaseManager:
@@ -82,9 +124,12 @@ class LeaseManager:
 
     # -- §6.6 operations -----------------------------------------------------------------------
 
-    async def grant(self, principal: Principal, request: LeaseRequest) -> LeaseGrant:
-        """Create a lease (§6.6 ``POST leases``). Raises ``Forbidden`` (scope), ``NotFound``
-        (a key not held; nothing pinned), ``LeaseQuotaExceeded``, ``StoreUnavailable``."""
+    async def grant(self, principal: Principal, request: LeaseRequest, *,
+                    idempotency_key: str | None = None) -> LeaseGrant:
+        """Create a lease (§6.6 ``POST leases``); with ``idempotency_key``, answer the lease an
+        earlier try of the same request created, if live (module notes). Raises ``Forbidden``
+        (scope), ``NotFound`` (a key not held; nothing pinned), ``LeaseQuotaExceeded``,
+        :class:`IdempotencyKeyReused`, ``StoreUnavailable`` (the lease withdrawn if it answers)."""
         require_scope(principal, request.scope_id)
         keys = list(dict.fromkeys(request.block_keys))
         if len(keys) > self.limits.max_keys:
@@ -104,20 +149,47 @@ class LeaseManager:
         if missing:
             raise NotFound(f"the holder has no replica of block(s) {', '.join(missing)}")
         now = self.clock.now_ms()
+        fingerprint = request_fingerprint(request) if idempotency_key is not None else ""
         while True:
-            lease = Lease(secrets.token_urlsafe(18), principal.name, replicas, octets,  # 144 bits, URI-unreserved
-                          now + request.ttl_ms, request.scope_id)
-            self._pin(lease, request.ttl_ms)  # before any await: nothing evicts them meanwhile
+            lease_id = (secrets.token_urlsafe(18) if idempotency_key is None  # 144 bits, URI-unreserved
+                        else lease_id_for(principal.name, idempotency_key))
+            lease = Lease(lease_id, principal.name, replicas, octets, now + request.ttl_ms, request.scope_id,
+                          fingerprint)
+            # Pinned before any await, so nothing evicts them meanwhile; under an owner of this
+            # try alone, as the id may be a live lease's (a repeat) whose pins are not ours to drop.
+            trying = object()
+            self._pin(lease, request.ttl_ms, owner=trying)
             try:
                 outcome = await self.leases.grant(lease, self.limits, now)
-            except BaseException:
-                self._unpin(lease)
+            except StoreUnavailable:
+                self._unpin(lease, owner=trying)
+                await self._withdraw(lease)
                 raise
+            except BaseException:
+                self._unpin(lease, owner=trying)
+                raise
+            if outcome.existing is not None:  # a repeat: the lease an earlier try stored
+                self._pin(outcome.existing, outcome.existing.remaining_ms(now))
+                self._unpin(lease, owner=trying)
+                return outcome.existing.grant(now)
             if outcome.granted:
+                self._pin(lease, request.ttl_ms)
+                self._unpin(lease, owner=trying)
                 return lease.grant(now)
-            self._unpin(lease)
+            self._unpin(lease, owner=trying)
+            if outcome.conflict or (outcome.duplicate and idempotency_key is not None):
+                raise IdempotencyKeyReused(f"Idempotency-Key {idempotency_key!r} was used for another lease request")
             if not outcome.duplicate:
                 raise self._refusal(principal, octets, outcome.usage)
+
+    async def _withdraw(self, lease: Lease) -> None:
+        """Release a lease whose grant was answered 503: it may be stored all the same (module
+        notes). As far as the store answers (a write it applies but does not acknowledge is
+        as good here)."""
+        try:
+            await self.leases.release(lease.owner, lease.id, self.clock.now_ms())
+        except StoreUnavailable as exc:
+            log.warning("lease %s (not acknowledged): withdrawing it failed: %s", lease.id, exc)
 
     async def renew(self, principal: Principal, lease_id: str, ttl_ms: int) -> LeaseGrant:
         """Extend a live lease to ``ttl_ms`` from now (§6.6 ``PUT leases/{id}``). ``NotFound``
@@ -125,18 +197,33 @@ class LeaseManager:
         quota. Replicas that have left the store meanwhile (a fault) stay unpinned."""
         self._check_ttl(ttl_ms)
         now = self.clock.now_ms()
-        lease = await self.leases.renew(principal.name, lease_id, now + ttl_ms, now)
+        try:
+            lease = await self.leases.renew(principal.name, lease_id, now + ttl_ms, now)
+        except StoreUnavailable:
+            await self._pin_stored(principal, lease_id)
+            raise
         if lease is None:
             raise NotFound(f"no live lease {lease_id!r}")
         self._pin(lease, ttl_ms)
         return lease.grant(now)
 
+    async def _pin_stored(self, principal: Principal, lease_id: str) -> None:
+        """After a renewal answered 503: pin the lease's replicas to the expiry the store
+        holds, which the renewal may have extended (module notes); as far as the store answers."""
+        try:
+            lease = await self.leases.get(principal.name, lease_id, self.clock.now_ms())
+        except StoreUnavailable:
+            return  # the old pins last the old TTL; the store cannot be read either
+        if lease is not None:
+            self._pin(lease, lease.remaining_ms(self.clock.now_ms()))
+
     async def release(self, principal: Principal, lease_id: str) -> None:
-        """End a lease (§6.6 ``DELETE leases/{id}``) and unpin its replicas."""
-        lease = await self.leases.release(principal.name, lease_id, self.clock.now_ms())
-        if lease is None:
+        """End a lease (§6.6 ``DELETE leases/{id}``) and unpin its replicas; a lease the
+        principal released already is released (a repeat after a 503, module notes)."""
+        outcome = await self.leases.release(principal.name, lease_id, self.clock.now_ms())
+        if outcome.lease is None:
             raise NotFound(f"no live lease {lease_id!r}")
-        self._unpin(lease)
+        self._unpin(outcome.lease)  # a repeat: in case the first try's were left (a 503)
 
     async def purge(self) -> int:
         """Drop expired leases (unpinning their replicas); how many."""
@@ -178,15 +265,16 @@ class LeaseManager:
             f"{octets} more leased octets would exceed the quota of {self.limits.max_octets} "
             f"({usage.octets} already leased by {principal.name!r})")
 
-    def _pin(self, lease: Lease, ttl_ms: int) -> None:
+    def _pin(self, lease: Lease, ttl_ms: int, *, owner: Hashable | None = None) -> None:
+        """Pin the lease's replicas for ``ttl_ms`` under its id (or ``owner``)."""
         if ttl_ms < 1:
             return
         for key, replica_id in lease.replicas.items():
             try:
-                self.store.pin(key, lease.id, ttl_ms, replica_id=replica_id)
+                self.store.pin(key, lease.id if owner is None else owner, ttl_ms, replica_id=replica_id)
             except ReplicaNotFound:
                 pass  # gone (a fault, or lost across a restart): the lease pins nothing there
 
-    def _unpin(self, lease: Lease) -> None:
+    def _unpin(self, lease: Lease, *, owner: Hashable | None = None) -> None:
         for key in lease.replicas:
-            self.store.unpin(key, lease.id)
+            self.store.unpin(key, lease.id if owner is None else owner)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from aiohttp import web
 
 from ...kvsp.errors import RecordError
@@ -11,12 +13,16 @@ from ..common.config import HolderConfig
 from ..common.errors import NotFound
 from ..common.media import BLOCK_MEDIA_TYPE, repr_digest
 from ..http.server import BLOCK_PATH, HttpProblem, authenticate, read_block_body, read_record, record_response
+from .leases import IdempotencyKeyReused
 from .service import BlockRead, HolderService
 
-__all__ = ["LEASE_SEGMENT", "HolderRoutes", "parse_codec", "parse_layers", "record_key"]
+__all__ = ["LEASE_SEGMENT", "HolderRoutes", "parse_codec", "parse_idempotency_key", "parse_layers", "record_key"]
 
 #: A lease identifier in a path (records/lease.py LEASE_ID).
 LEASE_SEGMENT = "{lease:[A-Za-z0-9._~-]{1,128}}"
+#: ``Idempotency-Key`` (draft-ietf-httpapi-idempotency-key-header §2.1): an sf-string (quoted,
+#: printable ASCII without escapes here), or, leniently, the same characters bare.
+_IDEMPOTENCY_KEY = re.compile(r'"([\x20\x21\x23-\x5b\x5d-\x7e]{1,255})"|([A-Za-z0-9._~:+/=-]{1,255})')
 #: The largest layer index (``layers=a-b``): a KVB1 field is 32 bits (§4.3).
 _MAX_LAYER = (1 << 32) - 1
 
@@ -40,6 +46,17 @@ def parse_layers(value: str | None) -> tuple[int, int] | None:
     if a > b or b > _MAX_LAYER:
         raise RecordError("layers", f"must be an inclusive range a-b with a <= b <= {_MAX_LAYER}, got {value!r}")
     return a, b
+
+
+def parse_idempotency_key(value: str | None) -> str | None:
+    """The ``Idempotency-Key`` of a lease request (docs/http-api.md "POST {h}leases"); 400
+    unless an sf-string of 1 to 255 printable ASCII characters."""
+    if value is None:
+        return None
+    match = _IDEMPOTENCY_KEY.fullmatch(value.strip())
+    if match is None:
+        raise HttpProblem(400, "Idempotency-Key must be a quoted string of 1 to 255 printable ASCII characters")
+    return match.group(1) or match.group(2)
 
 
 def parse_codec(value: str | None) -> int | None:
@@ -140,10 +157,16 @@ class HolderRoutes:
         return record_response(record, status=201, headers={"Location": location})
 
     async def post_lease(self, request: web.Request) -> web.Response:
-        """§6.6 POST leases: 201 with a LeaseGrant and Location ``leases/{id}``."""
+        """§6.6 POST leases: 201 with a LeaseGrant and Location ``leases/{id}``. With an
+        ``Idempotency-Key``, a repeat of the request answers the lease its earlier try created
+        (``holder/leases.py``); the key reused for another request is 422."""
         principal = authenticate(request)
+        key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
         lease_request = await read_record(request, LeaseRequest, self.config.max_body_octets)
-        grant = await self.service.grant_lease(principal, lease_request)
+        try:
+            grant = await self.service.grant_lease(principal, lease_request, idempotency_key=key)
+        except IdempotencyKeyReused as exc:
+            raise HttpProblem(422, str(exc)) from None
         return record_response(grant, status=201, headers={"Location": f"{self.base}leases/{grant.lease}"})
 
     async def get_lease(self, request: web.Request) -> web.Response:
@@ -165,7 +188,7 @@ class HolderRoutes:
         return record_response(grant)
 
     async def delete_lease(self, request: web.Request) -> web.Response:
-        """§6.6 release: 204."""
+        """§6.6 release: 204, also for the principal's lease released already (a repeat)."""
         principal = authenticate(request)
         await self.service.leases.release(principal, request.match_info["lease"])
         self.service.metrics.lease_releases.inc()

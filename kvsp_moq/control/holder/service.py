@@ -103,10 +103,11 @@ class HolderService:
         live = await self.leases.leases.live(self.leases.clock.now_ms())
         return len(live), sum(lease.octets for lease in live)
 
-    async def grant_lease(self, principal: Principal, request: LeaseRequest) -> LeaseGrant:
+    async def grant_lease(self, principal: Principal, request: LeaseRequest, *,
+                          idempotency_key: str | None = None) -> LeaseGrant:
         """§6.6 ``POST leases`` (:meth:`LeaseManager.grant`), counted by result."""
         try:
-            grant = await self.leases.grant(principal, request)
+            grant = await self.leases.grant(principal, request, idempotency_key=idempotency_key)
         except Exception as exc:
             self.metrics.lease_requests.labels(lease_result(exc)).inc()
             raise

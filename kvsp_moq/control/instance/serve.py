@@ -25,10 +25,10 @@ from ..client.http import (
     HttpClient,
     HttpFrontEndClient,
     HttpIndexClient,
-    HttpLeaseClient,
     HttpPcClient,
     HttpShardFetcher,
 )
+from ..client.http_leases import HttpLeaseClient
 from ..client.journal import RecordJournal
 from ..client.publisher import ReplicaPublisher, start_withdrawing_previous
 from ..client.moqt import retrieve_block
