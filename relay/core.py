@@ -37,6 +37,7 @@ from .config import RelayConfig
 from .auth import Principal
 from .fetch import FetchService, fetch_range
 from .transcode import EdgeTranscoding
+from .transcode_live import LiveTranscoding
 from .fill import FillService
 from .deadline import Deadline
 from .gate import Gate
@@ -272,6 +273,10 @@ class Relay:
         self.transcoding = (EdgeTranscoding(config.transcoder, self.fetches, self.cache, self.stats, self.spawn,
                                             self.route_then, self.reject, config.request_timeout)
                             if config.transcoder is not None else None)
+        #: SUBSCRIBEs of those tracks, coded as the source's objects arrive (relay/transcode_live.py).
+        self.live_transcoding = (LiveTranscoding(config.transcoder, self.upstreams, self.spawn,
+                                                 config.subscriber_queue_bytes)
+                                 if config.transcoder is not None else None)
         self.sessions: set[PeerSession] = set()
         self.server: Server | None = None
         #: Our session to the --upstream relay: connect, liveness, reconnect with backoff,
@@ -530,9 +535,20 @@ class Relay:
             self.upstreams.get(track).join(peer, rid, msg)  # type: ignore[union-attr]
             return
 
+        live = self.live_transcoding
+        source = live.source_of(track) if live is not None else None
+        source_up = self.upstreams.get(source) if source is not None else None
+        if live is not None and source is not None and source_up is not None:
+            # Another codec of a replica whose source is subscribed (or PUBLISHed) here.
+            live.subscribe(track, source, source_up.peer, peer, rid, msg)
+            return
+
         def go(route: PeerSession) -> None:
             # Re-check: another SUBSCRIBE may have opened it while we connected upstream.
-            self.upstreams.subscribe(track, route, peer, rid, msg)
+            if source is not None and live is not None:
+                live.subscribe(track, source, route, peer, rid, msg)  # coded here (relay/transcode_live.py)
+            else:
+                self.upstreams.subscribe(track, route, peer, rid, msg)
 
         if (self._local_route(track[0], peer) is None
                 and (not self.config.upstream or peer.upstream)

@@ -39,6 +39,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvsp_moq.moqt.data import SubgroupStreamEncoder
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
@@ -63,7 +64,7 @@ from .digests import LayerDigests, PayloadCheck, admit
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
 
-__all__ = ["Fanout", "Subscriber"]
+__all__ = ["Fanout", "Subscriber", "Tap"]
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +234,29 @@ class Subscriber(RequestHandler):
 
 
 # ==========================================================================================
+# an internal consumer of the track's whole objects
+class Tap(Protocol):
+    """What the relay itself takes from a track (relay/transcode_live.py: a coded track made
+    from this one). A tap counts as a subscriber for the upstream subscription's life (it is
+    not cancelled while a tap remains) but sends nothing: it is told of each object once it
+    is whole, in the order the upstream streams delivered them."""
+
+    def source_object(self, usid: int, header: SubgroupHeader, begin: ObjectBegin,
+                      obj: CachedObject | None) -> None:
+        """An object ended on upstream stream ``usid``: ``obj`` as cached, or None when it
+        was not kept (over the cache budget, or not matching its layer digest)."""
+        ...
+
+    def source_stream_closed(self, usid: int, code: int | None) -> None:
+        """Upstream stream ``usid`` ended (``code``: its reset code; None: FIN)."""
+        ...
+
+    def source_ended(self, status: int, reason: str) -> None:
+        """The track's subscription ended (PUBLISH_DONE ``status``)."""
+        ...
+
+
+# ==========================================================================================
 # the upstream track's objects → subscribers (and the cache)
 @dataclass(slots=True, eq=False)
 class _UpStream:
@@ -262,6 +286,8 @@ class Fanout:
         self.on_empty = on_empty
         self.emit = emit
         self.subscribers: list[Subscriber] = []
+        #: Internal consumers of whole objects (:class:`Tap`).
+        self.taps: list[Tap] = []
         self.largest: tuple[int, int] | None = None
         self.default_priority = 128
         #: DEFAULT_PUBLISHER_GROUP_ORDER, for subscriptions that named no GROUP_ORDER.
@@ -294,12 +320,21 @@ class Fanout:
     def remove(self, sub: Subscriber) -> None:
         if sub in self.subscribers:
             self.subscribers.remove(sub)
-            if not self.subscribers:
+            if not self.subscribers and not self.taps:
+                self.on_empty()
+
+    def remove_tap(self, tap: Tap) -> None:
+        if tap in self.taps:
+            self.taps.remove(tap)
+            if not self.subscribers and not self.taps:
                 self.on_empty()
 
     def end_all(self, status: int, reason: str) -> None:
         for sub in list(self.subscribers):
             sub.end(status, reason)
+        taps, self.taps = self.taps, []
+        for tap in taps:
+            tap.source_ended(status, reason)
 
     # -- upstream data events ----------------------------------------------------------------
     def on_data(self, usid: int, event: object) -> None:
@@ -416,16 +451,19 @@ class Fanout:
             self.largest = loc
         prio = st.header.publisher_priority
         # Cached if kept (its bytes were reserved) and it matches its layer digest, if any.
+        kept: CachedObject | None = None
         if st.reserved and admit(st.check, self.stats, self.track, loc):
             chunks, verified = tuple(st.chunks), st.check is not None
             self._release(st)
-            self.cache.put(self.track, CachedObject(
+            kept = CachedObject(
                 b.group_id, b.object_id, b.subgroup_id,
                 self.default_priority if prio is None else prio, b.status,
                 bytes(b.raw_properties), chunks, b.payload_length,
-                self.cache.expiry_for(self.track, st.began_at, self.track_properties or None)),
-                self.track_properties or None, replace=verified)
+                self.cache.expiry_for(self.track, st.began_at, self.track_properties or None))
+            self.cache.put(self.track, kept, self.track_properties or None, replace=verified)
         self._release(st)
+        for tap in list(self.taps):
+            tap.source_object(usid, st.header, b, kept)
         st.begin, st.chunks = None, []
         for sub, _d in st.targets:
             w = sub.window
@@ -458,6 +496,8 @@ class Fanout:
         st = self._up.pop(usid, None)
         if st is not None:
             self._release(st)
+            for tap in list(self.taps):
+                tap.source_stream_closed(usid, code)
         for sub in list(self.subscribers):
             d = sub.streams.pop(usid, None)
             if d is None or sub.ended:

@@ -76,6 +76,8 @@ _METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Tracks transcoded at the edge (relay/transcode.py), once per replica and codec"),
     ("transcoded_bytes", "relay_transcoded_bytes_total", "counter",
      "Octets of the coded objects the edge transcoder cached"),
+    ("transcoded_objects", "relay_transcoded_objects_total", "counter",
+     "Objects coded as they arrived for SUBSCRIBErs of a coded track (relay/transcode_live.py)"),
     ("cache_tracks", "relay_cache_tracks", "gauge", "Track entries held by the object cache"),
     ("cache_reserved", "relay_cache_reserved_bytes", "gauge",
      "Cache bytes reserved for objects still arriving"),

@@ -60,6 +60,8 @@ class RelayStats:
     #: and the octets of the coded objects it cached.
     transcodes: int = 0
     transcoded_bytes: int = 0
+    #: Objects coded for SUBSCRIBErs of a coded track as they arrived (relay/transcode_live.py).
+    transcoded_objects: int = 0
     #: Object payload bytes received from upstream / sent downstream (headers excluded).
     bytes_in: int = 0
     bytes_out: int = 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.moqt.messages import (
@@ -40,17 +41,30 @@ from kvsp_moq.pubsub.window import subscription_window
 from .cache import ObjectCache, TrackName
 from .datagrams import forward_datagram
 from .deadline import Deadline
-from .fanout import Fanout, Subscriber
+from .fanout import Fanout, Subscriber, Tap
 from .logs import event
 from .names import format_namespace
 from .peer import PeerSession, RequestHandler
 from .stats import RelayStats
 from .switchover import STREAM_ID_OFFSET, Dedupe, OldSource, Switchover
 
-__all__ = ["UpstreamManager", "UpstreamSubscription"]
+__all__ = ["SourceTap", "UpstreamManager", "UpstreamSubscription"]
 
 logger = logging.getLogger(__name__)
 UNKNOWN_STREAM_COUNT = (1 << 62) - 1
+
+
+class SourceTap(Tap, Protocol):
+    """A :class:`~relay.fanout.Tap` that also waits for the subscription to be Established."""
+
+    def source_established(self, properties: tuple[tuple[int, int | bytes], ...],
+                           largest: tuple[int, int] | None) -> None:
+        """SUBSCRIBE_OK (or already Established): the track's properties, Largest Object."""
+        ...
+
+    def source_refused(self, code: int, reason: str) -> None:
+        """The upstream refused the SUBSCRIBE (REQUEST_ERROR ``code``), or it timed out."""
+        ...
 
 
 class UpstreamSubscription(RequestHandler):
@@ -62,6 +76,8 @@ class UpstreamSubscription(RequestHandler):
         self.peer = peer
         self.fanout = Fanout(track, manager.cache, manager.stats, self.on_empty, manager.emit)
         self.pending: list[tuple[PeerSession, int, Subscribe]] = []
+        #: Taps (relay/transcode_live.py) waiting, like ``pending``, for SUBSCRIBE_OK.
+        self.pending_taps: list[SourceTap] = []
         self.request_id: int | None = None
         self.established = False
         self.ended = False
@@ -148,7 +164,27 @@ class UpstreamSubscription(RequestHandler):
         if held is not None:
             sub.apply_updates(held.parameters, held.count)
 
+    def tap(self, tap: SourceTap) -> None:
+        """``tap`` takes this track's whole objects (told at once when Established, else
+        when SUBSCRIBE_OK comes); it keeps the subscription open as a subscriber would."""
+        if self.established:
+            self.fanout.taps.append(tap)  # first: the tap may leave (untap) while it is told
+            self.fanout.want_forward()
+            tap.source_established(self.track_properties, self.fanout.largest)
+        else:
+            self.pending_taps.append(tap)
+
+    def untap(self, tap: SourceTap) -> None:
+        """``tap`` wants no more objects (the subscription ends if nobody else is left)."""
+        if tap in self.pending_taps:
+            self.pending_taps.remove(tap)  # SUBSCRIBE_OK finds nobody left: cancelled then
+        else:
+            self.fanout.remove_tap(tap)
+
     def _reject_pending(self, code: int, reason: str) -> None:
+        taps, self.pending_taps = self.pending_taps, []
+        for tap in taps:
+            tap.source_refused(code, reason)
         pending, self.pending = self.pending, []
         for down, rid, _msg in pending:
             moqt = down.moqt
@@ -160,7 +196,7 @@ class UpstreamSubscription(RequestHandler):
 
     def on_empty(self) -> None:
         """The last subscriber left: cancel upstream (unless the upstream already ended)."""
-        if self.ended or self.pending:
+        if self.ended or self.pending or self.pending_taps:
             return
         if self.established:
             self.retire()
@@ -190,7 +226,10 @@ class UpstreamSubscription(RequestHandler):
             pending, self.pending = self.pending, []
             for down, rid, sub in pending:
                 self._accept(down, rid, sub)
-            if not self.fanout.subscribers:
+            taps, self.pending_taps = self.pending_taps, []
+            for tap in taps:
+                self.tap(tap)
+            if not self.fanout.subscribers and not self.fanout.taps:
                 self.on_empty()
         elif isinstance(msg, RequestError):
             self.retire()
@@ -372,6 +411,19 @@ class UpstreamManager:
             up.start()
         else:
             up.join(down, rid, msg)
+        return up
+
+    def tap(self, track: TrackName, route: PeerSession, tap: SourceTap) -> UpstreamSubscription:
+        """``tap`` takes ``track``'s objects: through its subscription, opened on ``route``
+        when there is none (one upstream SUBSCRIBE, shared with the track's subscribers)."""
+        up = self.tracks.get(track)
+        if up is None:
+            up = UpstreamSubscription(self, track, route)
+            self.tracks[track] = up
+            up.tap(tap)
+            up.start()
+        else:
+            up.tap(tap)
         return up
 
     def move(self, old: PeerSession, new: PeerSession) -> None:

@@ -2,7 +2,8 @@
 coded track (docs/binding.md §13, docs/relay.md "Transcoding").
 
 Binding v1: the track name is the codec's registry name, another codec of a replica is
-another track of its namespace. A consumer asks for a codec by FETCHing that track;
+another track of its namespace. A consumer asks for a codec by FETCHing that track (or
+SUBSCRIBing to it, a block still being computed: :func:`subscribed_coded_layers`);
 :class:`KvspTranscoder` is what a relay (``relay.transcode``, ``RelayConfig.transcoder``) is
 given to make it from the replica's ``raw`` track, once, for every later subscriber.
 
@@ -37,10 +38,13 @@ from ..kvsp.errors import ContainerError, NamingError
 from ..kvsp.layout import Geometry
 from ..kvsp.naming import BlockName
 from ..kvsp.registries import CODEC_RAW, CODECS_BY_NAME
+from ..moqt.messages import LocationFilter, LocationFilterType, MessageParameters, SubscribeOk
 from ..pubsub import MoqtSession
+from ..pubsub.receive import Subscription
 from .binding import BLOCK_GROUP, BindingError, TrackInfo, layer_digest_of
 
-__all__ = ["CodedLayer", "KvspTranscoder", "coded_layers", "fetch_coded_layers", "from_descriptor_files", "from_descriptors"]
+__all__ = ["CodedLayer", "KvspTranscoder", "coded_layers", "fetch_coded_layers", "from_descriptor_files", "from_descriptors",
+           "streamed_coded_layers", "subscribed_coded_layers"]
 
 RAW = CODEC_RAW.name.encode()
 
@@ -210,3 +214,76 @@ async def fetch_coded_layers(session: MoqtSession, name: BlockName, codec: str, 
     """:func:`coded_layers`, all of them: (K, V) of layers ``first..last`` in order."""
     return [(layer.k, layer.v) async for layer in
             coded_layers(session, name, codec, geometry, first, last, timeout=timeout)]
+
+
+async def subscribed_coded_layers(sub: Subscription, codec: str, geometry: Geometry, first: int, last: int, *,
+                                  timeout: float = 30.0,
+                                  decode: Callable[[Callable[[], tuple[np.ndarray, np.ndarray]]],
+                                                   Awaitable[tuple[np.ndarray, np.ndarray]]] | None = None,
+                                  ) -> AsyncGenerator[CodedLayer, None]:
+    """Layers ``first..last`` of ``sub``, an accepted SUBSCRIBE of a replica's ``codec`` track
+    (a block still being computed, binding §6.1; a transcoding relay codes each layer as it
+    arrives, docs/binding.md §13), in order, each yielded as soon as it arrived, matched the
+    LAYER_DIGEST Object Property the relay computed (no coded LAYER_DIGESTS are declared while
+    the block is computed) and was decoded. ``BindingError`` naming the layer when an object
+    has no digest or does not match it, is out of order or is not two sections of the codec,
+    and when the subscription ends before ``last`` (with its PUBLISH_DONE reason); bounded by
+    ``timeout``; the subscription is cancelled when the generator ends. Layers before the
+    subscription began are not in it: FETCH them (:func:`coded_layers`). ``decode`` runs each
+    layer's decoding (e.g. ``asyncio.to_thread``); default: inline."""
+    entry = layer_codec(codec).codec
+    try:
+        async with asyncio.timeout(timeout):
+            info = TrackInfo.parse(sub.response.track_properties)  # type: ignore[union-attr]
+            section = coded_section_bytes(entry, geometry, info.token_count)
+            if section is None:
+                raise BindingError(f"{codec} sections are content-sized: no coded track carries them")
+            expected = first
+            async for obj in sub:
+                if obj.object_id < first:
+                    continue  # before the range asked for
+                if obj.object_id != expected:
+                    raise BindingError(f"layer {obj.object_id} where layer {expected} was due")
+                payload = bytes(obj.payload)
+                if len(payload) != 2 * section:
+                    raise BindingError(f"layer {expected}: {len(payload)} octets, not two {codec} sections")
+                declared = layer_digest_of(obj.properties)
+                if declared is None or hashlib.sha256(payload).digest() != declared:
+                    raise BindingError(f"layer {expected}: digest mismatch")
+                run = functools.partial(decode_layer, entry, payload[:section], payload[section:], geometry,
+                                        info.token_count)
+                k, v = run() if decode is None else await decode(run)
+                yield CodedLayer(expected, k, v, len(payload))
+                if expected == last:
+                    return
+                expected += 1
+            done = sub.publish_done
+            raise BindingError(f"the {codec} subscription ended before layer {expected}"
+                               + (f": {done.error_reason}" if done is not None and done.error_reason else ""))
+    finally:
+        await sub.cancel()
+
+
+async def streamed_coded_layers(session: MoqtSession, name: BlockName, codec: str, geometry: Geometry,
+                                first: int, last: int, *, timeout: float = 30.0, rendezvous_ms: int = 0,
+                                decode: Callable[[Callable[[], tuple[np.ndarray, np.ndarray]]],
+                                                 Awaitable[tuple[np.ndarray, np.ndarray]]] | None = None,
+                                ) -> AsyncGenerator[CodedLayer, None]:
+    """SUBSCRIBE (from the next object, ``rendezvous_ms``: RENDEZVOUS_TIMEOUT) to the replica
+    ``name`` in ``codec`` and yield its layers ``first..last`` as
+    :func:`subscribed_coded_layers` does, all bounded by ``timeout``. ``BindingError`` when the
+    producer had begun (the SUBSCRIBE_OK names a Largest Object): the layers before it are not
+    in the subscription (the raw path FETCHes them)."""
+    async with asyncio.timeout(timeout):
+        sub = await session.subscribe(name.namespace_fields(), layer_codec(codec).codec.name,
+                                      parameters=MessageParameters(
+                                          location_filter=LocationFilter(LocationFilterType.NEXT_OBJECT),
+                                          rendezvous_timeout=rendezvous_ms or None))
+    largest = sub.response.parameters.largest_object if isinstance(sub.response, SubscribeOk) else None
+    if largest is not None and largest.object >= first:
+        await sub.cancel()
+        raise BindingError(f"the producer had begun (layer {largest.object}): a subscription does not carry it")
+    async with contextlib.aclosing(subscribed_coded_layers(sub, codec, geometry, first, last, timeout=timeout,
+                                                           decode=decode)) as layers:
+        async for layer in layers:
+            yield layer

@@ -32,7 +32,12 @@ does (docs/engine.md), so naming, containers, digests and records are never re-i
   the relay under the stream's Replica ID (``bridge.subscribe_block``, RENDEZVOUS_TIMEOUT:
   the relay holds the SUBSCRIBE until the producer publishes the namespace), the layers
   produced before the subscription FETCHed, the rest live; each verified against its object's
-  LAYER_DIGEST before it is offered (binding §4, case 3), the time it was marked.
+  LAYER_DIGEST before it is offered (binding §4, case 3), the time it was marked. In the
+  codec the request's ``codec_policy`` names, where one is: first the codec's track,
+  SUBSCRIBEd through the transcoding relay (docs/binding.md §13: each layer coded as it
+  arrives, checked against the LAYER_DIGEST the relay computed, decoded on a worker thread),
+  then raw from the first layer that did not come (also when the producer had begun before
+  the SUBSCRIBE: the raw path FETCHes past layers, a coded SUBSCRIBE does not).
 - Loads in flight are bounded too (``max_loads_in_flight``, :attr:`Peers.load_slots`): the relay
   caps the requests of one session (binding §9).
 """
@@ -50,7 +55,7 @@ from typing import cast
 import numpy as np
 
 from ...bridge import BlockLoad, MoqtHolder, MoqtPool, Source, subscribe_block
-from ...bridge.transcoding import coded_layers
+from ...bridge.transcoding import coded_layers, streamed_coded_layers
 from ...control.client.computed import ComputedBlockPublisher, PublicationCounts
 from ...control.client.http import HttpBlockFetcher, HttpBlockStorer, HttpIndexClient
 from ...control.client.retrieval import BlockFetcher, RetrievalFailed, retrieve_block
@@ -287,6 +292,29 @@ async def _coded_from_moqt(peers: Peers, incoming: Incoming, records: list[Repli
     return done
 
 
+async def _coded_stream(peers: Peers, incoming: Incoming, name: BlockName, codec: str, geometry: Geometry) -> int:
+    """Layers of a streamed block in ``codec``: its coded track SUBSCRIBEd through the relay
+    (RENDEZVOUS_TIMEOUT as the raw one), which codes each layer as the producer publishes it
+    (docs/binding.md §13); each checked against its LAYER_DIGEST, decoded on a worker thread
+    and offered. Returns the first layer not delivered (0 when the producer had begun: the
+    raw path, which FETCHes past layers, loads the whole block)."""
+    assert peers.pool is not None and peers.settings.relay_url is not None
+    done = 0
+    deadline = peers.settings.deadline_s
+    try:
+        session = await peers.pool.get(peers.settings.relay_url)
+        async with contextlib.aclosing(streamed_coded_layers(session, name, codec, geometry, 0, incoming.layers - 1,
+                                                             timeout=deadline, rendezvous_ms=peers.settings.deadline_ms,
+                                                             decode=asyncio.to_thread)) as got:
+            async for layer in got:
+                incoming.offer(layer.index, layer.k, layer.v, STREAM, coded_octets=layer.coded_octets)
+                done = layer.index + 1
+    except Exception as exc:  # no transcoding relay, a refused SUBSCRIBE, a tampered layer: raw then
+        log.info("KVSP: streamed block %s: %s stopped at layer %d (%s): the raw track from there",
+                 name.block_key.hex()[:12], codec, done, exc)
+    return done
+
+
 async def _from_http(peers: Peers, incoming: Incoming, records: list[ReplicaRecord], first: int,
                      geometry: Geometry, tokens: int, codec: str | None = None) -> bool:
     """Layers ``first``.. of the block from an HTTP replica, in ``codec`` where a holder
@@ -325,26 +353,32 @@ async def _from_http(peers: Peers, incoming: Incoming, records: list[ReplicaReco
 
 
 async def stream(peers: Peers, incoming: Incoming, key: RecordKey, stream_id: bytes, geometry: Geometry,
-                 tokens: int) -> None:
+                 tokens: int, codec: str | None = None) -> None:
     """Load one block of a prefill→decode stream into ``incoming`` (module notes): its replica
     in the stream ``stream_id`` (:func:`~.stream.stream_replica_id`), through the relay,
-    within ``deadline_ms``; never raises. What does not arrive verified fails (vLLM
-    recomputes the block)."""
+    within ``deadline_ms``, in ``codec`` where the request's ``codec_policy`` names one (None:
+    raw); never raises. What does not arrive verified fails (vLLM recomputes the block)."""
     layers = incoming.layers
     if peers.pool is None or peers.settings.relay_url is None:
         incoming.fail(0)
         return
     name = BlockName(key.compat_id, key.scope_id, key.block_key, stream_replica_id(stream_id, key))
-    sink = NumpySink(geometry, tokens, (0, layers - 1), [None] * layers)  # digests: the objects' (binding §4)
+    first = 0
+    if codec is not None and geometry.dtype.name in FLOAT_TYPES and coded_section_bytes(codec, geometry, tokens):
+        first = await _coded_stream(peers, incoming, name, codec, geometry)
+        if first == layers:
+            return
+    # digests: the objects' (binding §4)
+    sink = NumpySink(geometry, tokens, (first, layers - 1), [None] * (layers - first))
     deadline = peers.settings.deadline_s
     task = asyncio.get_running_loop().create_task(subscribe_block(
         peers.settings.relay_url, name, sink, pool=peers.pool, timeout=deadline,
         rendezvous_ms=peers.settings.deadline_ms))
     # when the subscription is over, what has not arrived never will: its waiters fail
     task.add_done_callback(lambda t: sink.abort_all("the stream ended"))
-    layer = 0
+    layer = first
     try:
-        for layer in range(layers):
+        for layer in range(first, layers):
             k, v = await sink.wait_for_layer(layer)
             incoming.offer(layer, np.asarray(k), np.asarray(v), STREAM)
         layer = layers

@@ -192,7 +192,8 @@ class WorkerSide:
                 incoming = Incoming(req.req_id, block.pages, self.layers, streamed=block.streamed)
                 key = RecordKey(req.compat_ids[r], req.scope_id, block.block_keys[r])
                 if block.streamed and req.stream_id is not None:
-                    work = stream(self.peers, incoming, key, req.stream_id, self.geometry, self.block_tokens)
+                    work = stream(self.peers, incoming, key, req.stream_id, self.geometry, self.block_tokens,
+                                  codec=req.codec)
                 else:
                     work = load(self.peers, incoming, key, block.records[r], self.geometry, self.block_tokens,
                                 codec=req.codec)
