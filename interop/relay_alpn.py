@@ -16,7 +16,7 @@ import sys
 
 from kvsp_moq.transport import run
 from relay.__main__ import build_config, parse_args, serve
-from relay.logs import configure_logging
+from relay.ops.logs import configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 [--transcode-descriptor FILE ...]``
 
 With ``--transcode-descriptor`` the relay makes other codecs of the replicas of those
-descriptors' compats at its edge (relay/transcode.py, docs/relay.md "Transcoding"), through the
+descriptors' compats at its edge (relay/transcode/edge.py, docs/relay.md "Transcoding"), through the
 ``--transcoder`` plugin (default ``kvsp_moq.bridge.transcoding:from_descriptor_files``).
 
 Without ``--cert``/``--key`` a self-signed certificate (EC P-256, 13 days) is made for the
@@ -36,12 +36,12 @@ from kvsp_moq.transport.tls import (
     warn_unverified,
 )
 
-from .auth import AuthConfigError, load_auth_config
-from .config import MiB, RelayConfig
+from .ops.auth import AuthConfigError, load_auth_config
+from .ops.config import MiB, RelayConfig
 from .core import Relay
-from .logs import configure_logging
-from .names import parse_namespace
-from .transcoder import Transcoder
+from .ops.logs import configure_logging
+from .ops.names import parse_namespace
+from .transcode.transcoder import Transcoder
 
 
 #: Validity of the self-signed certificate made without ``--cert``: short enough for a
@@ -156,7 +156,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m relay") -> 
                         "docs/relay.md Cores)")
     p.add_argument("--transcode-descriptor", action="append", default=[], metavar="FILE",
                    help="a Compatibility Descriptor (JSON) whose blocks' other codecs the relay "
-                        "makes at its edge, once per replica and codec (relay/transcode.py; "
+                        "makes at its edge, once per replica and codec (relay/transcode/edge.py; "
                         "docs/relay.md Transcoding); repeatable")
     p.add_argument("--transcoder", default="kvsp_moq.bridge.transcoding:from_descriptor_files",
                    metavar="MODULE:FACTORY",

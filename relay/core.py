@@ -32,28 +32,28 @@ from kvsp_moq.moqt.session import Role
 from kvsp_moq.pubsub.driver import Tasks
 from kvsp_moq.transport import Server, TransportError
 
-from .cache import ObjectCache, TrackName
-from .config import RelayConfig
-from .auth import Principal
-from .fetch import FetchService, fetch_range
-from .transcode import EdgeTranscoding
-from .transcode_live import LiveTranscoding
-from .fill import FillService
-from .deadline import Deadline
-from .gate import Gate
-from .limits import RETRY_INTERVAL_MS, is_reserved_namespace, open_peer_requests, request_namespace
-from .logs import event
-from .metrics import MetricsServer
-from .names import format_namespace
-from .namespaces import NamespacePropagation
-from .peer import NamespaceRequestHandler, PeerSession, RequestHandler
-from .publish_in import PublishRegistry
-from .rendezvous import Rendezvous
-from .routing import RoutingTable
-from .solicit import maybe_solicit
-from .stats import RelayStats
-from .upstream import UpstreamManager
-from .uplink import UNREACHABLE, Uplink
+from .fetch.cache import ObjectCache, TrackName
+from .ops.config import RelayConfig
+from .ops.auth import Principal
+from .fetch.service import FetchService, fetch_range
+from .transcode.edge import EdgeTranscoding
+from .transcode.live import LiveTranscoding
+from .fetch.fill import FillService
+from .session.deadline import Deadline
+from .ops.gate import Gate
+from .session.limits import RETRY_INTERVAL_MS, is_reserved_namespace, open_peer_requests, request_namespace
+from .ops.logs import event
+from .ops.metrics import MetricsServer
+from .ops.names import format_namespace
+from .subscribe.namespaces import NamespacePropagation
+from .session.peer import NamespaceRequestHandler, PeerSession, RequestHandler
+from .subscribe.publish_in import PublishRegistry
+from .subscribe.rendezvous import Rendezvous
+from .subscribe.routing import RoutingTable
+from .subscribe.solicit import maybe_solicit
+from .ops.stats import RelayStats
+from .subscribe.upstream import UpstreamManager
+from .subscribe.uplink import UNREACHABLE, Uplink
 
 __all__ = ["Relay"]
 
@@ -79,7 +79,7 @@ class _NamespaceSubscription(NamespaceRequestHandler):
     namespaces under the prefix appear and go (§"Subscribing to Namespaces"), only for the
     namespaces its principals may subscribe to (nothing of the others leaks). With an
     upstream relay, the namespaces it reports under the prefix are merged in
-    (:mod:`relay.namespaces`): one NAMESPACE while either side has a namespace,
+    (:mod:`relay.subscribe.namespaces`): one NAMESPACE while either side has a namespace,
     NAMESPACE_DONE once neither has it."""
 
     def __init__(self, relay: Relay, peer: PeerSession, rid: int, prefix: Namespace,
@@ -141,7 +141,7 @@ class _NamespaceSubscription(NamespaceRequestHandler):
 
     def visible(self, ns: Namespace) -> bool:
         if self.peer.upstream:
-            # Our upstream relay soliciting our namespaces (relay/solicit.py on its side):
+            # Our upstream relay soliciting our namespaces (relay/subscribe/solicit.py on its side):
             # only what downstream publishers announced here, never its own back to it.
             return any(p.is_open and not p.upstream
                        for p in self.relay.routing.publishers_of(ns))
@@ -208,7 +208,7 @@ class _TrackStatusProxy(RequestHandler):
         self.down, self.rid, self.up = down, rid, up
         self.up_rid: int | None = None
         self.stats = stats
-        #: The upstream answer must come within the request timeout (relay/deadline.py).
+        #: The upstream answer must come within the request timeout (relay/session/deadline.py).
         self.timer = Deadline(timeout, self._timed_out)
         self.answered = False
 
@@ -266,21 +266,21 @@ class Relay:
         self.upstreams = UpstreamManager(self.cache, self.stats, config.subscriber_queue_bytes,
                                          self.emit, config.request_timeout)
         self.fetches = FetchService(self.cache, self.stats, self.spawn, config.request_timeout)
-        self.fetches.largest_of = self._live_largest  # a FETCH is capped there (relay/fetch.py)
-        # Joining FETCH, fill fetch streams (relay/fill.py)
+        self.fetches.largest_of = self._live_largest  # a FETCH is capped there (relay/fetch/service.py)
+        # Joining FETCH, fill fetch streams (relay/fetch/fill.py)
         self.fills = FillService(self.upstreams, self.fetches, self)
-        #: FETCHes of tracks the configured transcoder makes (relay/transcode.py), or None.
+        #: FETCHes of tracks the configured transcoder makes (relay/transcode/edge.py), or None.
         self.transcoding = (EdgeTranscoding(config.transcoder, self.fetches, self.cache, self.stats, self.spawn,
                                             self.route_then, self.reject, config.request_timeout)
                             if config.transcoder is not None else None)
-        #: SUBSCRIBEs of those tracks, coded as the source's objects arrive (relay/transcode_live.py).
+        #: SUBSCRIBEs of those tracks, coded as the source's objects arrive (relay/transcode/live.py).
         self.live_transcoding = (LiveTranscoding(config.transcoder, self.upstreams, self.spawn,
                                                  config.subscriber_queue_bytes)
                                  if config.transcoder is not None else None)
         self.sessions: set[PeerSession] = set()
         self.server: Server | None = None
         #: Our session to the --upstream relay: connect, liveness, reconnect with backoff,
-        #: GOAWAY moves (relay/uplink.py).
+        #: GOAWAY moves (relay/subscribe/uplink.py).
         self.uplink = Uplink(self, self.stats, track=self._track, spawn=self.spawn,
                              closing=self._is_closing, wanted=self._upstream_wanted,
                              restored=self._upstream_restored, moved=self._upstream_moved)
@@ -414,10 +414,10 @@ class Relay:
     # -- routes ------------------------------------------------------------------------------
     async def upstream_peer(self) -> PeerSession | None:
         """Our session to the upstream relay (connected on first use, again after it
-        ended or sent GOAWAY; relay/uplink.py)."""
+        ended or sent GOAWAY; relay/subscribe/uplink.py)."""
         return await self.uplink.get()
 
-    # -- the upstream link's notifications (relay/uplink.py) ---------------------------------
+    # -- the upstream link's notifications (relay/subscribe/uplink.py) ---------------------------------
     def _is_closing(self) -> bool:
         return self.closing
 
@@ -484,7 +484,7 @@ class Relay:
         self.rendezvous.publisher_appeared(namespace, name)
 
     def local_namespaces_changed(self, namespaces: list[Namespace]) -> None:
-        """Local announcements changed: the upstream relay is told (relay/namespaces.py)."""
+        """Local announcements changed: the upstream relay is told (relay/subscribe/namespaces.py)."""
         self.propagation.local_changed(namespaces)
 
     # -- requests from peers -----------------------------------------------------------------
@@ -495,7 +495,7 @@ class Relay:
         ns = request_namespace(msg)
         if ns is not None and is_reserved_namespace(ns):
             # draft-22 §"Reserved Namespaces" / §"Session-Level Tracks and Namespaces":
-            # DOES_NOT_EXIST, never forwarded to another session (relay/limits.py).
+            # DOES_NOT_EXIST, never forwarded to another session (relay/session/limits.py).
             self.stats.reserved_refusals += 1
             self.reject(peer, rid, RequestErrorCode.DOES_NOT_EXIST,
                         "reserved namespace: no such session-level track or namespace")
@@ -546,14 +546,14 @@ class Relay:
         def go(route: PeerSession) -> None:
             # Re-check: another SUBSCRIBE may have opened it while we connected upstream.
             if source is not None and live is not None:
-                live.subscribe(track, source, route, peer, rid, msg)  # coded here (relay/transcode_live.py)
+                live.subscribe(track, source, route, peer, rid, msg)  # coded here (relay/transcode/live.py)
             else:
                 self.upstreams.subscribe(track, route, peer, rid, msg)
 
         if (self._local_route(track[0], peer) is None
                 and (not self.config.upstream or peer.upstream)
                 and self.rendezvous.hold(peer, rid, msg)):
-            return  # RENDEZVOUS_TIMEOUT: wait for a publisher (relay/rendezvous.py)
+            return  # RENDEZVOUS_TIMEOUT: wait for a publisher (relay/subscribe/rendezvous.py)
         self.route_then(peer, rid, track[0], go)
 
     def _live_largest(self, track: TrackName) -> tuple[int, int] | None:
@@ -570,7 +570,7 @@ class Relay:
         if self.fetches.try_cache(peer, rid, rng):
             return
         if self.transcoding is not None and self.transcoding.fetch(peer, rid, rng):
-            return  # another codec of a replica, made here once (relay/transcode.py)
+            return  # another codec of a replica, made here once (relay/transcode/edge.py)
 
         def go(route: PeerSession) -> None:
             if not self.fetches.try_cache(peer, rid, rng):  # it may have landed meanwhile
@@ -630,7 +630,7 @@ class Relay:
         peer.solicitation = maybe_solicit(self, peer, setup)
 
     def on_goaway(self, peer: PeerSession) -> None:
-        if peer.upstream:  # move to a new upstream session (relay/uplink.py)
+        if peer.upstream:  # move to a new upstream session (relay/subscribe/uplink.py)
             self.uplink.goaway(peer, peer.goaway_uri)
 
     def on_session_closed(self, peer: PeerSession) -> None:

@@ -1,9 +1,10 @@
 """What a relay service may ask of the relay that owns it.
 
-The services (:mod:`relay.fill`, :mod:`relay.namespaces`, :mod:`relay.rendezvous`,
-:mod:`relay.solicit`, :mod:`relay.publish_in`, :mod:`relay.publish_out`) are given one of
+The services (:mod:`relay.fetch.fill`, :mod:`relay.subscribe.namespaces`,
+:mod:`relay.subscribe.rendezvous`, :mod:`relay.subscribe.solicit`,
+:mod:`relay.subscribe.publish_in`, :mod:`relay.subscribe.publish_out`) are given one of
 these Protocols when they are made, never :class:`relay.core.Relay` itself, which implements
-them all. Dependencies point down: core → services → ports → peer.
+them all. Dependencies point down: core → services → ports → session.peer.
 
 * :class:`Requests`: answering the peers' requests (REQUEST_ERROR, routing by namespace,
   a SUBSCRIBE routed as if it had just arrived);
@@ -21,12 +22,12 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     from kvsp_moq.moqt.messages import Subscribe
 
-    from .config import RelayConfig
-    from .gate import Gate
-    from .names import Namespace
-    from .peer import PeerSession
-    from .routing import RoutingTable
-    from .stats import RelayStats
+    from .ops.config import RelayConfig
+    from .ops.gate import Gate
+    from .ops.names import Namespace
+    from .session.peer import PeerSession
+    from .subscribe.routing import RoutingTable
+    from .ops.stats import RelayStats
 
 __all__ = ["RelayContext", "Requests", "UpstreamLink"]
 

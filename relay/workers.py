@@ -49,10 +49,10 @@ from multiprocessing.process import BaseProcess
 
 from kvsp_moq.transport.tls import make_self_signed
 
-from .auth import AuthConfig, Authorizer, Grants, Principal, token_digest
-from .config import RelayConfig
+from .ops.auth import AuthConfig, Authorizer, Grants, Principal, token_digest
+from .ops.config import RelayConfig
 from .core import Relay
-from .logs import configure_logging
+from .ops.logs import configure_logging
 
 __all__ = ["WORKER_START_TIMEOUT", "hub_config", "serve_workers", "worker_config"]
 

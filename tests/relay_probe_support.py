@@ -15,7 +15,7 @@ from pathlib import Path
 from kvsp_moq.moqt.errors import RequestErrorCode, SessionErrorCode
 from kvsp_moq.pubsub import ErrorKind, MoqtError, connect
 from kvsp_moq.transport import TransportConfig
-from relay.names import parse_namespace
+from relay.ops.names import parse_namespace
 
 #: Safety net only: each answer comes in milliseconds on loopback.
 GUARD_S = 30.0

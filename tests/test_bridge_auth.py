@@ -35,8 +35,8 @@ from kvsp_moq.moqt.messages import MessageParameters, Token
 from kvsp_moq.pubsub import FetchStream, MoqtError, MoqtSession, connect
 from kvsp_moq.storage import BlockStore, HostTier, RecordKey
 from relay import Relay, RelayConfig
-from relay.auth import parse_auth_config
-from relay.names import format_namespace
+from relay.ops.auth import parse_auth_config
+from relay.ops.names import format_namespace
 
 torch = pytest.importorskip("torch")
 
@@ -256,7 +256,7 @@ def test_scope_gate_refuses_names_that_are_not_blocks() -> None:
 
 
 async def test_holder_publishes_through_an_authorizing_relay_with_its_setup_token() -> None:
-    """attach_relay(setup_tokens=...): the relay (relay/auth.py) accepts the holder's
+    """attach_relay(setup_tokens=...): the relay (relay/ops/auth.py) accepts the holder's
     PUBLISH_NAMESPACE only with a token allowed to publish the scope, and serves readers of
     that scope only."""
     prefix = format_namespace((NAMESPACE_TAG, COMPAT, S_A))

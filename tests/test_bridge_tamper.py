@@ -1,7 +1,7 @@
 """A tampering RELAY (binding §4, §7; issue: "a tampering relay (flips one byte) is detected
 and the load falls back"). The relay is a real ``relay.core.Relay`` on loopback QUIC whose
 FETCH forwarding path is wrapped in this module: a cold FETCH is a cache miss, cut through
-from the single upstream FETCH (``relay.inflight.UpstreamFetch.pieces``, docs/relay.md "Cache
+from the single upstream FETCH (``relay.fetch.inflight.UpstreamFetch.pieces``, docs/relay.md "Cache
 and FETCH"); as it forwards that fetch stream downstream, one payload chunk of one layer is
 copied and one byte of the copy flipped (the upstream's chunks, shared with the cache, stay
 honest; the object's LAYER_DIGEST property and the Track Properties are forwarded unchanged,
@@ -30,9 +30,9 @@ from kvsp_moq.bridge import MoqtPool, Source, sink_for_record
 from kvsp_moq.bridge.load import BlockLoad
 from kvsp_moq.sinks import LayerState
 from relay import Relay, RelayConfig
-from relay.fetch import FetchAnswer, FetchService
-from relay.inflight import UpstreamFetch
-from relay.schedule import Piece
+from relay.fetch.service import FetchAnswer, FetchService
+from relay.fetch.inflight import UpstreamFetch
+from relay.session.schedule import Piece
 
 torch = pytest.importorskip("torch")
 

@@ -7,7 +7,7 @@ matrix (``python -m interop.matrix``, column group "peer via our relay") uses th
 
 caprid's publisher never announces: it waits for the relay's SUBSCRIBE_NAMESPACE (the moq-relay
 ingest model); our relay solicits every downstream session allowed to publish
-(relay/solicit.py), so its cell runs like the others. See docs/interop.md.
+(relay/subscribe/solicit.py), so its cell runs like the others. See docs/interop.md.
 """
 
 from __future__ import annotations

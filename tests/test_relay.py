@@ -318,7 +318,7 @@ async def test_relay_chain(net: Net) -> None:
 async def test_payload_chunks_shared_not_copied(net: Net, monkeypatch) -> None:
     """Every subscriber's stream is handed the very same memoryview of each received
     payload chunk (no per-subscriber copy in the relay)."""
-    from relay import sender
+    from relay.session import sender
 
     seen: dict[int, list[object]] = {}
     real = sender.RequestOut.send

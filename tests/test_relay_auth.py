@@ -1,4 +1,4 @@
-"""Relay authorization over real QUIC on 127.0.0.1 (relay/auth.py, relay/gate.py): tokens
+"""Relay authorization over real QUIC on 127.0.0.1 (relay/ops/auth.py, relay/ops/gate.py): tokens
 in SETUP and in request AUTHORIZATION_TOKEN parameters, REQUEST_ERROR UNAUTHORIZED, namespace
 listings filtered, token aliases. No sleeps: every wait is on a protocol event.
 
@@ -24,9 +24,9 @@ from kvsp_moq.pubsub import Catalog, FetchStream, MoqtError, MoqtSession
 from kvsp_moq.transport import TransportConfig, connect as transport_connect, parse_moqt_url
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
-from relay.auth import AuthConfigError, Authorizer, parse_auth_config
-from relay.names import format_namespace, parse_namespace
-from relay.tokens import TokenCache, TokenError
+from relay.ops.auth import AuthConfigError, Authorizer, parse_auth_config
+from relay.ops.names import format_namespace, parse_namespace
+from relay.ops.tokens import TokenCache, TokenError
 
 GUARD = 30.0
 ROOT = Path(__file__).resolve().parent.parent
@@ -325,7 +325,7 @@ def test_authorizer_decisions() -> None:
     assert isinstance(auth, Authorizer)
     reader = auth.principals_for([T_SUBA.encode()])
     assert [p.name for p in reader] == ["reader-a"]
-    from relay.auth import Action
+    from relay.ops.auth import Action
     assert auth.allows(reader, Action.SUBSCRIBE, A + (b"k",))
     assert not auth.allows(reader, Action.SUBSCRIBE, B)
     assert not auth.allows(reader, Action.PUBLISH, A)

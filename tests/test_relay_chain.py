@@ -1,4 +1,4 @@
-"""Relay chaining with namespace propagation (relay/namespaces.py; docs/relay.md
+"""Relay chaining with namespace propagation (relay/subscribe/namespaces.py; docs/relay.md
 "Chaining"), over real QUIC on 127.0.0.1:
 
     origin ── rack relay A ──▶ datacenter relay D ◀── rack relay B ── subscribers
@@ -31,8 +31,8 @@ from test_relay import (  # noqa: F401  (net is a fixture)
 from kvsp_moq.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvsp_moq.pubsub import MoqtError, MoqtSession, connect
 from relay import Relay
-from relay.auth import parse_auth_config
-from relay.namespaces import UpstreamInterest
+from relay.ops.auth import parse_auth_config
+from relay.subscribe.namespaces import UpstreamInterest
 
 NSB = tuple(f.encode() for f in NS)
 

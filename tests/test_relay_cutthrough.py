@@ -1,4 +1,4 @@
-"""Cut-through of FETCH misses at the relay (issue 16, relay/inflight.py), over real QUIC on
+"""Cut-through of FETCH misses at the relay (issue 16, relay/fetch/inflight.py), over real QUIC on
 127.0.0.1: the origin is a real pubsub session whose FETCHes the test answers by hand
 (FETCH_OK, object headers, payload chunks, FIN or reset), so every ordering claim is proved by
 holding bytes back at the origin, never by timing: a downstream FETCH gets FETCH_OK and the
@@ -29,7 +29,7 @@ from kvsp_moq.transport import TransportConfig, parse_moqt_url
 from kvsp_moq.transport import connect as transport_connect
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
-from relay.digests import FIRST_LAYER, LAYER_COUNT, LAYER_DIGESTS
+from relay.fetch.digests import FIRST_LAYER, LAYER_COUNT, LAYER_DIGESTS
 
 GUARD = 30.0
 NS = ("cut", "through")

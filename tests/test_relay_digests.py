@@ -1,4 +1,4 @@
-"""The relay never caches an object that does not match its layer digest (relay/digests.py,
+"""The relay never caches an object that does not match its layer digest (relay/fetch/digests.py,
 docs/relay.md "Cache and FETCH"), over real QUIC on 127.0.0.1: a real holder (BlockStore +
 MoqtHolder) publishes its replicas through a real relay; one replica's layer BAD flips a
 bit in the holder's tier AFTER its record and layer digests were computed, so the holder's
@@ -28,9 +28,9 @@ from kvsp_moq.moqt.messages import FetchOk
 from kvsp_moq.moqt.objects import ObjectBegin, ObjectEnd, ObjectPayload, ObjectStatus
 from kvsp_moq.storage import RecordKey
 from relay import ObjectCache, Relay, RelayConfig, RelayStats
-from relay.digests import FIRST_LAYER, LAYER_COUNT, LAYER_DIGESTS, LayerDigests
-from relay.inflight import FetchRange, UpstreamFetch
-from relay.metrics import render_metrics
+from relay.fetch.digests import FIRST_LAYER, LAYER_COUNT, LAYER_DIGESTS, LayerDigests
+from relay.fetch.inflight import FetchRange, UpstreamFetch
+from relay.ops.metrics import render_metrics
 
 LAYERS = 8
 BAD = 3
@@ -38,7 +38,7 @@ BAD = 3
 
 # -- the property codes and their reading ------------------------------------------------------
 def test_the_relay_reads_the_binding_s_property_codes() -> None:
-    """relay/digests.py may not import the bridge (tests/test_layering.py): its codes are the
+    """relay/fetch/digests.py may not import the bridge (tests/test_layering.py): its codes are the
     binding's, and it reads the binding's own Track Properties as ``TrackInfo`` does."""
     assert (LAYER_DIGESTS, FIRST_LAYER, LAYER_COUNT) == \
         (binding.LAYER_DIGESTS, binding.FIRST_LAYER, binding.LAYER_COUNT)
@@ -172,7 +172,7 @@ async def test_a_corrupted_layer_is_not_cached_and_the_next_fetch_goes_upstream(
     assert "relay_digest_mismatches_total 1\n" in text
     assert f"relay_digest_checks_total {LAYERS}\n" in text
     # A second FETCH gets the layers held from the relay and the bad one from upstream
-    # again (a gap of the range, relay/held.py), not from a poisoned cache.
+    # again (a gap of the range, relay/fetch/held.py), not from a poisoned cache.
     second = await world.load(key)
     assert not second.complete and second.verified == tuple(range(BAD))
     assert world.counts() == (2, 1, LAYERS + 1, 2)

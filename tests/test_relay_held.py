@@ -1,5 +1,5 @@
 """A FETCH answered from what the relay holds, only the gaps going upstream (issue 28,
-relay/known.py, relay/held.py), over real QUIC on 127.0.0.1 with a real relay.
+relay/fetch/known.py, relay/fetch/held.py), over real QUIC on 127.0.0.1 with a real relay.
 
 The origin is a real pubsub publisher whose SUBSCRIBEs are served from its catalog as usual
 and whose FETCHes are either refused (NOT_SUPPORTED: a publisher that does not implement
@@ -31,11 +31,11 @@ from kvsp_moq.transport import TransportConfig, parse_moqt_url
 from kvsp_moq.transport import connect as transport_connect
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
-from relay.cache import OBJECT_OVERHEAD, TRACK_OVERHEAD, CachedObject, ObjectCache
-from relay.fetch import MAX_GAPS, FetchService, fetch_range
-from relay.inflight import WHOLE_GROUP, FetchRange
-from relay.stats import RelayStats
-from relay.known import Gap, plan
+from relay.fetch.cache import OBJECT_OVERHEAD, TRACK_OVERHEAD, CachedObject, ObjectCache
+from relay.fetch.service import MAX_GAPS, FetchService, fetch_range
+from relay.fetch.inflight import WHOLE_GROUP, FetchRange
+from relay.ops.stats import RelayStats
+from relay.fetch.known import Gap, plan
 
 GUARD = 30.0
 NS = ("held", "ns")

@@ -439,7 +439,7 @@ async def test_upstream_publish_without_answer_times_out_and_stays_local(net: Ne
 
 async def test_solicitation_without_answer_times_out_as_refused(net: Net) -> None:
     """A downstream session that never answers the relay's SUBSCRIBE_NAMESPACE (sent after
-    SETUP, relay/solicit.py): after request_timeout the relay cancels it and treats it as
+    SETUP, relay/subscribe/solicit.py): after request_timeout the relay cancels it and treats it as
     refused (no handler left, nothing routed); the session itself is served as usual."""
     relay = await net.relay(request_timeout=0.5)
     timed_out = observed(relay, "namespace_solicit_timeout")

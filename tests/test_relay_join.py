@@ -1,6 +1,6 @@
 """Joining a live track through the relay with its recent past, over real QUIC on 127.0.0.1:
 the draft-18 Joining FETCH (Relative 0x2 / Absolute 0x3) and the draft-20+ fill fetch stream
-of a SUBSCRIBE with FILL_PARAMETERS (relay/fill.py). No sleeps: every wait is on something
+of a SUBSCRIBE with FILL_PARAMETERS (relay/fetch/fill.py). No sleeps: every wait is on something
 the protocol completes; ``within`` only turns a hang into a failure.
 """
 
@@ -14,8 +14,8 @@ from kvsp_moq.moqt.messages import LocationFilter, MessageParameters
 from kvsp_moq.moqt.messages.fetch import FetchType, JoiningFetch
 from kvsp_moq.pubsub import MoqtError, MoqtSession, connect
 from kvsp_moq.pubsub.receive import FetchStream
-from relay.fetch import WHOLE_GROUP
-from relay.fill import fill_range, joining_range
+from relay.fetch.service import WHOLE_GROUP
+from relay.fetch.fill import fill_range, joining_range
 from test_relay import (  # noqa: F401  (net is a fixture)
     NS,
     Net,

@@ -18,7 +18,7 @@ from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from kvsp_moq.transport import ConnectError, TransportConfig, TransportError
 from kvsp_moq.transport.tls import make_self_signed
 from relay import Relay, RelayConfig
-from relay.metrics import render_metrics
+from relay.ops.metrics import render_metrics
 
 GUARD = 30.0
 ROOT = Path(__file__).resolve().parent.parent

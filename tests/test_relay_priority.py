@@ -1,10 +1,10 @@
 """Priority scheduling of everything the relay sends on one downstream session
-(relay.schedule, relay.sender): draft-22 §"Priorities" / §"Scheduling Algorithm" —
+(relay.session.schedule, relay.session.sender): draft-22 §"Priorities" / §"Scheduling Algorithm" —
 subscriber priority first (across the session's subscriptions AND fetch responses), then
 publisher priority, then the subscription's group order, fill before subscription objects
 of the same group, then Subgroup ID; REQUEST_UPDATE re-ranks what waits.
 
-The scheduler itself is pure (relay.schedule) and is driven directly. End to end, over real
+The scheduler itself is pure (relay.session.schedule) and is driven directly. End to end, over real
 QUIC on loopback: the subscriber runs on its own event loop in a thread and blocks that loop
 inside its first object (no reads, no ACKs, like a stalled process), so everything else the
 relay has for it waits in the relay; a witness session on the main loop receiving every
@@ -26,7 +26,7 @@ from kvsp_moq.moqt.errors import PublishDoneCode
 from kvsp_moq.moqt.messages import MessageParameters
 from kvsp_moq.moqt.objects import GroupOrder
 from kvsp_moq.pubsub import MoqtSession, connect
-from relay.schedule import LazyHeap, Piece, Schedule, stream_key
+from relay.session.schedule import LazyHeap, Piece, Schedule, stream_key
 
 from test_relay import GUARD, NS, Net, client_config, net, payload, within  # noqa: F401
 
@@ -354,7 +354,7 @@ async def test_subscription_vs_fetch_on_one_session(net: Net, sub_priority: int)
 async def test_end_to_end_descending_group_order_byte_exact(net: Net, monkeypatch) -> None:  # noqa: F811
     """With subscriber priority and GROUP_ORDER descending everything still arrives
     byte-exact; each stream is registered with its publisher priority and group."""
-    from relay import sender
+    from relay.session import sender
 
     keys: list[tuple] = []
     real = sender.RequestOut.open_stream
@@ -392,7 +392,7 @@ async def test_request_update_answered_and_forward_0_pauses(net: Net) -> None:  
     """REQUEST_UPDATE is answered REQUEST_OK with LARGEST_OBJECT (§"REQUEST_UPDATE") and
     its SUBSCRIBER_PRIORITY is in force; a subscription with Forward State 0 gets no objects
     until an update sets it to 1."""
-    from relay.fanout import Subscriber
+    from relay.subscribe.fanout import Subscriber
 
     relay = await net.relay()
     pub, catalog = await net.publisher(relay)

@@ -1,5 +1,5 @@
-"""PUBLISH into the relay, SUBSCRIBE_TRACKS and RENDEZVOUS_TIMEOUT (relay/publish_in.py,
-relay/rendezvous.py) over real QUIC on 127.0.0.1. No sleeps: every wait is on a future,
+"""PUBLISH into the relay, SUBSCRIBE_TRACKS and RENDEZVOUS_TIMEOUT (relay/subscribe/publish_in.py,
+relay/subscribe/rendezvous.py) over real QUIC on 127.0.0.1. No sleeps: every wait is on a future,
 queue or iterator the protocol completes (``within`` turns a hang into a failure)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PUBLISH up a relay chain, object datagrams through the relay, and REQUEST_UPDATEs that
-arrive while the relay still waits upstream (relay/publish_out.py, relay/datagrams.py,
-relay/peer.py), over real QUIC on 127.0.0.1:
+arrive while the relay still waits upstream (relay/subscribe/publish_out.py, relay/subscribe/datagrams.py,
+relay/session/peer.py), over real QUIC on 127.0.0.1:
 
     publisher ─PUBLISH─▶ rack relay A ─PUBLISH─▶ datacenter relay D ◀── rack relay B
                                                         ▲                  ▲
@@ -23,7 +23,7 @@ from kvsp_moq.moqt.session import events as ev
 from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from kvsp_moq.pubsub.errors import DatagramTooLargeError
 from relay import Relay
-from relay.fanout import Subscriber
+from relay.subscribe.fanout import Subscriber
 
 NSB = tuple(f.encode() for f in NS)
 

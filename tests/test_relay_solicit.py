@@ -1,4 +1,4 @@
-"""Soliciting namespaces from publishers (relay/solicit.py; docs/relay.md "Soliciting"), over
+"""Soliciting namespaces from publishers (relay/subscribe/solicit.py; docs/relay.md "Soliciting"), over
 real QUIC on 127.0.0.1: the relay sends SUBSCRIBE_NAMESPACE to every downstream session allowed
 to publish (``solicit_namespaces``, default on) and routes the NAMESPACE answers like
 PUBLISH_NAMESPACE. The publisher is a pubsub client with a
@@ -28,8 +28,8 @@ from kvsp_moq.moqt.messages import Token
 from kvsp_moq.pubsub import Catalog, MoqtError, MoqtSession, connect
 from relay import Relay, RelayConfig
 from relay.__main__ import build_config, parse_args
-from relay.auth import parse_auth_config
-from relay.names import format_namespace
+from relay.ops.auth import parse_auth_config
+from relay.ops.names import format_namespace
 
 NS = ("solicit-test", "live")
 NSB = tuple(f.encode() for f in NS)

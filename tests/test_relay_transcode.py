@@ -1,4 +1,4 @@
-"""Transcoding at the relay's edge (relay/transcode.py, kvsp_moq/bridge/transcoding.py,
+"""Transcoding at the relay's edge (relay/transcode/edge.py, kvsp_moq/bridge/transcoding.py,
 docs/relay.md "Transcoding"), over real QUIC on 127.0.0.1: a real holder (BlockStore +
 MoqtHolder) publishes a raw block through a real relay given the KVSP transcoder; two
 consumers FETCH the replica's ``fp8-e4m3`` track at once; the relay transcodes once (its
@@ -28,9 +28,9 @@ from kvsp_moq.pubsub import connect
 from kvsp_moq.storage import RecordKey
 from relay import Relay, RelayConfig
 from relay.__main__ import build_config, parse_args
-from relay.cache import CachedObject
-from relay.metrics import render_metrics
-from relay.transcode import LAYER_DIGEST
+from relay.fetch.cache import CachedObject
+from relay.ops.metrics import render_metrics
+from relay.transcode.edge import LAYER_DIGEST
 
 LAYERS, TOKENS, HEADS, DIM = 4, 32, 2, 64
 DOC = make_descriptor(model="relay-transcode-test", model_digest="sha-256:" + "11" * 32,
@@ -49,7 +49,7 @@ def _layers() -> Layers:
 
 
 def test_the_relay_reads_the_binding_s_object_property() -> None:
-    """relay/transcode.py may not import the bridge: its LAYER_DIGEST is the binding's."""
+    """relay/transcode/edge.py may not import the bridge: its LAYER_DIGEST is the binding's."""
     assert LAYER_DIGEST == binding.LAYER_DIGEST
     transcoder = from_descriptors([DOC])
     ns = BlockName(KEY.compat_id, KEY.scope_id, KEY.block_key, b"\x01" * 16).namespace_fields()

@@ -1,5 +1,5 @@
 """A SUBSCRIBE of a coded track, transcoded by the relay as the layers arrive
-(relay/transcode_live.py, docs/relay.md "Transcoding", docs/binding.md §13), over real QUIC on
+(relay/transcode/live.py, docs/relay.md "Transcoding", docs/binding.md §13), over real QUIC on
 127.0.0.1: a real holder publishes a block layer by layer while it is computed (the
 prefill→decode path); two consumers SUBSCRIBE to its ``fp8-e4m3`` track and one to ``raw``
 through a real relay given the KVSP transcoder. The producer sees one subscription, each layer

@@ -8,9 +8,9 @@ import pytest
 from kvsp_moq.moqt.messages import Fetch, LocationFilter, Location, MessageParameters, StandaloneFetch
 from kvsp_moq.moqt.objects import ObjectStatus
 from relay import CachedObject, ObjectCache, RelayConfig, RelayStats, RoutingTable
-from relay.cache import OBJECT_OVERHEAD, TRACK_OVERHEAD, max_cache_duration_ms
-from relay.fetch import WHOLE_GROUP, fetch_range
-from relay.routing import is_prefix
+from relay.fetch.cache import OBJECT_OVERHEAD, TRACK_OVERHEAD, max_cache_duration_ms
+from relay.fetch.service import WHOLE_GROUP, fetch_range
+from relay.subscribe.routing import is_prefix
 
 T = ((b"ns",), b"t")
 

@@ -20,7 +20,7 @@ no bytes in flight, so on a connection that *sends* without a pause for longer t
 ``liveness_timeout`` above the longest transfer, or set ``keepalive`` to 0.
 
 Users: the instance's session pool (``bridge/pool.py``), the holder's relay links
-(``bridge/holder.py``) and the relay's own upstream link (``relay/uplink.py``).
+(``bridge/holder.py``) and the relay's own upstream link (``relay/subscribe/uplink.py``).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from relay.names import format_namespace
+from relay.ops.names import format_namespace
 
 from ...control.common.auth import Authorizer, Grant, Principal
 from ...control.common.clock import MonotonicClock
@@ -233,7 +233,7 @@ def make_demo_tls(workdir: Path) -> DemoTls:
 def relay_auth_toml(tokens: Mapping[str, str], prefixes: Sequence[str]) -> str:
     """The relay's ``--config`` (docs/relay.md "Authorization"): the principal of each
     ``name -> token`` may publish and subscribe under ``prefixes`` (namespace prefixes, as
-    ``relay.names.format_namespace`` writes them). There is no ``[anonymous]``: a request
+    ``relay.ops.names.format_namespace`` writes them). There is no ``[anonymous]``: a request
     without one of these tokens is refused (REQUEST_ERROR UNAUTHORIZED), and a SETUP with
     another token closes the session."""
     lines: list[str] = []

@@ -11,7 +11,7 @@ here (``control.client.moqt.MoqtBlockRetriever``), ``window`` blocks in flight o
   a KVB1 container assembled and hashed again, then copied and hashed into the store.
 
 Each figure is the best of ``repeat`` runs, every run on blocks the relay has not seen (a miss,
-cut through: relay/inflight.py), against the same run's TCP copy of the same octets (and the
+cut through: relay/fetch/inflight.py), against the same run's TCP copy of the same octets (and the
 landing against the container path). ``python -m kvsp_moq.cli.bench.kv.prefetch holder --relay
 URL --blocks K --layers N --layer-kib S --datagram-size D`` stores K blocks, attaches, prints
 one JSON line of records and serves until its stdin closes.

@@ -5,7 +5,7 @@ from its store), the loader in the bench process — on the transport backend an
 of a direct row, so the two compare in the same run:
 
 * ``relay_cold``: a block the relay has not seen (a cache miss: ONE upstream FETCH, cut
-  through, relay/inflight.py); best of ``repeat``, each run a different block (same bytes,
+  through, relay/fetch/inflight.py); best of ``repeat``, each run a different block (same bytes,
   another block key), so every run is a miss;
 * ``relay_warm``: the first block again, from the relay's cache; best of ``repeat``.
 
