@@ -8,6 +8,8 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import aiohttp
+
 from ...kvsp import problems
 from ...kvsp.records import LeaseGrant, LeaseRequest, Record, parse_json
 from ..common.errors import LeaseRefused
@@ -20,15 +22,26 @@ def _leases(holder: str) -> str:
     return f"{holder if holder.endswith('/') else holder + '/'}leases"
 
 
+#: Errors after which a repeat may find what the first try did (the connection dropped while
+#: the request was in flight) ...
+_ANSWER_LOST: tuple[type[BaseException], ...] = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                                                 aiohttp.ClientPayloadError)
+#: ... except where the request never reached the holder (retrying a dead one wastes the deadline).
+_NOT_REACHED: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,)
+
+
 class HttpLeaseClient(HttpClient):
     """§6.6 ``POST``/``DELETE {holder}leases`` (``instance.prefetch.LeaseClient``).
 
-    Both calls are retried after a 503 ``kvsp-unavailable`` or a transport error, up to
-    ``retries`` times, ``retry_pause_s`` apart (the holder's ``Retry-After``), because both are
+    Both calls are retried after a 503 ``kvsp-unavailable``, or after the connection dropped
+    once the request was sent (its answer may be what was lost), up to ``retries`` times, ``retry_pause_s`` apart (the holder's ``Retry-After``), because both are
     safe to repeat: a grant carries an ``Idempotency-Key`` (the same on every try), so a try the
     holder stored but did not acknowledge is answered again, not doubled; a release the holder
     applied already is answered 204 (404: the lease is gone too). ``pause`` waits between tries
-    (``asyncio.sleep``); the other keywords are :class:`~.http.HttpClient`'s."""
+    (``asyncio.sleep``); the other keywords are :class:`~.http.HttpClient`'s. A holder that
+    cannot be reached (connection refused, a timeout) is not tried again: nothing reached it,
+    or its caller's own bound is spent, and a prefetch's deadline is better spent on the next
+    source (tests/test_migration.py, a directive whose first source is a dead instance)."""
 
     def __init__(self, token: str | None, *, retries: int = 2, retry_pause_s: float = 1.0,
                  pause: Callable[[float], Awaitable[None]] | None = None, **kw: Any) -> None:
@@ -43,8 +56,8 @@ class HttpLeaseClient(HttpClient):
         for tries_left in range(self.retries, -1, -1):
             try:
                 answer = await self._call(method, url, body, headers)
-            except TRANSPORT_ERRORS:
-                if not tries_left:
+            except _ANSWER_LOST as exc:
+                if not tries_left or isinstance(exc, _NOT_REACHED):
                     raise
             else:
                 if not (tries_left and answer[0] == 503 and answer[2] == problems.UNAVAILABLE):
