@@ -101,6 +101,8 @@ __all__ = [
     "HttpPcClient",
     "HttpShardFetcher",
     "PcRefused",
+    "ANSWER_LOST",
+    "NOT_REACHED",
     "TRANSPORT_ERRORS",
     "PlainHttpRefused",
 ]
@@ -441,6 +443,12 @@ async def _call(
 
 #: What a call raises when no answer came (the peer unreachable, the connection lost, a timeout).
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
+#: Of those, the errors after which the request may have been applied and only its answer lost
+#: (the connection dropped once it was sent): a call safe to repeat may be tried again ...
+ANSWER_LOST: tuple[type[BaseException], ...] = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                                                aiohttp.ClientPayloadError)
+#: ... except where it never reached the peer (connection refused, no route): nothing to recover.
+NOT_REACHED: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,)
 
 
 class HttpClient:

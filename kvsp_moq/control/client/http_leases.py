@@ -8,26 +8,16 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
-
 from ...kvsp import problems
 from ...kvsp.records import LeaseGrant, LeaseRequest, Record, parse_json
 from ..common.errors import LeaseRefused
-from .http import TRANSPORT_ERRORS, HttpClient
+from .http import ANSWER_LOST, NOT_REACHED, TRANSPORT_ERRORS, HttpClient
 
 __all__ = ["HttpLeaseClient"]
 
 
 def _leases(holder: str) -> str:
     return f"{holder if holder.endswith('/') else holder + '/'}leases"
-
-
-#: Errors after which a repeat may find what the first try did (the connection dropped while
-#: the request was in flight) ...
-_ANSWER_LOST: tuple[type[BaseException], ...] = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-                                                 aiohttp.ClientPayloadError)
-#: ... except where the request never reached the holder (retrying a dead one wastes the deadline).
-_NOT_REACHED: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,)
 
 
 class HttpLeaseClient(HttpClient):
@@ -56,8 +46,8 @@ class HttpLeaseClient(HttpClient):
         for tries_left in range(self.retries, -1, -1):
             try:
                 answer = await self._call(method, url, body, headers)
-            except _ANSWER_LOST as exc:
-                if not tries_left or isinstance(exc, _NOT_REACHED):
+            except ANSWER_LOST as exc:
+                if not tries_left or isinstance(exc, NOT_REACHED):
                     raise
             else:
                 if not (tries_left and answer[0] == 503 and answer[2] == problems.UNAVAILABLE):
