@@ -138,14 +138,28 @@ def test_bench_kv_refuses_unknown_workers() -> None:
 
 
 def test_bench_relay_reports_fanout_against_one_subscriber_on_the_chosen_backend() -> None:
-    pytest.importorskip("qh3")
-    proc = kvsp("bench", "relay", "--backend", "qh3", "--run-mib", "1", "--object-kib", "64", "--repeat", "1")
+    """``kvsp bench relay --backend native`` (issue 28): every endpoint, the relay process
+    included, on the chosen backend; the fan-out rows carry the CPU the relay and the bench
+    process spent per GiB delivered; the relay's cold and warm FETCH rates stand beside the
+    same FETCH straight from the publisher."""
+    from kvsp_moq.transport import native
+
+    if not native.available():
+        pytest.skip(f"the native backend is not built here: {native.unavailable_reason()}")
+    proc = kvsp("bench", "relay", "--backend", "native", "--run-mib", "1", "--object-kib", "64", "--repeat", "1")
     figures = {f["name"]: f for f in map(json.loads, proc.stdout.splitlines())}
     one, eight, scaling = (figures[n] for n in ("relay_fanout_1_delivered", "relay_fanout_8_delivered", "relay_fanout_8_vs_1"))
-    assert {f["params"]["backend"] for f in (one, eight, scaling)} == {"qh3"}
+    assert {f["params"]["backend"] for f in (one, eight, scaling)} == {"native"}
     assert (scaling["value"], scaling["baseline_name"], scaling["baseline_value"]) == \
         (eight["value"], "relay_fanout_1_delivered", one["value"])
+    for fig in (one, eight):
+        assert fig["params"]["relay_cpu_s_per_gib"] > 0 and fig["params"]["bench_process_cpu_s_per_gib"] > 0
     assert figures["relay_fetch_warm_cache"]["baseline_name"] == "relay_fetch_cold_cache"
+    cold, warm = figures["relay_fetch_cold_rate"], figures["relay_fetch_warm_rate"]
+    assert cold["baseline_name"] == warm["baseline_name"] == "direct_fetch_rate"
+    assert cold["baseline_value"] == warm["baseline_value"] > 0
+    refused = kvsp("bench", "relay", "--backend", "nonesuch", check=False)
+    assert refused.returncode == 2 and "known backends are" in refused.stderr
 
 
 def test_bench_relay_with_each_subscriber_in_its_own_process() -> None:

@@ -10,8 +10,11 @@ acknowledges (down to the low-water mark, half of it). While nothing waits and t
 room, bytes go straight to QUIC (no queueing on the fast path).
 
 * Payload chunks are the received memoryviews, handed as they are (the same object to
-  every subscriber; QUIC's send buffer is the only copy); a chunk larger than the room is
-  split as a view.
+  every subscriber; a chunk larger than the room is split as a view). They are views of
+  immutable ``bytes``, so they go with ``Connection.send_stable``: on the native backend the
+  STREAM frames to every subscriber are written from the very bytes that arrived upstream,
+  which the cache keeps too (no copy at all: cut-through); other backends copy them into
+  their send buffer, the only copy.
 * Each request has a :class:`RequestOut` (a SUBSCRIBE and its fill stream, a FETCH, a
   PUBLISH to a SUBSCRIBE_TRACKS subscriber). Push bytes waiting for a request are bounded
   by its budget (``subscriber_queue_bytes``): beyond it its ``on_overflow`` runs (the
@@ -43,6 +46,14 @@ __all__ = ["Piece", "RequestOut", "SenderSession", "SessionSender"]
 logger = logging.getLogger(__name__)
 #: How many of the fullest streams a wait for room watches.
 _WATCH = 8
+
+
+def _immutable(data: Data) -> bool:
+    """``data`` can never change: ``bytes``, or a view of ``bytes`` (the chunks the QUIC
+    layer handed us and the cache keeps). Such a chunk goes to QUIC with ``send_stable``: the
+    native backend writes its STREAM frames from these very bytes (no copy per subscriber;
+    the reference is held until the peer acknowledged them, within ``send_buffer_high_water``)."""
+    return isinstance(data, bytes) or (isinstance(data, memoryview) and isinstance(data.obj, bytes))
 
 
 class SenderSession(Protocol):
@@ -253,8 +264,12 @@ class SessionSender:
 
     # -- handing bytes to QUIC ---------------------------------------------------------------
     def hand(self, out: RequestOut, sid: int, data: Data, fin: bool) -> None:
+        conn = self.peer.connection
         try:
-            self.peer.connection.send(sid, data, end_stream=fin)
+            if _immutable(data):  # a received or cached payload: sent from where it lies
+                conn.send_stable(sid, data, end_stream=fin)
+            else:
+                conn.send(sid, data, end_stream=fin)
         except StreamClosedError:
             out.dead_streams.add(sid)
             self.finished(sid)

@@ -65,8 +65,17 @@ def _moqt(args: argparse.Namespace) -> int:
 
 def _relay(args: argparse.Namespace) -> int:
     from ...bench.relay import driver
+    from ...transport import BACKENDS, TransportConfig, available_backends
     from ...transport.config import BACKEND_ENV
 
+    if args.backend not in available_backends():
+        if args.backend not in BACKENDS:
+            raise UsageError(f"--backend {args.backend!r}: known backends are {', '.join(BACKENDS)}")
+        try:  # the backend's own reason (native: the Debian packages to install)
+            TransportConfig(backend=args.backend)
+        except ValueError as exc:
+            raise UsageError(f"--backend {args.backend}: {exc}") from None
+        raise UsageError(f"--backend {args.backend}: its QUIC library is not installed here")
     # The publisher, the relay and the subscribers all take the backend from the environment
     # (TransportConfig's default), the relay too when it runs in its own process.
     os.environ[BACKEND_ENV] = args.backend
@@ -191,7 +200,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--object-kib", type=int, default=256)
     q.add_argument("--datagram-size", type=int, default=16384)
     q.add_argument("--backend", default=_default_backend(),
-                   help="QUIC backend of every endpoint (aioquic, qh3; default $KVSP_QUIC_BACKEND or aioquic)")
+                   help="QUIC backend of every endpoint (aioquic, qh3, native where it is built; "
+                        "default $KVSP_QUIC_BACKEND or aioquic)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
     q.add_argument("--subscriber-processes", action="store_true",
                    help="each subscriber in its own process (as instances are deployed); "
