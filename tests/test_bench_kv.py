@@ -153,13 +153,14 @@ def test_bench_relay_reports_fanout_against_one_subscriber_on_the_chosen_backend
     assert (scaling["value"], scaling["baseline_name"], scaling["baseline_value"]) == \
         (eight["value"], "relay_fanout_1_delivered", one["value"])
     for fig in (one, eight):
-        assert fig["params"]["relay_cpu_s_per_gib"] > 0 and fig["params"]["bench_process_cpu_s_per_gib"] > 0
+        # 1 MiB runs: the relay's /proc figure counts 10 ms clock ticks, and may be 0
+        assert fig["params"]["relay_cpu_s_per_gib"] >= 0 and fig["params"]["bench_process_cpu_s_per_gib"] > 0
     assert figures["relay_fetch_warm_cache"]["baseline_name"] == "relay_fetch_cold_cache"
     cold, warm = figures["relay_fetch_cold_rate"], figures["relay_fetch_warm_rate"]
     assert cold["baseline_name"] == warm["baseline_name"] == "direct_fetch_rate"
     assert cold["baseline_value"] == warm["baseline_value"] > 0
     refused = kvsp("bench", "relay", "--backend", "nonesuch", check=False)
-    assert refused.returncode == 2 and "known backends are" in refused.stderr
+    assert refused.returncode == 2 and "unknown transport backend" in refused.stderr
 
 
 def test_bench_relay_with_each_subscriber_in_its_own_process() -> None:

@@ -1,6 +1,8 @@
 """``kvsp bench vllm``'s figures and its per-round checks, without vLLM (the bench itself needs
 three or four engine processes, minutes on CI's 2 cores: it is run by hand, docs/benchmarks.md),
-its refusals of bad arguments (exit 2) before anything starts, the geometries' KV octets, and
+its refusals of bad arguments (exit 2) before anything starts (a ``--backend`` this build cannot
+run included), the QUIC backend the bench gives the processes it starts (real child processes),
+the geometries' KV octets, and
 the LMCache server's failure path and log reading (without lmcache), and, where lmcache is
 installed, the real LMCache server with its Redis L2 (a real redis-server), started and stopped
 without an engine."""
@@ -10,8 +12,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +35,12 @@ from kvsp_moq.cli.bench.vllm.lmcache import (
     lmcache_missing,
     redis_missing,
 )
+from kvsp_moq.cli.bench.vllm.quic_backend import check_processes, on_backend, process_backend, quic_backend_env
 from kvsp_moq.cli.errors import UsageError
+from kvsp_moq.integrations.vllm.engine_process import EngineSpec
 from kvsp_moq.integrations.vllm.tiny_model import LLAMA3_8B_LAYERS, TinyLlama
+from kvsp_moq.transport import available_backends
+from kvsp_moq.transport.config import BACKEND_ENV
 
 N = 256  # 8 blocks of 32
 KV = N * 4 * 512  # the tiny Llama in fp32: 4 layers x 2 KV heads x 32 x (K, V) x 4 octets
@@ -262,6 +271,8 @@ def test_the_geometries_kv_octets(tmp_path: Path) -> None:
 def test_the_direct_baseline_s_block_and_name() -> None:
     d = DirectRate(layers=2, layer_bytes=8 << 20, block_s=0.1, first_layer_s=0.05)
     assert d.name == "kv_aioquic_dgram16384_rate" and d.block_bytes == 16 << 20
+    native = DirectRate(layers=2, layer_bytes=8 << 20, block_s=0.1, first_layer_s=0.05, backend="native")
+    assert native.name == "kv_native_dgram16384_rate" and "(native," in native.params()["direct"]
     assert d.mb_s == pytest.approx((16 << 20) / 0.1 / 1e6)
     for layers, layer_bytes in ((0, TOKEN_BYTES), (2, TOKEN_BYTES + 1), (2, 0)):
         with pytest.raises(ValueError):  # refused before any process starts
@@ -293,3 +304,48 @@ def test_bad_disagg_arguments_exit_2_before_anything_starts(capsys: pytest.Captu
         assert main(args) == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("kvsp: ") and ("--disagg" in last or "--decoders" in last), last
+
+
+def test_a_backend_this_build_cannot_run_exits_2_saying_why_before_anything_starts(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for args in (["--backend", "quiche"], ["--disagg", "--backend", "quiche"]):
+        assert main(["bench", "vllm", *args]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("kvsp: --backend quiche: unknown transport backend") and "aioquic" in last, last
+    # a backend the transport knows but cannot load here names what is missing (aiopquic on
+    # Python < 3.12 or without its package, native without its extension)
+    for name in sorted({"aiopquic", "native"} - set(available_backends())):
+        assert main(["bench", "vllm", "--backend", name]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith(f"kvsp: --backend {name}: QUIC backend '{name}'") and "install" in last, last
+    # without --backend, $KVSP_QUIC_BACKEND decides, and is named where it is the culprit
+    monkeypatch.setenv(BACKEND_ENV, "quiche")
+    assert main(["bench", "vllm"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"kvsp: ${BACKEND_ENV}=quiche (the default of --backend): unknown"), last
+
+
+def test_the_backend_reaches_the_processes_the_bench_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the bench gives each process that speaks QUIC: $KVSP_QUIC_BACKEND in the environment
+    the relay and the engines start with (the engines' specs name it too), read back from a real
+    child's /proc/PID/environ; the child's TransportConfig runs on it. Restored afterwards."""
+    monkeypatch.setenv(BACKEND_ENV, "qh3")
+    spec = on_backend(EngineSpec("model", env={"OTHER": "1"}), "native")
+    assert spec.env == {"OTHER": "1", BACKEND_ENV: "native"}
+    show = "from kvsp_moq.transport import TransportConfig; print(TransportConfig().backend, flush=True); input()"
+    with quic_backend_env("aioquic"):
+        assert os.environ[BACKEND_ENV] == "aioquic"
+        child = subprocess.Popen([sys.executable, "-c", show], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+    assert os.environ[BACKEND_ENV] == "qh3"
+    unset = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE, text=True,
+                             env={k: v for k, v in os.environ.items() if k != BACKEND_ENV})
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "aioquic"
+        assert check_processes("aioquic", {"relay": child.pid}) == {"relay": "aioquic"}
+        assert process_backend(unset.pid) is None
+        with pytest.raises(RuntimeError, match="engine B"):
+            check_processes("aioquic", {"relay": child.pid, "engine B": unset.pid})
+    finally:
+        for proc in (child, unset):
+            proc.communicate("\n", timeout=30)

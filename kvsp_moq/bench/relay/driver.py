@@ -70,10 +70,13 @@ class _RelayProcess:
 
 
 def _cpu_seconds(pid: int | None = None) -> float:
-    """CPU seconds (user + system, every thread) of process ``pid`` (None: this one) so far;
-    0.0 where ``/proc`` cannot tell (the figure then has no CPU column)."""
+    """CPU seconds (user + system, every thread) of process ``pid`` (None: this one, to the
+    nanosecond) so far; for another process from ``/proc`` (clock ticks: 10 ms), 0.0 where
+    it cannot tell (the figure then has no relay CPU column)."""
+    if pid is None:
+        return time.process_time()
     try:
-        with open(f"/proc/{pid or 'self'}/stat") as f:
+        with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
@@ -84,13 +87,13 @@ def _cpu_seconds(pid: int | None = None) -> float:
 class _Run:
     """One timed run: seconds, and the CPU seconds the relay and this process spent in it."""
     seconds: float
-    relay_cpu: float = 0.0
+    relay_cpu: float | None = None  # None: no relay (the direct run)
     bench_cpu: float = 0.0
 
     def cpu_params(self, delivered_bytes: int) -> dict[str, object]:
         gib = delivered_bytes / (1 << 30)
         doc: dict[str, object] = {"bench_process_cpu_s_per_gib": round(self.bench_cpu / gib, 3)}
-        if self.relay_cpu:
+        if self.relay_cpu is not None:
             doc["relay_cpu_s_per_gib"] = round(self.relay_cpu / gib, 3)
         return doc
 
@@ -154,7 +157,7 @@ async def _fanout_once(data: bytes, object_size: int, n_subs: int, datagram_size
             await track.write_object(0, i, memoryview(data)[i * object_size:(i + 1) * object_size])
         await asyncio.gather(*readers)
         elapsed = time.perf_counter() - start
-        run = _Run(elapsed, _cpu_seconds(relay_pid) - cpu0[0] if relay_pid else 0.0,
+        run = _Run(elapsed, _cpu_seconds(relay_pid) - cpu0[0] if relay_pid else None,
                    _cpu_seconds() - cpu0[1])
         for buf in bufs:
             if buf != data:
@@ -190,7 +193,8 @@ async def _fanout_processes(data: bytes, object_size: int, n_subs: int, datagram
     digest = hashlib.sha256(data).hexdigest()
     if any(sha != digest for _, sha in results):
         raise AssertionError("relay fan-out corrupted the data")
-    return _Run(max(last for last, _ in results) - start, cpu1[0] - cpu0[0], cpu1[1] - cpu0[1])
+    return _Run(max(last for last, _ in results) - start,
+                cpu1[0] - cpu0[0] if relay_pid else None, cpu1[1] - cpu0[1])
 
 
 async def _fetch_latency(data: bytes, object_size: int, datagram_size: int,

@@ -16,11 +16,8 @@ from typing import Any
 
 from ...bench import report
 from ..errors import UsageError
+from .backend import default_backend
 from ..progress import Ticker, add_progress_option, wanted
-
-
-def _default_backend() -> str:
-    return os.environ.get("KVSP_QUIC_BACKEND") or "aioquic"
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -65,17 +62,10 @@ def _moqt(args: argparse.Namespace) -> int:
 
 def _relay(args: argparse.Namespace) -> int:
     from ...bench.relay import driver
-    from ...transport import BACKENDS, TransportConfig, available_backends
     from ...transport.config import BACKEND_ENV
+    from .backend import check_backend
 
-    if args.backend not in available_backends():
-        if args.backend not in BACKENDS:
-            raise UsageError(f"--backend {args.backend!r}: known backends are {', '.join(BACKENDS)}")
-        try:  # the backend's own reason (native: the Debian packages to install)
-            TransportConfig(backend=args.backend)
-        except ValueError as exc:
-            raise UsageError(f"--backend {args.backend}: {exc}") from None
-        raise UsageError(f"--backend {args.backend}: its QUIC library is not installed here")
+    check_backend(args.backend)  # one this build cannot run: exit 2, saying why
     # The publisher, the relay and the subscribers all take the backend from the environment
     # (TransportConfig's default), the relay too when it runs in its own process.
     os.environ[BACKEND_ENV] = args.backend
@@ -199,7 +189,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--run-mib", type=int, default=8)
     q.add_argument("--object-kib", type=int, default=256)
     q.add_argument("--datagram-size", type=int, default=16384)
-    q.add_argument("--backend", default=_default_backend(),
+    q.add_argument("--backend", default=default_backend(),
                    help="QUIC backend of every endpoint (aioquic, qh3, native where it is built; "
                         "default $KVSP_QUIC_BACKEND or aioquic)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
@@ -216,7 +206,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--layer-mib", type=int, default=1)
     q.add_argument("--datagram-size", type=_csv(int), default=(16384,), metavar="N[,N...]",
                    help="QUIC max datagram sizes, comma-separated (default 16384)")
-    q.add_argument("--backend", type=_csv(str), default=(_default_backend(),), metavar="B[,B...]",
+    q.add_argument("--backend", type=_csv(str), default=(default_backend(),), metavar="B[,B...]",
                    help="transport backends, comma-separated (aioquic, qh3 where the transport "
                         "has it; default $KVSP_QUIC_BACKEND or aioquic)")
     q.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
@@ -250,7 +240,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     q.add_argument("--layers", type=int, default=32)
     q.add_argument("--layer-mib", type=int, default=1)
     q.add_argument("--datagram-size", type=int, default=1452)
-    q.add_argument("--backend", default=_default_backend())
+    q.add_argument("--backend", default=default_backend())
     q.add_argument("--delay-ms", type=float, default=20.0, help="netem delay on each direction")
     q.add_argument("--loss", type=_csv(float), default=(0.5,), metavar="PCT[,PCT...]",
                    help="netem loss, percent, each direction; several: one path each, in turn "

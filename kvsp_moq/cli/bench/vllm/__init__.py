@@ -50,6 +50,12 @@ in ``params.rate_over_ttft_mb_s``). Its baseline is ``kvsp bench kv``'s direct M
 block of the same octets, measured in the same run (``.direct``: its holder in its own
 process, one connection, the block's layers as the model's).
 
+``--backend NAME`` (default ``$KVSP_QUIC_BACKEND`` or aioquic) is the QUIC backend of every
+process of the bench that speaks QUIC: the relay, engines A and B's connectors, the direct row's
+holder and loader (:mod:`.quic_backend`: a backend this build cannot run is refused before
+anything starts; each process is checked to have started with it; ``params.quic_backend``).
+Engines C and D speak no QUIC.
+
 ``--geometry tiny`` (default) is the connector's tiny Llama (4 layers, 2 KV heads x 32, fp32)
 with ``--hidden`` (default 128, the tests' model; the KV per token does not grow with it, the
 compute does); ``--geometry llama8b`` is 2 of Llama-3-8B's layers in bf16 (hidden 4096, 32
@@ -89,6 +95,7 @@ from .lmcache import (
     lmcache_missing,
     redis_missing,
 )
+from .quic_backend import check_backend, check_processes, default_backend, on_backend, quic_backend_env
 
 __all__ = ["GEOMETRIES", "Samples", "check_round", "figures", "kv_bytes_per_token_layer", "register_arguments",
            "run"]
@@ -258,11 +265,14 @@ class _Lmcache:
 
 def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geometry: str = "tiny",
         model_dir: str | None = None, lmcache: bool = True, block_tokens: int = DEFAULT_BLOCK_TOKENS,
-        progress: Any = None) -> list[Figure]:
+        backend: str | None = None, progress: Any = None) -> list[Figure]:
     """Start the plane and the engines, measure the direct rate, run a warm-up round and
-    ``repeat`` timed rounds."""
+    ``repeat`` timed rounds; the relay, engines A and B and the direct row on QUIC backend
+    ``backend`` (default: ``$KVSP_QUIC_BACKEND`` or aioquic; :mod:`.quic_backend`)."""
     say = progress or (lambda message: None)
+    backend = backend or default_backend()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(quic_backend_env(backend))  # before the relay and the engines start
         server: LmcacheServer | None = None
         lm_status = "off (--no-lmcache)"
         if lmcache:
@@ -275,7 +285,7 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
                 stack.callback(server.close)  # after the engines (the plane closes first)
         stack.enter_context(interrupts_as_keyboard_interrupt())
         plane = stack.enter_context(VllmPlane(say, prefix="kvsp-bench-vllm-"))
-        plane.start_plane()
+        kv = plane.start_plane()
         shape = _shape(geometry, hidden)
         model, vocab = plane.model(model_dir, shape)
         dtype = "float32" if model_dir is not None else shape.dtype
@@ -284,10 +294,13 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
         say(f"KV of the prefix: {prefix_tokens} tokens x {layers} layers x {per_token_layer} octets ({dtype}) = "
             f"{samples.kv_bytes} octets")
         max_len = prefix_tokens + 4 * BLOCK_TOKENS
-        a = plane.start_engine("engine A", plane.kvsp_spec(model, "engine-a", max_model_len=max_len, dtype=dtype,
-                                                           block_tokens=block_tokens))
-        b = plane.start_engine("engine B", plane.kvsp_spec(model, "engine-b", max_model_len=max_len, dtype=dtype,
-                                                           block_tokens=block_tokens))
+        a = plane.start_engine("engine A", on_backend(plane.kvsp_spec(
+            model, "engine-a", max_model_len=max_len, dtype=dtype, block_tokens=block_tokens), backend))
+        b = plane.start_engine("engine B", on_backend(plane.kvsp_spec(
+            model, "engine-b", max_model_len=max_len, dtype=dtype, block_tokens=block_tokens), backend))
+        on = check_processes(backend, {"relay": kv.relay.process.pid, "engine A": a.process.pid,
+                                       "engine B": b.process.pid})
+        say(f"QUIC backend   {backend}: the relay, engines A and B (their environment), the direct row")
         example = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                    "kv_connector_extra_config": {"shared_storage_path": str(plane.workdir / "example-kv")}}
         c = plane.start_engine("engine C", EngineSpec(str(model), block_size=BLOCK_TOKENS, max_model_len=max_len,
@@ -308,7 +321,7 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
             except (RuntimeError, OSError) as exc:  # its server, engine D: the row goes
                 lm.fail(exc, say, samples)
         layer_bytes = -(-prefix_tokens * per_token_layer // TOKEN_BYTES) * TOKEN_BYTES
-        samples.direct = direct_rate(layers, layer_bytes, repeat=max(3, repeat))
+        samples.direct = direct_rate(layers, layer_bytes, repeat=max(3, repeat), backend=backend)
         say(f"direct MOQT load of a {layers} x {layer_bytes}-octet block ({samples.direct.name}): "
             f"{samples.direct.block_s * 1e3:.1f} ms, {samples.direct.mb_s:.0f} MB/s")
         for n in range(repeat + 1):  # round 0 warms every path up, untimed
@@ -348,7 +361,8 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
             "model": "tiny-llama" if model_dir is None else str(model),
             "geometry": geometry if model_dir is None else None,
             "hidden": shape.hidden if model_dir is None else None, "dtype": dtype, "layers": layers,
-            "block_tokens": block_tokens, "vllm_block_tokens": BLOCK_TOKENS,
+            "block_tokens": block_tokens, "vllm_block_tokens": BLOCK_TOKENS, "quic_backend": backend,
+            "quic_backend_processes": on,
             "relay": "cold (a fresh prefix each round)", "lmcache": lm.status if lm is not None else lm_status}
         if lm is not None and lm.engine is not None:
             params["lmcache_chunk_tokens"] = lm.server.chunk
@@ -358,6 +372,10 @@ def run(*, prefix_tokens: int, repeat: int, hidden: int = DEFAULT_HIDDEN, geomet
 
 
 def register_arguments(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--backend", default=None, metavar="NAME",
+                   help="QUIC backend of every process of the bench that speaks QUIC: the relay, the engines' "
+                        "connectors, the direct row's holder and loader (aioquic, qh3, native where built, "
+                        "aiopquic where installed; default $KVSP_QUIC_BACKEND or aioquic)")
     q.add_argument("--prefix-tokens", type=int, default=1024, metavar="N",
                    help=f"tokens of the shared prefix, a multiple of {BLOCK_TOKENS} (default 1024)")
     q.add_argument("--repeat", type=int, default=3, help="timed rounds, each with a fresh prefix; the best is kept")
@@ -405,9 +423,10 @@ def _cmd_disagg(args: argparse.Namespace) -> int:
         raise UsageError(f"--chunk-tokens must be at least {BLOCK_TOKENS}")
     if args.repeat < 1:
         raise UsageError("--repeat must be >= 1")
+    backend = check_backend(args.backend)
     require_vllm()
     return _emit_run(lambda: run_disagg(prompt_tokens=n, chunk_tokens=chunk, repeat=args.repeat,
-                                        progress=_progress, split=not args.no_cpu_split))
+                                        progress=_progress, split=not args.no_cpu_split, backend=backend))
 
 
 def _emit_run(measure: Callable[[], list[Figure]]) -> int:
@@ -443,7 +462,8 @@ def cmd(args: argparse.Namespace) -> int:
             raise UsageError(f"--hidden applies to --geometry tiny only, not to {where}")
         if args.hidden < 32 or args.hidden % 32:
             raise UsageError("--hidden must be a positive multiple of 32")
+    backend = check_backend(args.backend)
     require_vllm()
     return _emit_run(lambda: run(prefix_tokens=n, repeat=args.repeat, hidden=args.hidden or DEFAULT_HIDDEN,
                                  geometry=args.geometry, model_dir=args.model_dir, lmcache=not args.no_lmcache,
-                                 block_tokens=b, progress=_progress))
+                                 block_tokens=b, backend=backend, progress=_progress))

@@ -43,6 +43,7 @@ from ....integrations.vllm.engine_process import EngineProcess
 from ....integrations.vllm.stream import PARAM
 from ...demo.engines import BLOCK_TOKENS, VllmPlane
 from ...demo.disagg import SHAPE
+from .quic_backend import check_processes, default_backend, on_backend, quic_backend_env
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "DEFAULT_PROMPT_TOKENS", "WAYS", "disagg_figures", "run_disagg"]
 
@@ -123,16 +124,23 @@ def cpu_split() -> tuple[tuple[int, ...], tuple[int, ...]] | None:
 
 
 def run_disagg(*, prompt_tokens: int, chunk_tokens: int, repeat: int, progress: Callable[[str], None],
-               split: bool = True) -> list[Figure]:
+               split: bool = True, backend: str | None = None) -> list[Figure]:
+    """The bench (module notes); the relay and both engines on QUIC backend ``backend``
+    (default: ``$KVSP_QUIC_BACKEND`` or aioquic; :mod:`.quic_backend`)."""
     halves = cpu_split() if split else None
-    with VllmPlane(progress, prefix="kvsp-bench-disagg-") as plane, ThreadPoolExecutor(2) as pool:
-        plane.start_plane()
+    backend = backend or default_backend()
+    with quic_backend_env(backend), VllmPlane(progress, prefix="kvsp-bench-disagg-") as plane, \
+            ThreadPoolExecutor(2) as pool:
+        kv = plane.start_plane()
         model, vocab = plane.model(None, SHAPE)
-        prefill = plane.start_engine("prefill", plane.kvsp_spec(model, "engine-a", kv_role="kv_producer",
-                                                                max_num_batched_tokens=chunk_tokens,
-                                                                cpus=halves[0] if halves else None))
-        decoder = plane.start_engine("decode", plane.kvsp_spec(model, "engine-b", kv_role="kv_consumer",
-                                                               cpus=halves[1] if halves else None))
+        prefill = plane.start_engine("prefill", on_backend(plane.kvsp_spec(
+            model, "engine-a", kv_role="kv_producer", max_num_batched_tokens=chunk_tokens,
+            cpus=halves[0] if halves else None), backend))
+        decoder = plane.start_engine("decode", on_backend(plane.kvsp_spec(
+            model, "engine-b", kv_role="kv_consumer", cpus=halves[1] if halves else None), backend))
+        on = check_processes(backend, {"relay": kv.relay.process.pid, "prefill": prefill.process.pid,
+                                       "decode": decoder.process.pid})
+        progress(f"QUIC backend   {backend}: the relay, the prefill and decode engines (their environment)")
         if halves:
             progress(f"cpus           prefill engine on CPUs {list(halves[0])}, decode engine on {list(halves[1])} "
                      "(as on two hosts; --no-cpu-split shares them)")
@@ -146,7 +154,8 @@ def run_disagg(*, prompt_tokens: int, chunk_tokens: int, repeat: int, progress: 
                 for w in WAYS:
                     samples[w].append(got[w])
         params = {"prompt_tokens": prompt_tokens, "chunk_tokens": chunk_tokens, "block_tokens": BLOCK_TOKENS,
-                  "layers": SHAPE.layers, "hidden": SHAPE.hidden, "rounds": repeat,
+                  "layers": SHAPE.layers, "hidden": SHAPE.hidden, "rounds": repeat, "quic_backend": backend,
+                  "quic_backend_processes": on,
                   "cpus": {"prefill": list(halves[0]), "decode": list(halves[1])} if halves else "shared"}
         return disagg_figures(samples, params)
 
