@@ -173,3 +173,8 @@ def test_bench_relay_with_each_subscriber_in_its_own_process() -> None:
         fig = figures[f"relay_fanout_{n}_delivered"]
         assert fig["params"]["subscribers_in"] == "own processes" and fig["value"] > 0
     assert figures["relay_fanout_8_vs_1"]["baseline_name"] == "relay_fanout_1_delivered"
+
+
+def test_bench_live_refuses_bad_arguments_before_anything_starts() -> None:
+    proc = kvsp("bench", "live", "--layers", "0", check=False)
+    assert proc.returncode == 2 and "--layers and --repeat must be >= 1" in proc.stderr

@@ -5,6 +5,8 @@ store, not in the publisher: FETCH reads each layer's K || V straight from its t
 (``BlockStore.layer_payload``: a memoryview of the tier buffer, never a copy of the block)
 when the fetch stream reaches it; SUBSCRIBE gets each layer of a block still being computed
 the moment the store has it (``BlockWriter`` layer events, DESIGN.md §4 "prefill streaming").
+Both send the tier's view as a *stable* payload: the native backend sends from it, no copy
+(docs/transport.md "Sending from the store (no copy)").
 """
 
 from __future__ import annotations
@@ -134,8 +136,9 @@ class BlockTrack(TrackPublisher):
             except LookupError:
                 log.info("%s: replica gone while streaming layer %d", self.key, layer)
                 return
+            # A view of the tier, never rewritten (as for FETCH): sent without a copy (stable).
             await self.write_object(BLOCK_GROUP, layer, payload,
-                                    properties=((LAYER_DIGEST, digest),))
+                                    properties=((LAYER_DIGEST, digest),), stable=True)
             del payload
 
     async def withdraw(self, reason: str) -> None:

@@ -19,7 +19,10 @@ the subscriber's :class:`Backlog`:
 
 Queued bytes must not change under us: the caller's buffer may be reused once a write
 returns, so a chunk that has to wait is frozen (copied) once, the copy shared by every
-subscriber whose backlog holds it (:class:`Chunk`).
+subscriber whose backlog holds it (:class:`Chunk`). A *stable* chunk (bytes that never change:
+a store's view of a layer, or ``bytes``) is never frozen: it waits as the caller's view, and it
+goes to QUIC with ``Connection.send_stable`` (the native backend sends from it without a copy,
+docs/transport.md "Sending from the store (no copy)").
 """
 
 from __future__ import annotations
@@ -56,18 +59,20 @@ async def flushed(session: object) -> None:
 
 class Chunk:
     """A payload chunk being sent to several subscribers: its bytes as given, and one frozen
-    copy made the first time a subscriber must queue it."""
+    copy made the first time a subscriber must queue it — none for a :attr:`stable` chunk."""
 
-    __slots__ = ("data", "_frozen")
+    __slots__ = ("data", "stable", "_frozen")
 
-    def __init__(self, data: Buffer) -> None:
+    def __init__(self, data: Buffer, stable: bool = False) -> None:
         view = data if isinstance(data, memoryview) else memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         self.data = view
-        # bytes (or a view of bytes) cannot change: no copy needed.
-        immutable = isinstance(data, bytes) or isinstance(view.obj, bytes)
-        self._frozen: memoryview | None = view if immutable else None
+        #: The bytes never change while anyone may send them: ``stable`` given (a store's
+        #: view that is never rewritten), or bytes (or a view of bytes), which cannot change.
+        #: Queued without a copy and sent with ``Connection.send_stable``.
+        self.stable = stable or isinstance(data, bytes) or isinstance(view.obj, bytes)
+        self._frozen: memoryview | None = view if self.stable else None
 
     def frozen(self) -> memoryview:
         """The bytes, immune to the caller reusing its buffer (copied at most once)."""
@@ -81,6 +86,8 @@ class _Item:
     sid: int
     data: memoryview | bytes
     fin: bool = False
+    #: ``data`` is a stable chunk's view: handed to QUIC with ``stable=True``.
+    stable: bool = False
     #: Runs once the item is handed to QUIC (or dropped with its stream).
     after: Callable[[], None] | None = None
 
@@ -122,22 +129,24 @@ class Backlog:
         if self.closed:
             return
         view = chunk.data if isinstance(chunk, Chunk) else memoryview(chunk)
+        stable = isinstance(chunk, Chunk) and chunk.stable
         if not self._items:
             conn = self._connection()
+            send = conn.send_stable if stable else conn.send
             room = conn.send_buffer_high_water - conn.stream_send_buffered(sid)
             if room >= len(view) or not view:
-                conn.send(sid, view, end_stream=fin)
+                send(sid, view, end_stream=fin)
                 return
             if room > 0:
-                conn.send(sid, view[:room])
+                send(sid, view[:room])
         else:
             room = 0
         rest = max(room, 0)
         if isinstance(chunk, Chunk):
-            data: memoryview | bytes = chunk.frozen()[rest:]
+            data: memoryview | bytes = chunk.frozen()[rest:]  # a stable chunk's own view
         else:
             data = chunk[rest:]
-        self._push(_Item(sid, data, fin))
+        self._push(_Item(sid, data, fin, stable))
 
     def after(self, sid: int, fn: Callable[[], None]) -> None:
         """Run ``fn`` once everything queued before it is handed to QUIC (at once when
@@ -206,7 +215,8 @@ class Backlog:
                 item = self._items[0]
                 try:
                     if item.data or item.fin:
-                        await self._connection().write(item.sid, item.data, end_stream=item.fin)
+                        await self._connection().write(item.sid, item.data, end_stream=item.fin,
+                                                       stable=item.stable)
                 except StreamClosedError:
                     self.drop_stream(item.sid)
                     self.on_stopped(item.sid)

@@ -7,7 +7,10 @@ it in the track's in-memory store when ``keep=True`` so FETCH can serve object r
 
 Large payloads are streamed: :meth:`TrackPublisher.begin_object` sends the object header with
 the declared length, then :meth:`ObjectWriter.write` sends chunks as they come, each through
-``Connection.write`` (bounded send buffer) — the whole object is never held here.
+``Connection.write`` (bounded send buffer) — the whole object is never held here. A *stable*
+chunk (``stable=True``: bytes that never change, a store's view of a layer; or ``bytes``) is
+not copied: it goes to QUIC with ``Connection.send_stable`` and waits in a backlog as the
+caller's view, never frozen (docs/transport.md "Sending from the store (no copy)").
 
 A subscriber that stops one subgroup stream (STOP_SENDING, e.g. a receive limit or an
 ``on_object_begin`` :class:`~.receive.Refuse`) loses only the rest of that stream's
@@ -255,11 +258,12 @@ class TrackPublisher:
 
     # -- writing ---------------------------------------------------------------------------
     async def write_object(self, group: int, object_id: int, payload: Buffer, *,
-                           properties: PropertyList = (), priority: int | None = None) -> None:
-        """Publish one whole object."""
+                           properties: PropertyList = (), priority: int | None = None,
+                           stable: bool = False) -> None:
+        """Publish one whole object. ``stable``: as :meth:`ObjectWriter.write`'s."""
         w = await self.begin_object(group, object_id, len(payload), properties=properties,
                                     priority=priority)
-        await w.write(payload)
+        await w.write(payload, stable=stable)
         await w.close()
 
     async def begin_object(self, group: int, object_id: int, length: int, *,
@@ -471,14 +475,21 @@ class ObjectWriter:
         self._keep = bytearray() if track.keep else None
         self._closed = False
 
-    async def write(self, chunk: Buffer) -> None:
+    async def write(self, chunk: Buffer, *, stable: bool = False) -> None:
+        """Send the next ``chunk`` of the payload to every subscriber of the object; returns
+        once one of them has nothing waiting (the module docstring). ``stable``: the bytes
+        never change while a transport may still send them (a view of a store that never
+        rewrites what it handed out, as ``StoredObject.stable``): they are neither copied nor
+        frozen here, and go to QUIC with ``Connection.send_stable`` (the native backend holds
+        them until acknowledged); ``bytes`` are stable anyway. Otherwise the caller may
+        reuse its buffer once this returns."""
         n = len(chunk)
         if self.written + n > self.length:
             raise ValueError("more payload than the declared length")
         self.written += n
         if self._keep is not None:
             self._keep += chunk
-        shared = Chunk(chunk)
+        shared = Chunk(chunk, stable)
         for sub in self._targets:
             if sub.dead or sub.stream_id is None:
                 continue

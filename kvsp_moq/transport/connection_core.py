@@ -297,6 +297,10 @@ class ConnectionCore(Connection):
                 waiters.remove(entry)
                 if not waiters:
                     del self._waiters[stream_id]
+            # A StreamClosedError set on ``fut`` has this frame in its traceback: without
+            # the future in the frame, no reference cycle keeps the caller's frames (and the
+            # buffers they hold, e.g. a stored payload being written) until a GC pass.
+            del fut, entry
 
     def _wake_waiters(self, stream_id: int | None = None) -> None:
         """Wake the ``wait_writable`` callers of ``stream_id`` (None: of every stream) whose

@@ -95,6 +95,18 @@ def _kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live(args: argparse.Namespace) -> int:
+    from ...bench import live_publish
+    from ...transport import native
+
+    if not native.available():
+        raise UsageError(f"kvsp bench live needs the native backend: {native.unavailable_reason()}")
+    if args.layers < 1 or args.repeat < 1:
+        raise UsageError("--layers and --repeat must be >= 1")
+    live_publish.main(["--layers", str(args.layers), "--repeat", str(args.repeat)])
+    return 0
+
+
 def _wan(args: argparse.Namespace) -> int:
     from .wan import driver
 
@@ -234,6 +246,11 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                    help="blocks in flight in the prefetch rows (default 4, the instance's "
                         "prefetch_blocks_in_flight)")
     q.set_defaults(handler=_kv)
+    q = bsub.add_parser("live", help="holder CPU per GiB for a SUBSCRIBEd block on native, sent from "
+                        "the store (no copy) vs copied, same run")
+    q.add_argument("--layers", type=int, default=32, help="layers of 1 MiB per block")
+    q.add_argument("--repeat", type=int, default=3, help="runs of each kind; the best is kept")
+    q.set_defaults(handler=_live)
     q = bsub.add_parser("wan", help="MOQT vs HTTP block load across two network namespaces "
                                     "joined by a shaped link: tc netem on a veth pair, or a "
                                     "userspace TUN shaper (root + iproute2)")
