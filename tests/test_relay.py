@@ -338,7 +338,9 @@ async def test_payload_chunks_shared_not_copied(net: Net, monkeypatch) -> None:
     for sub in subs:
         assert [bytes(o.payload) for o in await within(sub.collect())] == [payload(0, 0, 50_000)]
     chunks = list(seen.values())
-    assert len(chunks) == 3 and len(chunks[0]) > 1
+    # More than one chunk per object on aioquic; the native backend hands over everything a
+    # stream received since the last drain in one (docs/transport.md, native), often one.
+    assert len(chunks) == 3 and len(chunks[0]) > (0 if TransportConfig().backend == "native" else 1)
     for a, b in zip(chunks[0], chunks[1]):
         assert a is b
     for a, c in zip(chunks[0], chunks[2]):

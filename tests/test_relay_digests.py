@@ -156,8 +156,11 @@ async def test_a_corrupted_layer_is_not_cached_and_the_next_fetch_goes_upstream(
     world.put(key, flip_layer=BAD)
     track = world.track(key)
     first = await world.load(key)
-    # The consumer detects the bad layer (as before) ...
-    assert not first.complete and first.verified == tuple(range(BAD))
+    # The consumer detects the bad layer (as before) ... (the layers before it verified;
+    # on the native backend, which lands and checks every layer as it arrives, the ones
+    # after it too)
+    assert not first.complete and BAD not in first.verified
+    assert set(range(BAD)) <= set(first.verified)
     assert first.attempts[0].error is not None and f"layer {BAD}" in first.attempts[0].error \
         and "digest mismatch" in first.attempts[0].error
     # ... and the relay checked every layer, kept the good ones, not the bad one, and did
@@ -174,7 +177,8 @@ async def test_a_corrupted_layer_is_not_cached_and_the_next_fetch_goes_upstream(
     # A second FETCH gets the layers held from the relay and the bad one from upstream
     # again (a gap of the range, relay/fetch/held.py), not from a poisoned cache.
     second = await world.load(key)
-    assert not second.complete and second.verified == tuple(range(BAD))
+    assert not second.complete and BAD not in second.verified
+    assert set(range(BAD)) <= set(second.verified)
     assert world.counts() == (2, 1, LAYERS + 1, 2)
     assert cache.get(track, 0, BAD) is None
 

@@ -26,6 +26,7 @@ from kvsp_moq.moqt.errors import PublishDoneCode
 from kvsp_moq.moqt.messages import MessageParameters
 from kvsp_moq.moqt.objects import GroupOrder
 from kvsp_moq.pubsub import MoqtSession, connect
+from kvsp_moq.transport import TransportConfig
 from relay.session.schedule import LazyHeap, Piece, Schedule, stream_key
 
 from test_relay import GUARD, NS, Net, client_config, net, payload, within  # noqa: F401
@@ -270,6 +271,10 @@ async def test_subscriber_priority_across_subscriptions_and_request_update(
     reach the relay first and the subscriber stalls inside B's first object. Released:
     A's objects all complete before B's — unless a REQUEST_UPDATE, sent on release, gave B
     priority 1: then the bytes that waited in the relay under the old priority go B first."""
+    if not update and TransportConfig().backend == "native":
+        pytest.skip("native receives on a thread of its own: a stalled subscriber loop still "
+                    "takes in each stream's window of B before A is written, so B's objects "
+                    "complete first whatever the relay's order (docs/transport.md, native gaps)")
     relay = await net.relay(high_water=4096)
     pub, catalog = await net.publisher(relay)
     ta, tb = catalog.create(NS, "a"), catalog.create(NS, "b")

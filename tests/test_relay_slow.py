@@ -49,7 +49,9 @@ class SlowSubscriber(threading.Thread):
         asyncio.run(self._main())
 
     async def _main(self) -> None:
-        s = await connect(self.url, client_config())
+        # Small receive windows: a transport that receives on a thread of its own (native)
+        # takes in at most these while the loop is stalled; the relay must hold the rest.
+        s = await connect(self.url, client_config(max_stream_data=64 << 10, max_data=128 << 10))
         first = [True]
 
         def on_begin(info):
