@@ -128,6 +128,12 @@ class Endpoint:
         :meth:`close`. The bytes must not change meanwhile."""
     def buffered(self, conn: int, stream_id: int) -> int:
         """Bytes queued on the stream and not yet acknowledged."""
+    def watch_acked(self, conn: int, stream_id: int, threshold: int) -> int:
+        """Wait on the stream's acknowledgements: signal the event fd (an ``acked`` event)
+        once its buffered bytes fall to ``threshold``. From the first call on, the stream's
+        ``acked`` events signal only so (else they are drained with the next signalled
+        event); before it, each one does. Returns the buffered bytes now (0: the stream is
+        gone): a count already reached gets no signal."""
     def reset_stream(self, conn: int, stream_id: int, code: int) -> None: ...
     def stop_sending(self, conn: int, stream_id: int, code: int) -> None: ...
     def send_datagram(self, conn: int, data: Buffer) -> None:

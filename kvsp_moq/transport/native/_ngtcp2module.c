@@ -594,6 +594,20 @@ static PyObject *Endpoint_buffered(EndpointObject *self, PyObject *args) {
   return rv == NQ_OK ? PyLong_FromUnsignedLongLong(n) : raise_nq(rv, conn, (int64_t)sid);
 }
 
+/* watch_acked(conn, stream_id, threshold) -> buffered: signal the event fd once the stream's
+ * buffered count falls to threshold (nq_api_watch_acked); returns the count now. */
+static PyObject *Endpoint_watch_acked(EndpointObject *self, PyObject *args) {
+  uint64_t conn, sid, threshold, n = 0;
+  int rv;
+  if (!PyArg_ParseTuple(args, "O&O&K", conv_varint, &conn, conv_varint, &sid, &threshold) ||
+      ep_enter(self) < 0) {
+    return NULL;
+  }
+  rv = nq_api_watch_acked(self->ep, conn, (int64_t)sid, threshold, &n);
+  nq_endpoint_unlock(self->ep);
+  return rv == NQ_OK ? PyLong_FromUnsignedLongLong(n) : raise_nq(rv, conn, (int64_t)sid);
+}
+
 /* reset_stream and stop_sending: (conn, stream_id, code). */
 static PyObject *stream_code_call(EndpointObject *self, PyObject *args,
                                   int (*op)(nq_endpoint *, uint64_t, int64_t, uint64_t)) {
@@ -751,6 +765,7 @@ static PyObject *Endpoint_receive_objects(EndpointObject *self, PyObject *args, 
     PyMem_Free(r);
     return NULL;
   }
+  nq_objreg_advise(reg); /* before the lock: a system call, no shared state */
   if (ep_enter(self) < 0) {
     rv = NQ_EINVAL;
   } else {
@@ -840,6 +855,7 @@ static PyMethodDef Endpoint_methods[] = {
     {"open_stream", (PyCFunction)Endpoint_open_stream, METH_VARARGS, NULL},
     {"send", (PyCFunction)(void (*)(void))Endpoint_send, METH_VARARGS | METH_KEYWORDS, NULL},
     {"buffered", (PyCFunction)Endpoint_buffered, METH_VARARGS, NULL},
+    {"watch_acked", (PyCFunction)Endpoint_watch_acked, METH_VARARGS, NULL},
     {"reset_stream", (PyCFunction)Endpoint_reset_stream, METH_VARARGS, NULL},
     {"stop_sending", (PyCFunction)Endpoint_stop_sending, METH_VARARGS, NULL},
     {"send_datagram", (PyCFunction)Endpoint_send_datagram, METH_VARARGS, NULL},

@@ -229,6 +229,21 @@ class NativeConnection(ConnectionCore):
     def stream_send_buffered(self, stream_id: int) -> int:
         return self._buffered(stream_id)
 
+    def _watch(self, stream_id: int) -> None:
+        # The extension signals an ``acked`` event only for a stream armed here, once its
+        # buffered bytes reach the highest threshold waited for (nq_api_watch_acked): a
+        # count reached meanwhile is answered here, as no signal will come for it.
+        entries = self._waiters.get(stream_id)
+        if not entries or self._gone or self._opener.waiting(stream_id):
+            return  # the opener wakes its waiters when the stream opens (_on_opened)
+        threshold = max(limit for limit, _ in entries)
+        try:
+            buffered = int(self._ep.watch_acked(self._handle, stream_id, threshold))
+        except (ConnectionError, ValueError):
+            return  # closing: its closed event fails the waiters
+        if buffered <= threshold:
+            self._loop.call_soon(self._wake_waiters, stream_id)
+
     def _send_closed_code(self, stream_id: int) -> int | None:
         return self._send_closed.get(stream_id)
 

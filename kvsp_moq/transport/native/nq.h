@@ -41,8 +41,12 @@
 /* Our connection IDs (RFC 9000 §5.1: at most 20 bytes; 16 is plenty to be unguessable). A
  * short header does not carry the length, so every endpoint uses this one length. */
 #define NQ_SCID_LEN 16
-/* recvmmsg batch: messages per call and bytes per message (a GRO message holds up to 64 KiB). */
-#define NQ_RECV_BATCH 16
+/* recvmmsg batch: messages per call and bytes per message (a GRO message holds up to 64 KiB).
+ * 4, not 16: the network thread acknowledges after each batch, and with BBR's small window on
+ * loopback (a few hundred KiB) a 1 MiB batch made sender and receiver take turns; a 256 KiB
+ * batch also stays in the cache between the copy out of the socket and the decryption
+ * (measured: docs/benchmarks.md, "what bounds one connection"). */
+#define NQ_RECV_BATCH 4
 #define NQ_RECV_BUFSIZE 65536
 /* GSO: the kernel's UDP_MAX_SEGMENTS, and the bytes one sendmsg may carry (one IP datagram). */
 #define NQ_GSO_MAX_SEGS 64
@@ -257,6 +261,9 @@ typedef struct nq_stream {
   unsigned parked : 1;        /* a SUBGROUP stream of an alias not registered yet, while a
                                * SUBSCRIBE is unanswered: its bytes wait here (nq_objects.c) */
   unsigned parked_fin : 1;
+  unsigned ack_watched : 1;   /* Python waits on acknowledgements (nq_api_watch_acked) */
+  unsigned ack_armed : 1;     /* and does now, until buffered <= ack_wake (nq_emit_acked) */
+  uint64_t ack_wake;
   uint64_t parked_alias;
   nq_bytes parked_data;       /* uncredited: bounded by the stream's flow-control window */
   uint8_t peeklen;
@@ -397,6 +404,7 @@ typedef struct nq_objreg {
 nq_objreg *nq_objreg_new(nq_dsp_kind kind, uint64_t id, uint64_t group, uint64_t first, size_t n,
                          int timed_out_range, int descending, uint64_t max_props);
 void nq_objreg_free(nq_objreg *r);
+void nq_objreg_advise(const nq_objreg *r);
 nq_dsp_dest nq_objreg_begin(nq_objreg *r, nq_dsp *p, const nq_dsp_object *o, uint8_t **dest,
                             size_t *slot);
 void nq_objreg_end(nq_objreg *r, size_t slot, const uint8_t *digest);
@@ -546,6 +554,8 @@ int nq_api_open_stream(nq_endpoint *ep, uint64_t conn, int uni, int64_t *stream_
 int nq_api_send(nq_endpoint *ep, uint64_t conn, int64_t stream_id, const uint8_t *data,
                 size_t len, nq_chunk **prefilled, int fin);
 int nq_api_buffered(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t *out);
+int nq_api_watch_acked(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t threshold,
+                       uint64_t *buffered);
 int nq_api_reset_stream(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t code);
 int nq_api_stop_sending(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t code);
 int nq_api_send_datagram(nq_endpoint *ep, uint64_t conn, const uint8_t *data, size_t len);

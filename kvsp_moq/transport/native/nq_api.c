@@ -132,6 +132,28 @@ int nq_api_buffered(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t 
   return NQ_OK;
 }
 
+/* Python waits until the stream's buffered count is at most threshold (wait_writable): the
+ * acknowledgement that brings it there signals the event fd (nq_emit_acked). *buffered is
+ * the count now (0 for a stream that is gone): a caller that finds the threshold reached
+ * already must not wait for that signal. */
+int nq_api_watch_acked(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t threshold,
+                       uint64_t *buffered) {
+  nq_conn *c = usable_conn(ep, conn);
+  nq_stream *s;
+  *buffered = 0;
+  if (c == NULL) {
+    return NQ_ENOCONN;
+  }
+  s = nq_stream_get(c, stream_id);
+  if (s != NULL) {
+    s->ack_watched = 1;
+    s->ack_armed = 1;
+    s->ack_wake = threshold;
+    *buffered = nq_stream_buffered(s);
+  }
+  return NQ_OK;
+}
+
 /* RESET_STREAM (RFC 9000 §19.4): abandon the send side. */
 int nq_api_reset_stream(nq_endpoint *ep, uint64_t conn, int64_t stream_id, uint64_t code) {
   nq_conn *c = usable_conn(ep, conn);

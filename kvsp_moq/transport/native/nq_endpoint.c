@@ -9,6 +9,7 @@
 #include <gnutls/crypto.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +203,9 @@ static void *thread_main(void *arg) {
   nq_endpoint *ep = arg;
   static const struct timespec zero = {0, 0};
   struct timespec tv;
+  /* Pacing sleeps are tens of microseconds: the default timer slack (50 us) would add as
+   * much to each (prctl(2) PR_SET_TIMERSLACK; 1 ns: the timer fires when due). */
+  (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   nq_endpoint_lock(ep);
   while (!ep->stopping) {
     int more = nq_udp_recv_batch(&ep->udp, on_datagram, ep) == NQ_RECV_BATCH;

@@ -52,7 +52,8 @@ nq_chunk *nq_released_detach(nq_endpoint *ep) {
   return head;
 }
 
-static void push(nq_conn *c, nq_event *ev) {
+/* Queue ev; signal: tell Python now (else the next signalled event carries it along). */
+static void push_signal(nq_conn *c, nq_event *ev, int signal) {
   nq_endpoint *ep = c->ep;
   ev->next = NULL;
   if (ep->ev_tail != NULL) {
@@ -63,13 +64,19 @@ static void push(nq_conn *c, nq_event *ev) {
   ep->ev_tail = ev;
   ep->ev_bytes += sizeof(*ev) + ev->cost;
   ++c->queued_events;
-  signal_python(ep);
+  if (signal) {
+    signal_python(ep);
+  }
+}
+
+static void push(nq_conn *c, nq_event *ev) {
+  push_signal(c, ev, 1);
 }
 
 /* A control event: charged to the connection's budget; past it, the connection is to be
  * closed (a peer provoking events faster than Python drains them) and the ngtcp2 callback
  * that emitted it fails, so ngtcp2 stops processing the packet. */
-static int push_control(nq_conn *c, nq_event *ev) {
+static int push_control_signal(nq_conn *c, nq_event *ev, int signal) {
   size_t cost = sizeof(*ev) + ev->data.len;
   if (c->ctl_bytes + cost > NQ_CTL_EVENT_BYTES) {
     nq_events_free_list(ev);
@@ -78,8 +85,12 @@ static int push_control(nq_conn *c, nq_event *ev) {
   }
   c->ctl_bytes += cost;
   ev->cost = cost;
-  push(c, ev);
+  push_signal(c, ev, signal);
   return 0;
+}
+
+static int push_control(nq_conn *c, nq_event *ev) {
+  return push_control_signal(c, ev, 1);
 }
 
 int nq_emit_established(nq_conn *c, const uint8_t *alpn, size_t alpnlen) {
@@ -159,19 +170,31 @@ int nq_emit_datagram(nq_conn *c, const uint8_t *data, size_t len) {
   return 0;
 }
 
+/* Bytes of s were acknowledged: its ACKED event (at most one queued per stream) carries it to
+ * the next drain. Once Python has waited on the stream (wait_writable: nq_api_watch_acked),
+ * it is woken for the event only while it waits and once the stream's buffered count fell to
+ * its threshold: a writer that has its room is not woken by every ACK frame, which at
+ * 1452-byte packets was thousands of wake-ups (and lock hand-offs) per MiB
+ * (docs/benchmarks.md, "what bounds one connection"). A stream never waited on signals every
+ * ACKED event, as before. */
 int nq_emit_acked(nq_stream *s) {
-  nq_event *ev;
-  if (s->acked_ev != NULL) {
-    return 0;
+  if (s->acked_ev == NULL) {
+    nq_event *ev = event_new(s->conn, NQ_EV_ACKED);
+    if (ev == NULL) {
+      return -1;
+    }
+    ev->stream_id = s->id;
+    ev->stream = s;
+    s->acked_ev = ev;
+    if (push_control_signal(s->conn, ev, 0) != 0) {
+      return -1;
+    }
   }
-  ev = event_new(s->conn, NQ_EV_ACKED);
-  if (ev == NULL) {
-    return -1;
+  if (!s->ack_watched || (s->ack_armed && nq_stream_buffered(s) <= s->ack_wake)) {
+    s->ack_armed = 0;
+    signal_python(s->conn->ep);
   }
-  ev->stream_id = s->id;
-  ev->stream = s;
-  s->acked_ev = ev;
-  return push_control(s->conn, ev);
+  return 0;
 }
 
 int nq_emit_stream_limit(nq_conn *c) {

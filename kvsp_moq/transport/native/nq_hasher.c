@@ -157,11 +157,13 @@ static void emit(nq_hasher *hs, nq_hjob *j) {
                  ? nq_emit_object(c, j->stream_id, &j->info, j->data, j->datalen)
                  : nq_emit_objects_end(c, j->stream_id, j->info.reg, j->info.result, j->code,
                                        (const char *)j->data);
+    /* The event reaches Python through the event fd (nq_events.c); the network thread has
+     * nothing to do for it and is woken only to send the close this asks for. */
     if (rv != 0) {
       nq_conn_request_close(c, NGTCP2_INTERNAL_ERROR, 0, (const uint8_t *)"event queue full",
                             16);
+      nq_endpoint_wake(ep);
     }
-    nq_endpoint_wake(ep);
   }
   nq_endpoint_unlock(ep);
 }
