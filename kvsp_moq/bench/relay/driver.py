@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...moqt.objects import ObjectBegin
-from ...pubsub import Catalog, Subscription, TrackPublisher, connect, serve
+from ...pubsub import Catalog, MoqtSession, Subscription, TrackPublisher, connect, serve
 from ...transport import TransportConfig, new_event_loop
 from ...transport.tls import make_self_signed
 from ..report import Figure
@@ -197,6 +197,17 @@ async def _fanout_processes(data: bytes, object_size: int, n_subs: int, datagram
                 cpu1[0] - cpu0[0] if relay_pid else None, cpu1[1] - cpu0[1])
 
 
+async def _timed_fetch(session: MoqtSession, name: str, data: bytes, count: int, where: str) -> float:
+    """Seconds for one FETCH of all ``count`` objects of track ``name``, its bytes checked."""
+    t0 = time.perf_counter()
+    f = await session.fetch(_NS, name, start=(0, 0), end=(0, count - 1))
+    objs = await f.collect()
+    seconds = time.perf_counter() - t0
+    if len(objs) != count or b"".join(bytes(o.payload) for o in objs) != data:
+        raise AssertionError(f"FETCH {where} returned other bytes")
+    return seconds
+
+
 async def _fetch_latency(data: bytes, object_size: int, datagram_size: int,
                          repeat: int) -> tuple[float, float]:
     """(cold, warm) seconds for FETCH of the whole range through the relay: cold = the
@@ -217,12 +228,7 @@ async def _fetch_latency(data: bytes, object_size: int, datagram_size: int,
                 for i in range(count):
                     await track.write_object(0, i, data[i * object_size:(i + 1) * object_size])
                 for bucket in (colds, warms):
-                    t0 = time.perf_counter()
-                    f = await sub.fetch(_NS, name, start=(0, 0), end=(0, count - 1))
-                    objs = await f.collect()
-                    bucket.append(time.perf_counter() - t0)
-                    if len(objs) != count or b"".join(bytes(o.payload) for o in objs) != data:
-                        raise AssertionError("FETCH through the relay returned other bytes")
+                    bucket.append(await _timed_fetch(sub, name, data, count, "through the relay"))
         finally:
             await sub.close()
             await pub.close()
@@ -246,12 +252,7 @@ async def _fetch_direct(data: bytes, object_size: int, datagram_size: int, repea
     times: list[float] = []
     try:
         for _ in range(repeat):
-            t0 = time.perf_counter()
-            f = await sub.fetch(_NS, "stored", start=(0, 0), end=(0, count - 1))
-            objs = await f.collect()
-            times.append(time.perf_counter() - t0)
-            if len(objs) != count or b"".join(bytes(o.payload) for o in objs) != data:
-                raise AssertionError("FETCH from the publisher returned other bytes")
+            times.append(await _timed_fetch(sub, "stored", data, count, "from the publisher"))
     finally:
         await sub.close()
         server.close()
