@@ -27,8 +27,8 @@ from kvsp_moq.transport.config import BACKEND_ENV
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.unavailable_reason() or "")
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The suites run again on native: the relay's and pubsub's.
-SUITES = ("test_relay*.py", "test_pubsub*.py")
+#: The suites run again on native: the relay's, pubsub's and MOQT over WebTransport's.
+SUITES = ("test_relay*.py", "test_pubsub*.py", "test_webtransport.py")
 #: A bound on the child run (about 4 minutes on the 2-core CI machine).
 LIMIT_S = 900
 

@@ -36,7 +36,7 @@ GUARD = 30.0
 NS = ("wt-test", "ns")
 _CERT = make_self_signed()
 DGRAM = 1452
-BACKENDS = [b for b in ("aioquic", "qh3", "aiopquic") if b in available_backends()]
+BACKENDS = [b for b in ("aioquic", "qh3", "aiopquic", "native") if b in available_backends()]
 
 
 async def within(aw, timeout: float = GUARD):
