@@ -49,6 +49,7 @@ from kvsp_moq.bridge import (
 )
 from kvsp_moq.sinks import LayerFailed, LayerState
 from leftovers_support import left_in, own_segments, shm_mappings as mapped_by
+from receive_path_support import lands_natively
 
 torch = pytest.importorskip("torch")
 
@@ -191,7 +192,9 @@ async def test_processes_bit_identical_and_release_shared_memory(holder: HolderN
 async def test_tampered_layer_detected_and_reported(holder: HolderNode, workers: str) -> None:
     """A real publisher serving the replica with one flipped byte in layer 4: the range
     holding it verifies the layers before it, reports layer 4's digest mismatch, and (no other
-    source) lists 4.. of its range to recompute; the other ranges are complete. Never exposed."""
+    source) lists 4 to recompute, with the rest of its range where the receive path stops at
+    the first bad layer (the Python path; the native data plane verifies layer 5 as it
+    lands); the other ranges are complete. Never exposed."""
     key, layers = make_key(60), make_layers(LAYERS)
     holder.put(key, layers)
     record = holder.holder.replica_record(key)
@@ -205,11 +208,12 @@ async def test_tampered_layer_detected_and_reported(holder: HolderNode, workers:
                                                   config=client_config()), GUARD)
     finally:
         await liar.close()
-    # Ranges (0,2) (3,5) (6,7): the second one stops at layer 4.
-    assert result.recompute == (4, 5)
-    assert result.verified == (0, 1, 2, 3, 6, 7)
+    # Ranges (0,2) (3,5) (6,7): the second one fails at layer 4.
+    after = (5,) if lands_natively(sink) else ()
+    assert result.recompute == ((4,) if after else (4, 5))
+    assert result.verified == (0, 1, 2, 3, *after, 6, 7)
     bad = [a for a in result.attempts if a.error is not None]
-    assert len(bad) == 1 and bad[0].layers == (3, 5) and bad[0].verified == (3,)
+    assert len(bad) == 1 and bad[0].layers == (3, 5) and bad[0].verified == (3, *after)
     assert "layer 4" in bad[0].error and "digest mismatch" in bad[0].error
     assert sink.state(4) is LayerState.FAILED
     with pytest.raises(LayerFailed):
@@ -223,8 +227,10 @@ async def test_tampered_layer_detected_and_reported(holder: HolderNode, workers:
 
 async def test_processes_tampered_range_falls_back_to_the_next_source(holder: HolderNode) -> None:
     """Two sources, three ranges: range i tries source i mod 2 first (striping across
-    replicas), so ranges 0 and 2 start at the liar; layer 1's mismatch sends the rest of
-    range 0 to the holder. The load completes with the holder's bytes."""
+    replicas), so ranges 0 and 2 start at the liar; layer 1's mismatch sends what range 0
+    still misses to the holder: 1..2 where the receive path stops at the first bad layer (the
+    Python path), 1 alone where the native data plane verified 2 as it landed. The load
+    completes with the holder's bytes."""
     key, layers = make_key(61), make_layers(LAYERS)
     holder.put(key, layers)
     record = holder.holder.replica_record(key)
@@ -240,9 +246,12 @@ async def test_processes_tampered_range_falls_back_to_the_next_source(holder: Ho
     finally:
         await liar.close()
     assert result.complete
-    urls = [(a.url, a.layers, a.error is None) for a in result.attempts]
-    assert urls == [(liar.url, (0, 2), False), (holder.url, (1, 2), True),
-                    (holder.url, (3, 5), True), (liar.url, (6, 7), True)]
+    after = (2,) if lands_natively(sink) else ()
+    urls = [(a.url, a.layers, a.verified, a.error is None) for a in result.attempts]
+    assert urls == [(liar.url, (0, 2), (0, *after), False),
+                    (holder.url, (1, 1) if after else (1, 2), (1,) if after else (1, 2), True),
+                    (holder.url, (3, 5), (3, 4, 5), True), (liar.url, (6, 7), (6, 7), True)]
+    assert "layer 1" in (result.attempts[0].error or "")
     assert "digest mismatch" in (result.attempts[0].error or "")
     assert all(tensor_octets(sink, x) == payloads[x] for x in range(LAYERS))
 

@@ -424,7 +424,7 @@ async def test_upstream_publish_without_answer_times_out_and_stays_local(net: Ne
         assert (rid, code) == (up_rid, StreamResetCode.CANCELLED)
         assert relay.stats.upstream_publishes == 1 and relay.stats.upstream_timeouts == 1
         up = next(p for p in relay.sessions if p.upstream)
-        assert up.local == {} and pushed.ended
+        assert up_rid not in up.local and pushed.ended  # (a PUBLISH_NAMESPACE may still wait)
         published = relay.upstreams.tracks[(NSB, b"t")]
         assert pushed not in published.fanout.subscribers
         for g in range(2):

@@ -247,7 +247,7 @@ class BlockLoad:
 
     def _fail(self, layers: list[int], reason: str) -> None:
         for layer in layers:
-            if self.sink.state(layer) is LayerState.EXPECTED:
+            if self.sink.state(layer) is LayerState.EXPECTED and not self.sink.delivering(layer):
                 self.sink.abort(layer, reason)
 
 

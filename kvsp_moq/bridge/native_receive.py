@@ -306,7 +306,9 @@ class NativeSubscribe(NativeFetch):
             return None
         try:
             # Without a digest yet: the object's LAYER_DIGEST is taken when it has landed.
-            view = sink.begin_layer(layer, sink.payload_bytes, digest_later=True)
+            # Ahead: the layer reads EXPECTED until it lands, since its producer may not have
+            # written it yet (docs/sinks.md, the state contract).
+            view = sink.begin_layer(layer, sink.payload_bytes, digest_later=True, ahead=True)
         except SinkError:
             return None
         self.landing.add(layer)

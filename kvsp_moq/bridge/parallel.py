@@ -108,7 +108,7 @@ class ParallelLoad:
         self.sink, self.sources, self.workers = sink, list(sources), workers
         self.first, self.last, self.timeout = first, last, timeout
         busy = [layer for layer in range(first, last + 1)
-                if sink.state(layer) is LayerState.RECEIVING]
+                if sink.delivering(layer)]
         if busy:
             raise ParallelLoadError(f"layers {busy} are being received by another load")
         missing = [layer for layer in range(first, last + 1)

@@ -51,7 +51,7 @@ class LayerReceiver:
             self.problems.append(problem)
             return Refuse(reason=problem)  # this source sends what we did not ask for
         state = self.sink.state(layer)
-        if state is LayerState.READY or state is LayerState.RECEIVING:
+        if state is LayerState.READY or self.sink.delivering(layer):
             return DISCARD  # a duplicate (live + fetched, or two sources): keep the first
         announced = layer_digest_of(info.properties)
         expected = self.sink.expected_digest(layer)

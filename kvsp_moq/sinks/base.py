@@ -67,7 +67,7 @@ DEFAULT_HASH_OFFLOAD_BYTES: int | None = None
 
 
 class LayerState(enum.Enum):
-    EXPECTED = "expected"  # nothing received yet
+    EXPECTED = "expected"  # nothing received yet (its destination may be handed out ahead)
     RECEIVING = "receiving"  # begin_layer was called; octets are arriving
     READY = "ready"  # digest verified; the layer is usable (final)
     FAILED = "failed"  # digest mismatch, truncation, bad length or abort; may be re-delivered
@@ -182,12 +182,18 @@ class LayerSink(ABC, Generic[KV]):
 
     # -- transport side ---------------------------------------------------------------------
 
-    def begin_layer(self, layer: int, length: int, *, digest_later: bool = False) -> memoryview:
+    def begin_layer(self, layer: int, length: int, *, digest_later: bool = False,
+                    ahead: bool = False) -> memoryview:
         """Start a delivery of ``layer`` whose payload is ``length`` octets; return where the
         payload goes (a writable flat memoryview of exactly ``length`` octets).
 
+        ``ahead``: the destination is handed out before the object exists (the native data
+        plane registers a SUBSCRIBE's live layers before their producer wrote them): the layer
+        stays EXPECTED ("nothing received yet") until :meth:`land_verified` settles it, and
+        :meth:`delivering` says its destination is taken (no other delivery may begin).
+
         SinkError: the sink was aborted, ``layer`` is outside the range, the layer is already
-        verified or being received, no expected digest is known (unless ``digest_later``: the
+        verified or being delivered, no expected digest is known (unless ``digest_later``: the
         native data plane hands out destinations before the objects, and their LAYER_DIGEST,
         arrive; :meth:`set_expected_digest` must come before :meth:`land_verified`, or the
         layer fails), or ``length`` is not 2 x the section size (the layer is then marked
@@ -198,7 +204,7 @@ class LayerSink(ABC, Generic[KV]):
         slot = self._slot(layer)
         if slot.state is LayerState.READY:
             raise SinkError(f"layer {layer} was already received and verified")
-        if slot.state is LayerState.RECEIVING:
+        if slot.reception is not None:
             raise SinkError(f"layer {layer} is already being received")
         if slot.digest is None and not digest_later:
             raise SinkError(f"layer {layer}: no expected digest announced (set_expected_digest)")
@@ -213,7 +219,7 @@ class LayerSink(ABC, Generic[KV]):
         assert dest.nbytes == length and not dest.readonly
         worker = hash_worker() if self._offload is not None and length >= self._offload else None
         slot.reception = Reception(layer, dest, self._hash_factory, worker=worker)
-        slot.state = LayerState.RECEIVING
+        slot.state = LayerState.EXPECTED if ahead else LayerState.RECEIVING
         slot.reason = None
         return dest
 
@@ -279,9 +285,11 @@ class LayerSink(ABC, Generic[KV]):
         into its destination and computed its SHA-256 while the octets landed (the native data
         plane: the same one pass over the same octets :meth:`chunk_written` would make).
         Compare with the expected digest (§4.3) and publish, as :meth:`end_layer` does: True
-        verified, False failed (its octets are never exposed)."""
+        verified, False failed (its octets are never exposed). A delivery begun ``ahead``
+        goes from EXPECTED to READY or FAILED here."""
         slot = self._slot(layer)
-        self._receiving(layer)  # SinkError unless a delivery is in progress
+        if slot.reception is None:
+            raise SinkError(f"layer {layer} is not being received ({slot.state.value})")
         return self._settle(slot, layer, bytes(digest))
 
     def _settle(self, slot: _Layer, layer: int, digest: bytes) -> bool:
@@ -319,8 +327,8 @@ class LayerSink(ABC, Generic[KV]):
         if self._aborted is not None:
             raise SinkError(f"layer {layer}: the sink was aborted ({self._aborted})")
         slot = self._slot(layer)
-        if slot.state is LayerState.READY or slot.state is LayerState.RECEIVING:
-            raise SinkError(f"layer {layer} is {slot.state.value}: it cannot be accepted")
+        if slot.state is LayerState.READY or slot.reception is not None:
+            raise SinkError(f"layer {layer} is {_busy(slot)}: it cannot be accepted")
         if slot.digest is None:
             raise SinkError(f"layer {layer}: no expected digest announced (set_expected_digest)")
         if _check_digest(layer, digest) != slot.digest:
@@ -345,12 +353,12 @@ class LayerSink(ABC, Generic[KV]):
         expected, so that :meth:`wait_for_layer` waits for that delivery instead of raising.
         (``begin_layer`` on a failed layer also starts a new delivery; ``retry`` lets waiters
         wait before it begins.) No-op on an expected layer; SinkError on a verified or
-        receiving layer, or after :meth:`abort_all`."""
+        layer being delivered (:meth:`delivering`), or after :meth:`abort_all`."""
         if self._aborted is not None:
             raise SinkError(f"layer {layer}: the sink was aborted ({self._aborted})")
         slot = self._slot(layer)
-        if slot.state is LayerState.READY or slot.state is LayerState.RECEIVING:
-            raise SinkError(f"layer {layer} is {slot.state.value}: nothing to retry")
+        if slot.state is LayerState.READY or slot.reception is not None:
+            raise SinkError(f"layer {layer} is {_busy(slot)}: nothing to retry")
         slot.state = LayerState.EXPECTED
         slot.reason = None
 
@@ -367,6 +375,12 @@ class LayerSink(ABC, Generic[KV]):
 
     def state(self, layer: int) -> LayerState:
         return self._slot(layer).state
+
+    def delivering(self, layer: int) -> bool:
+        """Whether a delivery of ``layer`` has begun and not ended: RECEIVING, or EXPECTED
+        with its destination handed out ahead (``begin_layer(..., ahead=True)``). Such a layer
+        belongs to that delivery: a second one is refused, and only its end settles it."""
+        return self._slot(layer).reception is not None
 
     def failure_reason(self, layer: int) -> str | None:
         """Why ``layer`` failed (None unless it is failed)."""
@@ -469,7 +483,7 @@ class LayerSink(ABC, Generic[KV]):
         return slot.reception
 
     def _fail(self, slot: _Layer, reason: str) -> None:
-        if slot.state is LayerState.RECEIVING:
+        if slot.reception is not None:  # a delivery in progress (RECEIVING, or ahead)
             self._release(slot.index - self.first_layer)
         slot.reception = None
         slot.state = LayerState.FAILED
@@ -486,3 +500,10 @@ class LayerSink(ABC, Generic[KV]):
                 future.set_result(None)
             else:
                 future.set_exception(LayerFailed(error.layer, error.reason))
+
+
+def _busy(slot: _Layer) -> str:
+    """How a layer that cannot take another delivery reads in an error message."""
+    if slot.state is LayerState.EXPECTED and slot.reception is not None:
+        return "expected, its destination handed out ahead"
+    return slot.state.value

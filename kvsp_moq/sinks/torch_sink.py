@@ -28,7 +28,7 @@ from ..kvsp.layout import Geometry
 from ._reception import HashFactory
 from ._staging import CopyEngine, CopyEvent, StagingRing, StagingSlot
 from ._torch import HOST_IS_LITTLE_ENDIAN, byte_view, byteswap_elements, import_torch, torch_dtype
-from .base import DEFAULT_HASH_OFFLOAD_BYTES, Digests, LayerSink, LayerState
+from .base import DEFAULT_HASH_OFFLOAD_BYTES, Digests, LayerSink
 from .errors import SinkError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -147,7 +147,7 @@ class TorchSink(LayerSink[tuple["Tensor", "Tensor"]]):
         if self._engine is not None:
             raise SinkError(f"only a CPU sink can be shared with worker processes "
                             f"(this one stages into {self.device})")
-        if self.layers_in(LayerState.RECEIVING):
+        if any(self.delivering(layer) for layer in self.layer_range):  # RECEIVING, or ahead
             raise SinkError("cannot move the sink to shared memory while layers are received")
         self._storage.share_memory_()  # views (_octets, _blocks) share the moved storage
 
