@@ -354,7 +354,7 @@ async def test_a_block_lands_through_the_native_path_verified(
     assert len(seen) == 2 and all(nf.verified == list(range(6)) for nf in seen)
     # Another backend keeps the Python path.
     sink = sink_for_record(record, layers.geometry, layers.tokens, backend="numpy")
-    result = await within(load_block(record, sink, config=TransportConfig(insecure=True)))
+    result = await within(load_block(record, sink, config=TransportConfig(insecure=True, backend="aioquic")))
     assert result.complete and len(seen) == 2
 
 

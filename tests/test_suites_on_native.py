@@ -27,16 +27,19 @@ from kvsp_moq.transport.config import BACKEND_ENV
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.unavailable_reason() or "")
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The suites run again on native: the relay's, pubsub's and MOQT over WebTransport's.
-SUITES = ("test_relay*.py", "test_pubsub*.py", "test_webtransport.py")
-#: A bound on the child run (about 4 minutes on the 2-core CI machine).
+#: The suites run again on native: the relay's, pubsub's, MOQT over WebTransport's and the
+#: bridge's (holder publishing, loading into sinks, streaming, hostile and tampering peers).
+SUITES = ("test_relay*.py", "test_pubsub*.py", "test_webtransport.py", "test_bridge*.py",
+          "test_holder_moqt.py", "test_holder_publication.py", "test_instance_moqt.py",
+          "test_sinks_moqt.py", "test_sinks_ahead.py")
+#: A bound on the child run (about 3–4 minutes on the 2-core CI machine).
 LIMIT_S = 900
 
 
 def test_the_relay_pubsub_and_bridge_suites_pass_on_native() -> None:
     modules = sorted({str(p.relative_to(ROOT)) for pattern in SUITES
                       for p in (ROOT / "tests").glob(pattern)})
-    assert len(modules) > 25, modules
+    assert len(modules) > 35, modules
     env = {**os.environ, BACKEND_ENV: "native"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfs",
