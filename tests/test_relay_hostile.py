@@ -397,11 +397,16 @@ async def test_upstream_publish_without_answer_times_out_and_stays_local(net: Ne
     (RESET_STREAM / STOP_SENDING CANCELLED) and treats it as refused: no state left for it
     on the upstream session, and the track's objects keep flowing to local subscribers."""
     made: list[Mute] = []
+    # The upstream's session for the relay's connection: made when that connection's
+    # handshake is processed on our side, which may come after the relay has answered.
+    upstream_session: asyncio.Future[Mute] = asyncio.get_running_loop().create_future()
 
     def factory() -> Mute:
         s = Mute(Role.SERVER)
         s.mute = (Publish,)
         made.append(s)
+        if not upstream_session.done():
+            upstream_session.set_result(s)
         return s
 
     server = TransportConfig(certificate_pem=_CERT.cert_pem, private_key_pem=_CERT.key_pem,
@@ -416,11 +421,11 @@ async def test_upstream_publish_without_answer_times_out_and_stays_local(net: Ne
         track = catalog.create(NS, "t")
         await within(pub.publish(track))
         sub = await within((await net.client(relay)).subscribe(NS, "t"))
-        assert len(made) == 1
-        up_rid = await within(made[0].muted)  # the PUBLISH reached the upstream
+        muted = await within(upstream_session)
+        up_rid = await within(muted.muted)  # the PUBLISH reached the upstream
         pushed = await within(timed_out)
         assert pushed.request_id == up_rid
-        rid, code = await within(made[0].cancelled)
+        rid, code = await within(muted.cancelled)
         assert (rid, code) == (up_rid, StreamResetCode.CANCELLED)
         assert relay.stats.upstream_publishes == 1 and relay.stats.upstream_timeouts == 1
         up = next(p for p in relay.sessions if p.upstream)
