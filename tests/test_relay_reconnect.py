@@ -51,6 +51,60 @@ async def procs(tmp_path: Path) -> AsyncIterator[list[RelayProcess]]:
         await p.stop()
 
 
+async def test_an_object_in_progress_at_the_switchover_is_not_cut(
+        tmp_path: Path, procs: list[RelayProcess]) -> None:
+    """An object the old upstream subscription is still bringing when the new one's
+    SUBSCRIBE_OK arrives (its Largest Object is the one before: the publisher counts an
+    object once it is whole) is forwarded to its end, not reset downstream: the new
+    subscription never carries it (a subscriber that joins mid-object gets the next one)."""
+    d2 = await RelayProcess(tmp_path / "d2.log").start()
+    procs.append(d2)
+    d1 = await RelayProcess(tmp_path / "d1.log", "--goaway-uri", d2.url,
+                            "--drain-timeout", str(GUARD)).start()
+    procs.append(d1)
+    a = await chained(tmp_path, "a", d1.url).start()
+    procs.append(a)
+    cat = Catalog()
+    pub_old = await within(connect(d1.url, client(), catalog=cat))
+    await within(pub_old.publish_namespace(("rg", "p")))
+    live = cat.create(("rg", "p"), "live", keep=False)
+    sub_a = await within(connect(a.url, client()))
+    begun: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+    moving = await within(sub_a.subscribe(
+        ("rg", "p"), "live", on_object_begin=lambda o: begun.put_nowait(
+            (o.group_id, o.object_id))))
+    await within(live.subscribed.wait())
+    await within(live.write_object(0, 0, b"live-0"))
+    assert await next_object(moving) == b"live-0"
+    # Half of object 1 reaches the subscriber through A -> D1.
+    writer = await within(live.begin_object(0, 1, 12))
+    await within(writer.write(b"live-1"))
+    assert await within(begun.get()) == (0, 0)
+    assert await within(begun.get()) == (0, 1)
+    live.subscribed.clear()
+    # D1 drains; the publisher and A move to D2; A's new SUBSCRIBE_OK says Largest (0, 0).
+    assert d1.proc is not None
+    d1.proc.send_signal(signal.SIGTERM)
+    assert await within(pub_old.goaway_received) == d2.url
+    pub_new = await within(connect(d2.url, client(), catalog=cat))
+    await within(pub_new.publish_namespace(("rg", "p")))
+    await within(live.subscribed.wait())
+    await within(a.wait_log("upstream_switched"))
+    # The rest of object 1 (through D1 only), then object 2 (both ways, once to A's client);
+    # before the fix A cancelled D1 at its SUBSCRIBE_OK and reset object 1 downstream.
+    await within(writer.write(b"-rest!"))
+    await within(writer.close())
+    await within(live.write_object(0, 2, b"live-2"))
+    got = {}
+    for _ in range(2):  # two paths: either may complete first
+        o = await within(moving.__anext__(), BOUND)
+        got[(o.group_id, o.object_id)] = bytes(o.payload)
+    assert got == {(0, 1): b"live-1-rest!", (0, 2): b"live-2"}
+    assert not moving.done and moving.publish_done is None
+    for s in (sub_a, pub_old, pub_new):
+        await within(s.close())
+
+
 def chained(tmp_path: Path, name: str, upstream: str) -> RelayProcess:
     return RelayProcess(tmp_path / f"{name}.log", "--upstream", upstream, "--insecure-upstream",
                         "--upstream-keepalive", str(KEEPALIVE),

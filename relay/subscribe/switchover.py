@@ -12,9 +12,13 @@ they are successful, the subscriptions to the old relay can be cancelled").
 * On SUBSCRIBE_OK the new request becomes the track's upstream subscription (its
   PUBLISH_DONE ends the track's subscribers), and the old one an :class:`OldSource`: its
   objects are still forwarded until it has delivered the Largest Object the new
-  SUBSCRIBE_OK reported (everything after it comes on the new subscription), then it is
-  cancelled (§"Request Cancellation"); its PUBLISH_DONE or its session ending only closes
-  its own streams.
+  SUBSCRIBE_OK reported (everything after it comes on the new subscription) and ended the
+  objects it was in the middle of (the new subscription does not carry those: a publisher
+  counts an object in its Largest Object once it is whole, and a subscriber joining mid-object
+  gets the next one), then it is cancelled (§"Request Cancellation"); that wait is bounded
+  by ``request_timeout``. Its PUBLISH_DONE or its session ending only closes its own
+  streams; an object it cut so is forgotten by :class:`Dedupe`, so that the new
+  subscription's copy, if one comes, is forwarded.
 * Both subscriptions may carry the same objects while they overlap: :class:`Dedupe`
   forwards each (group, object) once, whichever subscription brings it first
   (§"Graceful Publisher Relay Switchover": "The relay will attempt to deduplicate Objects
@@ -100,6 +104,13 @@ class Dedupe:
         return self._first((dg.group_id, dg.object_id))
 
     def stream_closed(self, usid: int) -> None:
+        self._skipping.discard(usid)
+
+    def cut(self, usid: int, loc: Location) -> None:
+        """Stream ``usid`` ended inside object ``loc``: if it was the one forwarding it, the
+        object is not delivered (the fan-out resets it), so another copy may still be."""
+        if usid not in self._skipping:
+            self.seen.discard(loc)
         self._skipping.discard(usid)
 
 
@@ -227,7 +238,8 @@ class OldSource(_Source):
 
     def __init__(self, up: SwitchingSubscription, old: PeerSession, rid: int, offset: int,
                  until: Location | None, streams: set[int], dedupe: Dedupe,
-                 on_done: Callable[[PeerSession], None]) -> None:
+                 on_done: Callable[[PeerSession], None], *,
+                 in_progress: dict[int, Location], linger: float) -> None:
         super().__init__(up, old, offset)
         self.rid = rid
         self.until = until
@@ -235,16 +247,24 @@ class OldSource(_Source):
         self.dedupe = dedupe
         self._on_done = on_done
         #: The largest object this subscription brought whole, and the one each of its
-        #: streams is bringing.
+        #: streams is bringing (from before the switch too).
         self.largest: Location | None = None
-        self._current: dict[int, Location] = {}
+        self._current: dict[int, Location] = dict(in_progress)
         self.finished = False
+        #: The bound on waiting for the objects in progress once ``until`` was delivered.
+        self._linger = Deadline(linger, self.finish)
 
     def check(self) -> None:
-        """Done once it delivered ``until`` (or the overlap grew too large)."""
+        """Done once it delivered ``until`` (or the overlap grew too large) and ended the
+        objects it is in the middle of (bounded by ``linger``)."""
+        if self.finished:
+            return
         if self.until is None or self.dedupe.full or (
                 self.largest is not None and self.largest >= self.until):
-            self.finish()
+            if not self._current or self.dedupe.full or self._linger.seconds <= 0:
+                self.finish()
+            elif not self._linger.armed:
+                self._linger.arm()
 
     def on_data(self, stream_id: int, event: object) -> None:
         if self.finished:
@@ -258,12 +278,23 @@ class OldSource(_Source):
                 self.largest = loc  # delivered here (forwarded, or already by the new one)
             self.check()
 
+    def on_stream_closed(self, stream_id: int, code: int | None) -> None:
+        loc = self._current.pop(stream_id, None)
+        if loc is not None:  # ended inside an object: the fan-out resets it downstream
+            self.dedupe.cut(stream_id + self.offset, loc)
+        super().on_stream_closed(stream_id, code)
+        self.check()
+
     def finish(self) -> None:
         """Cancel the old subscription (§"Request Cancellation") and close its streams."""
         if self.finished:
             return
         self.finished = True
+        self._linger.cancel()
         self.dedupe.frozen = True
+        for sid, loc in self._current.items():  # cut: the fan-out resets them downstream
+            self.dedupe.cut(sid + self.offset, loc)
+        self._current.clear()
         self.close_streams()
         if self.rid is not None and self.peer.is_open:
             self.peer.cancel_request(self.rid)

@@ -298,14 +298,16 @@ class UpstreamSubscription(RequestHandler):
         self.switching = None
         assert sw.rid is not None and self.dedupe is not None
         old_peer, old_rid, old_offset = self.peer, self.request_id, self.offset
-        old_streams, old_largest = self.source_streams, self.source_largest
+        old_streams, old_largest, old_begun = self.source_streams, self.source_largest, \
+            self._begun
         self.peer, self.request_id, self.offset = sw.peer, sw.rid, sw.offset
         self.source_streams, self.streams_seen = sw.open_streams, sw.streams_seen
         self.source_largest, self._begun = None, {}
         sw.peer.local[sw.rid] = self
         self.manager.stats.upstream_switchovers += 1
         old = OldSource(self, old_peer, old_rid if old_rid is not None else -1, old_offset,
-                        largest, old_streams, self.dedupe, self.manager.source_done)
+                        largest, old_streams, self.dedupe, self.manager.source_done,
+                        in_progress=old_begun, linger=self.manager.request_timeout)
         old.largest = old_largest
         if old_rid is not None and old_peer.local.get(old_rid) is self:
             old_peer.local[old_rid] = old
