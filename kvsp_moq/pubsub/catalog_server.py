@@ -6,7 +6,9 @@ Object and the Track Properties, then the track's writes reach the subscription)
 (:func:`~.fetch_server.serve_fetch`), TRACK_STATUS (REQUEST_OK with LARGEST_OBJECT) and
 SUBSCRIBE_NAMESPACE (REQUEST_OK, then one NAMESPACE per catalog namespace under the prefix,
 written in pages of :data:`NAMESPACE_PAGE` that each wait for the request stream to drain:
-:func:`send_namespaces`),
+:func:`send_namespaces`; from then on, while the request stands, NAMESPACE when a namespace
+under the prefix gets its first track and NAMESPACE_DONE when it loses its last, never
+before its NAMESPACE: :class:`Listing`),
 and keeps the subscriptions the session serves — the peer's SUBSCRIBEs and our own PUBLISHes
 — with the Track Aliases it hands out. Authorization (``RequestGate.allows``) is checked by
 the session before a request gets here.
@@ -48,6 +50,25 @@ NAMESPACE_PAGE_BUFFER = 64 * 1024
 NamespaceFilter = Callable[[Message, tuple[bytes, ...]], bool]
 
 
+class Listing:
+    """One SUBSCRIBE_NAMESPACE we answer: which namespaces its peer has been told of, in O(1)
+    of our memory beyond the changes made while the first listing is still being paged
+    (draft-22 §"SUBSCRIBE_NAMESPACE": "The publisher MUST NOT send NAMESPACE_DONE for a
+    namespace suffix before the corresponding NAMESPACE")."""
+
+    def __init__(self, msg: SubscribeNamespace) -> None:
+        self.msg = msg
+        #: The last namespace :func:`send_namespaces` reached, and whether it reached the end.
+        self.cursor: Namespace | None = None
+        self.paged = False
+        #: Namespaces told live (NAMESPACE) while paging: the pager skips them.
+        self.live: set[Namespace] = set()
+
+    def told(self, ns: Namespace) -> bool:
+        """Whether the peer was sent NAMESPACE for ``ns``, present in the catalog until now."""
+        return self.paged or ns in self.live or (self.cursor is not None and ns <= self.cursor)
+
+
 class CatalogServer:
     """The tracks of ``catalog`` served on ``session``, and the subscriptions it serves."""
 
@@ -58,6 +79,7 @@ class CatalogServer:
         self._shows = shows
         self._serving: dict[int, TrackPublisher] = {}
         self._aliases = 0
+        self._listings: dict[int, Listing] = {}
 
     # -- Track Aliases (§"Track Alias": the publisher chooses them) ---------------------------
     def next_alias(self) -> int:
@@ -84,10 +106,36 @@ class CatalogServer:
         return self._serving.pop(rid, None)
 
     def discard_all(self) -> list[tuple[int, TrackPublisher]]:
-        """Forget every subscription (the session ended); what they served."""
+        """Forget every subscription and listing (the session ended); what they served."""
         items = list(self._serving.items())
         self._serving.clear()
+        if self._listings:
+            self._listings.clear()
+            self.catalog.unwatch(self._namespace_changed)
         return items
+
+    # -- SUBSCRIBE_NAMESPACE: changes after the first listing --------------------------------
+    def _namespace_changed(self, ns: Namespace, present: bool) -> None:
+        moqt = self.session.moqt
+        for rid, listing in list(self._listings.items()):
+            if moqt is None or moqt.closed or moqt.requests.get(rid) is None:
+                del self._listings[rid]  # the request ended (cancelled, or the session)
+                continue
+            prefix = listing.msg.track_namespace_prefix
+            if ns[:len(prefix)] != prefix or (
+                    self._shows is not None and not self._shows(listing.msg, ns)):
+                continue
+            if present:
+                moqt.namespace(rid, ns[len(prefix):])
+                if not listing.paged:
+                    listing.live.add(ns)
+            else:
+                if listing.told(ns):
+                    moqt.namespace_done(rid, ns[len(prefix):])
+                listing.live.discard(ns)
+        if not self._listings:
+            self.catalog.unwatch(self._namespace_changed)
+        self.session.pump()
 
     # -- the peer's requests -----------------------------------------------------------------
     def answer(self, rid: int, msg: Message) -> bool:
@@ -101,9 +149,14 @@ class CatalogServer:
             self.session.spawn(serve_fetch(self.session, self.catalog, rid, msg))
         elif isinstance(msg, SubscribeNamespace):
             moqt.request_ok(rid)
+            listing = Listing(msg)
+            if not self._listings:
+                self.catalog.watch(self._namespace_changed)
+            self._listings[rid] = listing
             # The catalog's shared sorted snapshot: O(1) of our memory per subscriber.
             self.session.spawn(send_namespaces(self.session, rid, msg,
-                                               self.catalog.sorted_namespaces(), self._shows))
+                                               self.catalog.sorted_namespaces(), self._shows,
+                                               listing=listing, catalog=self.catalog))
         elif isinstance(msg, TrackStatus):
             track = self.catalog.get(msg.track_namespace, msg.track_name)
             if track is None:
@@ -143,7 +196,9 @@ class CatalogServer:
 
 async def send_namespaces(session: ServingSession, rid: int, msg: SubscribeNamespace,
                           namespaces: Sequence[Namespace],
-                          shows: NamespaceFilter | None = None) -> None:
+                          shows: NamespaceFilter | None = None, *,
+                          listing: Listing | None = None,
+                          catalog: Catalog | None = None) -> None:
     """One NAMESPACE per namespace of ``namespaces`` (sorted) under the request's prefix
     (its suffix after the prefix) on the request stream of SUBSCRIBE_NAMESPACE ``rid``,
     :data:`NAMESPACE_PAGE` at a time: after each page it waits
@@ -152,7 +207,9 @@ async def send_namespaces(session: ServingSession, rid: int, msg: SubscribeNames
     however large the catalog and however slowly it reads
     (draft-ietf-moq-transport-22 §"Relay security considerations": a short prefix "can
     cause the relay to send a large volume of NAMESPACE ... messages"). Stops when the
-    request or the session ends."""
+    request or the session ends. With ``listing`` and ``catalog``: a namespace gone from
+    ``catalog`` by the time the page reaches it, or told live meanwhile, is skipped, and
+    ``listing`` records how far the pages got."""
     prefix = msg.track_namespace_prefix
     n = len(prefix)
     sent = 0
@@ -166,6 +223,10 @@ async def send_namespaces(session: ServingSession, rid: int, msg: SubscribeNames
         req = moqt.requests.get(rid)
         if req is None:
             return  # cancelled meanwhile
+        if listing is not None:
+            listing.cursor = ns
+            if ns in listing.live or (catalog is not None and not catalog.has_namespace(ns)):
+                continue
         if shows is not None and not shows(msg, ns):
             continue
         moqt.namespace(rid, ns[len(prefix):])
@@ -176,4 +237,7 @@ async def send_namespaces(session: ServingSession, rid: int, msg: SubscribeNames
                 await session.connection.wait_writable(req.stream_id, NAMESPACE_PAGE_BUFFER)
             except TransportError:
                 return  # the stream or the connection went away
+    if listing is not None:
+        listing.paged = True
+        listing.live.clear()
     session.pump()

@@ -560,10 +560,23 @@ class Catalog:
     #: Bumped by :meth:`add` / :meth:`remove`; :meth:`sorted_namespaces` is cached per value.
     version: int = 0
     _sorted: tuple[int, tuple[Namespace, ...]] | None = field(default=None, repr=False)
+    #: Tracks per namespace, and who hears a namespace appear (True) or go (False): the
+    #: sessions answering a SUBSCRIBE_NAMESPACE (draft-22 §"SUBSCRIBE_NAMESPACE": "When there
+    #: are changes to the namespaces being published ... the publisher sends the
+    #: corresponding NAMESPACE or NAMESPACE_DONE messages").
+    _counts: dict[Namespace, int] = field(default_factory=dict, repr=False)
+    _watchers: list[Callable[[Namespace, bool], None]] = field(default_factory=list, repr=False)
 
     def add(self, track: TrackPublisher) -> TrackPublisher:
-        self.tracks[(track.namespace, track.name)] = track
+        key = (track.namespace, track.name)
+        replaced = key in self.tracks
+        self.tracks[key] = track
         self.version += 1
+        if not replaced:
+            n = self._counts.get(track.namespace, 0)
+            self._counts[track.namespace] = n + 1
+            if n == 0:
+                self._changed(track.namespace, True)
         return track
 
     def create(self, namespace: Sequence[str | bytes] | str | bytes, name: str | bytes,
@@ -573,14 +586,40 @@ class Catalog:
     def get(self, namespace: Namespace, name: bytes) -> TrackPublisher | None:
         return self.tracks.get((tuple(namespace), bytes(name)))
 
-    def remove(self, namespace: Namespace, name: bytes) -> TrackPublisher | None:
+    def remove(self, namespace: Sequence[str | bytes] | str | bytes,
+               name: str | bytes) -> TrackPublisher | None:
         """Stop serving a track (new requests for it get DOES_NOT_EXIST); returns it."""
-        track = self.tracks.pop((tuple(namespace), bytes(name)), None)
+        ns = normalize_namespace(namespace)
+        track = self.tracks.pop((ns, name.encode() if isinstance(name, str) else bytes(name)),
+                                None)
         self.version += 1
+        if track is not None:
+            n = self._counts.get(ns, 0) - 1
+            if n > 0:
+                self._counts[ns] = n
+            else:
+                self._counts.pop(ns, None)
+                self._changed(ns, False)
         return track
 
+    def has_namespace(self, namespace: Namespace) -> bool:
+        return namespace in self._counts
+
+    def watch(self, fn: Callable[[Namespace, bool], None]) -> None:
+        """Call ``fn(namespace, present)`` when a namespace gets its first track or loses
+        its last one."""
+        self._watchers.append(fn)
+
+    def unwatch(self, fn: Callable[[Namespace, bool], None]) -> None:
+        if fn in self._watchers:
+            self._watchers.remove(fn)
+
+    def _changed(self, ns: Namespace, present: bool) -> None:
+        for fn in list(self._watchers):
+            fn(ns, present)
+
     def namespaces(self) -> set[Namespace]:
-        return {ns for ns, _ in self.tracks}
+        return set(self._counts)
 
     def sorted_namespaces(self) -> tuple[Namespace, ...]:
         """The namespaces in ascending order: one immutable tuple per catalog version,

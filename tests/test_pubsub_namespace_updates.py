@@ -1,0 +1,102 @@
+"""A SUBSCRIBE_NAMESPACE a pubsub publisher answers stays live (draft-22 §"SUBSCRIBE_NAMESPACE":
+"When there are changes to the namespaces being published and the subscriber is subscribed
+to them, the publisher sends the corresponding NAMESPACE or NAMESPACE_DONE messages"; "The
+publisher MUST NOT send NAMESPACE_DONE for a namespace suffix before the corresponding
+NAMESPACE"): kvsp_moq/pubsub/catalog_server.py ``Listing``, over loopback QUIC.
+
+Before, only the namespaces present when the request came were listed: a relay that had
+solicited a holder (relay/subscribe/solicit.py) kept routing an evicted replica's namespace
+(tests/test_bridge_streaming.py::test_eviction_withdraws_the_namespace_at_the_relay failed
+whenever the solicitation reached the holder after its PUBLISH_NAMESPACE)."""
+
+from __future__ import annotations
+
+from hostile_support import client_config, within
+from kvsp_moq.pubsub import Catalog, MoqtSession, connect
+from kvsp_moq.pubsub.catalog_server import NAMESPACE_PAGE, Listing
+from kvsp_moq.moqt.messages import SubscribeNamespace
+
+from test_pubsub_limits import started, stopped
+
+
+async def test_namespaces_that_come_and_go_after_the_listing_are_told() -> None:
+    catalog = Catalog()
+    catalog.create(("p", "a"), "t")
+    server, url, _ = await started(catalog=catalog)
+    client = await within(connect(url, client_config()))
+    try:
+        await within(client.subscribe_namespace(("p",)))
+        assert await within(client.namespace_updates.get()) == ("namespace", (b"a",))
+        catalog.create(("p", "b"), "t1")
+        assert await within(client.namespace_updates.get()) == ("namespace", (b"b",))
+        catalog.create(("p", "b"), "t2")  # not a new namespace
+        catalog.create(("q", "x"), "t")  # not under the prefix
+        catalog.remove(("p", "b"), b"t1")  # b still has a track
+        catalog.remove(("q", "x"), b"t")
+        catalog.remove(("p", "a"), b"t")  # a's last track: NAMESPACE_DONE, the next update
+        assert await within(client.namespace_updates.get()) == ("namespace_done", (b"a",))
+        catalog.remove(("p", "b"), b"t2")
+        assert await within(client.namespace_updates.get()) == ("namespace_done", (b"b",))
+        catalog.create(("p", "a"), "again")
+        assert await within(client.namespace_updates.get()) == ("namespace", (b"a",))
+        assert client.namespace_updates.empty()
+    finally:
+        await stopped(server, client)
+
+
+async def _converge(client: MoqtSession, expected: set[bytes]) -> None:
+    """Read updates until the client's view is ``expected``, checking the draft's rules on
+    the way: no NAMESPACE_DONE before its NAMESPACE, no second NAMESPACE while present."""
+    view: set[bytes] = set()
+    while view != expected:
+        kind, suffix = await within(client.namespace_updates.get())
+        (name,) = suffix
+        if kind == "namespace":
+            assert name not in view, f"NAMESPACE {name!r} twice"
+            view.add(name)
+        else:
+            assert kind == "namespace_done" and name in view, f"{kind} {name!r} before NAMESPACE"
+            view.discard(name)
+
+
+async def test_changes_while_the_listing_is_paged_converge_and_keep_the_order() -> None:
+    """Namespaces removed, added and re-added while the first listing is still being
+    written in pages, wherever the pages are: the subscriber ends with exactly the catalog's
+    namespaces, and no NAMESPACE_DONE ever precedes its NAMESPACE."""
+    catalog = Catalog()
+    count = NAMESPACE_PAGE * 6
+    # ~1 KiB each: a page fills the 64 KiB the pager lets wait in the stream's send buffer,
+    # so the next pages wait for acknowledgements while the catalog changes.
+    names = [f"{i:05}" + "-" * 1000 for i in range(count)]
+    for n in names:
+        catalog.create(("p", n), "t")
+    server, url, _ = await started(catalog=catalog)
+    client = await within(connect(url, client_config()))
+    try:
+        await within(client.subscribe_namespace(("p",)))
+        for n in names[::7]:  # early, middle and late pages
+            catalog.remove(("p", n), b"t")
+        for n in (names[14], names[-7]):  # removed above: back again
+            catalog.create(("p", n), "t")
+        for i in range(5):
+            catalog.create(("p", f"new{i}"), "t")
+        catalog.remove(("p", "new0"), b"t")
+        expected = {ns[1] for ns in catalog.namespaces()}
+        await _converge(client, expected)
+        catalog.remove(("p", names[1]), b"t")  # the listing is over: plain updates now
+        assert await within(client.namespace_updates.get()) == ("namespace_done",
+                                                                (names[1].encode(),))
+    finally:
+        await stopped(server, client)
+
+
+def test_a_listing_tells_what_its_pages_passed_and_what_went_live() -> None:
+    listing = Listing(SubscribeNamespace(request_id=0, track_namespace_prefix=(b"p",)))
+    assert not listing.told((b"p", b"a"))
+    listing.cursor = (b"p", b"m")
+    assert listing.told((b"p", b"a")) and listing.told((b"p", b"m"))
+    assert not listing.told((b"p", b"z"))
+    listing.live.add((b"p", b"z"))
+    assert listing.told((b"p", b"z"))
+    listing.paged = True
+    assert listing.told((b"p", b"zz"))
