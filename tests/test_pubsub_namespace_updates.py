@@ -11,9 +11,13 @@ whenever the solicitation reached the holder after its PUBLISH_NAMESPACE)."""
 
 from __future__ import annotations
 
-from hostile_support import client_config, within
+import asyncio
+import dataclasses
+import threading
+
+from hostile_support import GUARD, client_config, within
 from kvsp_moq.pubsub import Catalog, MoqtSession, connect
-from kvsp_moq.pubsub.catalog_server import NAMESPACE_PAGE, Listing
+from kvsp_moq.pubsub.catalog_server import NAMESPACE_LIVE_BUFFER, NAMESPACE_PAGE, Listing
 from kvsp_moq.moqt.messages import SubscribeNamespace
 
 from test_pubsub_limits import started, stopped
@@ -100,3 +104,45 @@ def test_a_listing_tells_what_its_pages_passed_and_what_went_live() -> None:
     assert listing.told((b"p", b"z"))
     listing.paged = True
     assert listing.told((b"p", b"zz"))
+
+
+async def test_a_subscriber_that_stops_reading_has_its_request_reset_not_buffered() -> None:
+    """Changes told to a peer whose loop stopped (4 KiB windows: nothing more is taken in)
+    pile up in the request stream's send buffer only up to NAMESPACE_LIVE_BUFFER; the next
+    change resets the request (draft-22 §"SUBSCRIBE_NAMESPACE": the publisher "MAY reset the
+    SUBSCRIBE_NAMESPACE response stream")."""
+    catalog = Catalog()
+    server, url, sessions = await started(catalog=catalog)
+    stalled, release = threading.Event(), threading.Event()
+
+    def stalled_client() -> None:
+        async def main() -> None:
+            config = dataclasses.replace(client_config(), max_stream_data=4096,
+                                         max_data=64 << 10)
+            c = await connect(url, config)
+            await c.subscribe_namespace(("p",))
+            stalled.set()
+            release.wait(GUARD)  # the whole loop stops: no reads, no credit
+            await c.close()
+        asyncio.run(main())
+
+    thread = threading.Thread(target=stalled_client, daemon=True)
+    thread.start()
+    try:
+        assert await within(asyncio.to_thread(stalled.wait, GUARD))
+        session = await within(sessions.get())
+        assert session.moqt is not None
+        (req,) = [r for r in session.moqt.requests.values()
+                  if isinstance(r.message, SubscribeNamespace)]
+        largest = 0
+        for i in range(NAMESPACE_LIVE_BUFFER // 1000 + NAMESPACE_PAGE):  # ~1 KiB each
+            catalog.create(("p", f"{i:05}" + "-" * 1000), "t")
+            if req.request_id not in session.moqt.requests:
+                break
+            largest = max(largest, session.connection.stream_send_buffered(req.stream_id))
+        assert req.request_id not in session.moqt.requests  # reset
+        assert largest <= NAMESPACE_LIVE_BUFFER + 2048  # one message past the bound at most
+    finally:
+        release.set()
+        await within(asyncio.to_thread(thread.join, GUARD))
+        await stopped(server)

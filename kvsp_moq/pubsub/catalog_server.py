@@ -36,7 +36,8 @@ from ..transport import TransportError
 from .publish import Catalog, Namespace, Outgoing, TrackPublisher
 from .window import subscription_window
 
-__all__ = ["NAMESPACE_PAGE", "CatalogServer", "NamespaceFilter", "send_namespaces"]
+__all__ = ["NAMESPACE_LIVE_BUFFER", "NAMESPACE_PAGE", "CatalogServer", "Listing",
+           "NamespaceFilter", "send_namespaces"]
 
 #: NAMESPACE messages written before waiting for the request stream's send buffer to drain
 #: to the transport's low-water mark (each is at most one 4096-octet Track Namespace plus
@@ -44,6 +45,12 @@ __all__ = ["NAMESPACE_PAGE", "CatalogServer", "NamespaceFilter", "send_namespace
 NAMESPACE_PAGE = 64
 #: Octets of the request stream's send buffer a page waits for (at most) before the next.
 NAMESPACE_PAGE_BUFFER = 64 * 1024
+#: Octets a standing SUBSCRIBE_NAMESPACE's stream may hold unacknowledged when a change is
+#: to be told: past it the request is reset (draft-22 §"SUBSCRIBE_NAMESPACE": "If the
+#: publisher is unable to send NAMESPACE or NAMESPACE_DONE messages in a timely manner
+#: because the SUBSCRIBE_NAMESPACE response stream is blocked by flow control, the publisher
+#: MAY reset the SUBSCRIBE_NAMESPACE response stream").
+NAMESPACE_LIVE_BUFFER = 4 * NAMESPACE_PAGE_BUFFER
 
 #: ``shows(message, namespace)``: whether the NAMESPACE answer ``namespace`` of the peer's
 #: SUBSCRIBE_NAMESPACE ``message`` may be sent (``RequestGate.shows``).
@@ -118,12 +125,19 @@ class CatalogServer:
     def _namespace_changed(self, ns: Namespace, present: bool) -> None:
         moqt = self.session.moqt
         for rid, listing in list(self._listings.items()):
-            if moqt is None or moqt.closed or moqt.requests.get(rid) is None:
+            req = None if moqt is None or moqt.closed else moqt.requests.get(rid)
+            if req is None:
                 del self._listings[rid]  # the request ended (cancelled, or the session)
                 continue
             prefix = listing.msg.track_namespace_prefix
             if ns[:len(prefix)] != prefix or (
                     self._shows is not None and not self._shows(listing.msg, ns)):
+                continue
+            if self.session.connection.stream_send_buffered(req.stream_id) > \
+                    NAMESPACE_LIVE_BUFFER:  # a peer that stopped reading: reset, not held
+                assert moqt is not None
+                moqt.cancel(rid)
+                del self._listings[rid]
                 continue
             if present:
                 moqt.namespace(rid, ns[len(prefix):])
