@@ -57,13 +57,7 @@ async def test_an_object_in_progress_at_the_switchover_is_not_cut(
     SUBSCRIBE_OK arrives (its Largest Object is the one before: the publisher counts an
     object once it is whole) is forwarded to its end, not reset downstream: the new
     subscription never carries it (a subscriber that joins mid-object gets the next one)."""
-    d2 = await RelayProcess(tmp_path / "d2.log").start()
-    procs.append(d2)
-    d1 = await RelayProcess(tmp_path / "d1.log", "--goaway-uri", d2.url,
-                            "--drain-timeout", str(GUARD)).start()
-    procs.append(d1)
-    a = await chained(tmp_path, "a", d1.url).start()
-    procs.append(a)
+    d1, d2, a = await goaway_chain(tmp_path, procs)
     cat = Catalog()
     pub_old = await within(connect(d1.url, client(), catalog=cat))
     await within(pub_old.publish_namespace(("rg", "p")))
@@ -103,6 +97,19 @@ async def test_an_object_in_progress_at_the_switchover_is_not_cut(
     assert not moving.done and moving.publish_done is None
     for s in (sub_a, pub_old, pub_new):
         await within(s.close())
+
+
+async def goaway_chain(tmp_path: Path, procs: list[RelayProcess]
+                       ) -> tuple[RelayProcess, RelayProcess, RelayProcess]:
+    """D1 (whose drain sends GOAWAY with D2's URI), D2, and A chained to D1: started."""
+    d2 = await RelayProcess(tmp_path / "d2.log").start()
+    procs.append(d2)
+    d1 = await RelayProcess(tmp_path / "d1.log", "--goaway-uri", d2.url,
+                            "--drain-timeout", str(GUARD)).start()
+    procs.append(d1)
+    a = await chained(tmp_path, "a", d1.url).start()
+    procs.append(a)
+    return d1, d2, a
 
 
 def chained(tmp_path: Path, name: str, upstream: str) -> RelayProcess:
@@ -210,13 +217,7 @@ async def test_upstream_killed_and_restarted(tmp_path: Path, procs: list[RelayPr
 
 async def test_upstream_goaway_moves_to_the_new_session_uri(
         tmp_path: Path, procs: list[RelayProcess]) -> None:
-    d2 = await RelayProcess(tmp_path / "d2.log").start()
-    procs.append(d2)
-    d1 = await RelayProcess(tmp_path / "d1.log", "--goaway-uri", d2.url,
-                            "--drain-timeout", str(GUARD)).start()
-    procs.append(d1)
-    a = await chained(tmp_path, "a", d1.url).start()
-    procs.append(a)
+    d1, d2, a = await goaway_chain(tmp_path, procs)
 
     cat = Catalog()
     pub = await within(connect(a.url, client(), catalog=cat))
