@@ -129,13 +129,13 @@ class CatalogServer:
             if req is None:
                 del self._listings[rid]  # the request ended (cancelled, or the session)
                 continue
+            assert moqt is not None
             prefix = listing.msg.track_namespace_prefix
             if ns[:len(prefix)] != prefix or (
                     self._shows is not None and not self._shows(listing.msg, ns)):
                 continue
             if self.session.connection.stream_send_buffered(req.stream_id) > \
                     NAMESPACE_LIVE_BUFFER:  # a peer that stopped reading: reset, not held
-                assert moqt is not None
                 moqt.cancel(rid)
                 del self._listings[rid]
                 continue
