@@ -229,6 +229,11 @@ def instance_service(server: RunningServer) -> InstanceService:
     return server.app[INSTANCE_SERVICE]
 
 
+async def _leading(leader: Any) -> None:
+    while not leader.leading:
+        await leader.changed.wait()  # set, then replaced, at every change
+
+
 @asynccontextmanager
 async def world(*, holders: int = 2, pc: PcConfig | None = None, **pc_kw: Any) -> AsyncIterator[World]:
     clock = ManualClock(10_000_000)
@@ -242,6 +247,9 @@ async def world(*, holders: int = 2, pc: PcConfig | None = None, **pc_kw: Any) -
             servers.append(await stack.enter_async_context(await serve_holder(hc, clock=clock)))
         pcc = pc or PcConfig(index_url=index.url, index_token=TOKENS["pc"], instance_token=TOKENS["pc"])
         pc_server = await stack.enter_async_context(await serve_pc(ControlConfig(auth=AUTH, pc=pcc), clock=clock, **pc_kw))
+        # With a shared store the PC answers once it holds the leader lock: its first try may
+        # miss (a slow Redis or replica WAIT), the next comes a third of a lease later.
+        await asyncio.wait_for(_leading(pc_server.app[PC_SERVICE].leader), 30)
         session = await stack.enter_async_context(aiohttp.ClientSession())
         yield World(clock, index, servers, pc_server, session, stack)
 
